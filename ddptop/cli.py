@@ -1,0 +1,104 @@
+"""Command line: `ddptop [run flags]`; every DdptopError becomes one line on stderr and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from ddptop import __version__
+from ddptop.config import BACKENDS, DATASETS, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig, SyncConfig
+from ddptop.errors import DdptopError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage + message and exit 2: we want one line
+        raise UsageError(f"{message} (see ddptop --help)")
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ddptop", description="Train and profile a PyTorch data-parallel job from the terminal.")
+    p.add_argument("--version", action="version", version=f"ddptop {__version__}")
+    where = p.add_argument_group("where the ranks run (default: 2 local ranks)")
+    where.add_argument("--local", type=int, metavar="N", help="start N ranks on this machine")
+    where.add_argument("--master", metavar="HOST", help="address of rank 0's machine")
+    where.add_argument("--rank", type=int, metavar="R", help="this machine's rank (with --master)")
+    where.add_argument("--world-size", type=int, metavar="N", help="number of ranks in the job")
+    where.add_argument("--port", type=int, metavar="P", help="ddptop's store port (default 29511; free port for --local)")
+    where.add_argument("--backend", choices=BACKENDS, default="auto", help="gloo on CPU, nccl with CUDA (auto)")
+    where.add_argument("--iface", help="network interface to watch (default: the one that routes to the master)")
+    where.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                       help="give up on an unreachable master or missing ranks after S seconds (60)")
+    what = p.add_argument_group("what to train")
+    what.add_argument("--model", choices=MODELS, default="vgg11")
+    what.add_argument("--dataset", choices=DATASETS, default="synthetic")
+    what.add_argument("--data-dir", default="./data")
+    what.add_argument("--batch-size", type=int, default=64, help="per rank (64)")
+    what.add_argument("--lr", type=float, default=0.1)
+    what.add_argument("--epochs", type=int, default=1)
+    what.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run the epochs)")
+    what.add_argument("--seed", type=int, default=0)
+    what.add_argument("--synthetic-size", type=int, default=12800, help="training images of the synthetic set")
+    what.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation at each epoch's end")
+    what.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)")
+    sync = p.add_argument_group("gradient synchronization")
+    sync.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    sync.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb (25)")
+    sync.add_argument("--async-op", type=_bool, nargs="?", const=True, default=False,
+                      help="allreduce: launch every collective with async_op=True")
+    look = p.add_argument_group("what to measure and show")
+    look.add_argument("--headless", action="store_true", help="no screen: progress lines")
+    look.add_argument("--probes", choices=PROBE_LEVELS, default="all")
+    look.add_argument("--span-every", type=int, default=10, metavar="N", help="record spans every Nth step (10)")
+    look.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    sync = SyncConfig(strategy=args.strategy, bucket_mb=args.bucket_mb, async_op=args.async_op,
+                      batch_size=args.batch_size, lr=args.lr)
+    return RunConfig(model=args.model, dataset=args.dataset, data_dir=os.path.abspath(args.data_dir), sync=sync,
+                     epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend, probes=args.probes,
+                     span_every=args.span_every, iface=args.iface, threads=args.threads,
+                     synthetic_size=args.synthetic_size, eval=not args.no_eval)
+
+
+def cmd_run(argv: Sequence[str]) -> int:
+    args = run_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    from ddptop.train import rendezvous
+    from ddptop.train.data import ensure_dataset
+
+    rdv = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local)
+    if args.local is not None and args.world_size not in (None, args.local):
+        raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
+    ensure_dataset(cfg)
+    if not args.headless:
+        print("ddptop: the live screen is not available yet; running headless", file=sys.stderr)
+    from ddptop.run import run
+
+    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return cmd_run(argv)
+    except DdptopError as exc:
+        print(f"ddptop: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("ddptop: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,115 @@
+"""Frozen run configuration: what to train and how gradients are synchronized, checked on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddptop.errors import UsageError
+
+STRATEGIES = ("single", "gather-scatter", "allreduce", "ddp")
+MODELS = ("vgg11", "resnet18", "tiny")
+DATASETS = ("synthetic", "cifar10", "mnist")
+BACKENDS = ("auto", "gloo", "nccl")
+PROBE_LEVELS = ("all", "system", "off")
+
+MAX_BATCH_SIZE = 65536
+MAX_BUCKET_MB = 4096.0
+
+
+def _check_choice(what: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UsageError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """The part of a run the user may change live: every rank applies it at the same step."""
+
+    strategy: str = "ddp"
+    bucket_mb: float = 25.0
+    async_op: bool = False
+    batch_size: int = 64  # per rank
+    lr: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check_choice("strategy", self.strategy, STRATEGIES)
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
+            raise UsageError(f"batch size must be a whole number, got {self.batch_size!r}")
+        if not 0 < self.batch_size <= MAX_BATCH_SIZE:
+            raise UsageError(f"batch size must be between 1 and {MAX_BATCH_SIZE}, got {self.batch_size}")
+        if not _is_number(self.bucket_mb) or not 0 < self.bucket_mb <= MAX_BUCKET_MB:
+            raise UsageError(f"bucket size must be a number of MB in (0, {MAX_BUCKET_MB:g}], got {self.bucket_mb!r}")
+        if not _is_number(self.lr) or not 0 < self.lr <= 100:
+            raise UsageError(f"learning rate must be a number in (0, 100], got {self.lr!r}")
+        if not isinstance(self.async_op, bool):
+            raise UsageError(f"async_op must be true or false, got {self.async_op!r}")
+
+    def replace(self, **changes: Any) -> "SyncConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        text = self.strategy
+        if self.strategy == "ddp":
+            text += f" bucket={self.bucket_mb:g}MB"
+        if self.strategy == "allreduce" and self.async_op:
+            text += " async"
+        return f"{text} batch={self.batch_size}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a rank needs to train; identical on every rank (rank identity lives in Rendezvous)."""
+
+    model: str = "vgg11"
+    dataset: str = "synthetic"
+    data_dir: str = "./data"
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    epochs: int = 1
+    steps: int = 0  # 0: run the epochs to the end; otherwise stop after this many steps in all
+    seed: int = 0
+    backend: str = "auto"
+    probes: str = "all"
+    span_every: int = 10
+    iface: str | None = None
+    threads: int = 0  # 0: cores / local ranks
+    synthetic_size: int = 12800  # training images of the synthetic set (test split: a fifth of that)
+    eval: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("model", self.model, MODELS)
+        _check_choice("dataset", self.dataset, DATASETS)
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("probe level", self.probes, PROBE_LEVELS)
+        for name in ("epochs", "steps", "span_every", "threads", "synthetic_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be a whole number ≥ 0, got {value!r}")
+        if self.epochs == 0 and self.steps == 0:
+            raise UsageError("nothing to run: --epochs and --steps are both 0")
+        if self.span_every == 0:
+            raise UsageError("--span-every must be at least 1")
+        if self.synthetic_size < 1:
+            raise UsageError("--synthetic-size must be at least 1")
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        data = dict(data)
+        data["sync"] = SyncConfig(**data.get("sync", {}))
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

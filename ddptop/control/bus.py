@@ -1,0 +1,140 @@
+"""The telemetry bus: ranks publish event batches to the store, the collector drains them in order, once.
+
+A rank's training thread only appends to a deque; one background thread sends a batch every
+`interval_s` with a single multi_set (batch + head), so a step never waits on the network and a rank
+makes a few store calls per second at most. The collector reads every rank's head in one multi_get,
+fetches the new batches in order and deletes them, so the store does not grow with the run.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+from typing import Callable
+
+import torch.distributed as dist
+
+from ddptop.control import keys
+from ddptop.events import Event, EventDecodeError, decode_events, encode_events
+
+MAX_BATCH_EVENTS = 2000
+
+
+class Publisher:
+    def __init__(self, store: dist.Store, rank: int, interval_s: float = 0.25):
+        self.store = store
+        self.rank = rank
+        self.interval_s = interval_s
+        self.seq = 0
+        self._queue: collections.deque[Event] = collections.deque()
+        self._stop = threading.Event()
+        self._failed = False
+        store.set(keys.tel_head(rank), "0")
+        self._thread = threading.Thread(target=self._run, name=f"ddptop-publish-{rank}", daemon=True)
+        self._thread.start()
+
+    def emit(self, event: Event) -> None:
+        self._queue.append(event)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.flush()
+
+    def flush(self) -> None:
+        while self._queue and not self._failed:
+            batch = []
+            while self._queue and len(batch) < MAX_BATCH_EVENTS:
+                batch.append(self._queue.popleft())
+            seq = self.seq + 1
+            try:
+                self.store.multi_set([keys.tel_batch(self.rank, seq), keys.tel_head(self.rank)],
+                                     [encode_events(batch), str(seq)])
+            except Exception as exc:  # the master went away: training notices through its own collectives
+                self._failed = True
+                print(f"ddptop rank {self.rank}: telemetry stopped: {str(exc).splitlines()[0]}", file=sys.stderr)
+                return
+            self.seq = seq
+
+    def close(self) -> None:
+        """Stop the thread and send what is queued."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+
+class Collector:
+    """Drains every rank's batches in order, exactly once. Runs on the master, in the front process."""
+
+    def __init__(self, store: dist.Store, world_size: int, on_bad: Callable[[int, str], None] | None = None):
+        self.store = store
+        self.world_size = world_size
+        self.next_seq = [1] * world_size
+        self.on_bad = on_bad or (lambda rank, why: print(f"ddptop: rank {rank} sent bad telemetry: {why}",
+                                                         file=sys.stderr))
+
+    def poll(self) -> list[Event]:
+        head_keys = [keys.tel_head(r) for r in range(self.world_size)]
+        present = [r for r, k in enumerate(head_keys) if self.store.check([k])]
+        if not present:
+            return []
+        heads = self.store.multi_get([head_keys[r] for r in present])
+        wanted: list[tuple[int, int]] = []
+        for rank, raw in zip(present, heads):
+            try:
+                head = int(raw)
+            except ValueError:
+                self.on_bad(rank, "head is not a number")
+                continue
+            wanted += [(rank, seq) for seq in range(self.next_seq[rank], head + 1)]
+        if not wanted:
+            return []
+        blobs = self.store.multi_get([keys.tel_batch(r, s) for r, s in wanted])
+        events: list[Event] = []
+        for (rank, seq), blob in zip(wanted, blobs):
+            self.store.delete_key(keys.tel_batch(rank, seq))
+            self.next_seq[rank] = seq + 1
+            try:
+                events.extend(decode_events(blob))
+            except EventDecodeError as exc:
+                self.on_bad(rank, str(exc))
+        return events
+
+
+class LiveSource:
+    """A Source over the collector, polled from a background thread so callers never block on the store."""
+
+    def __init__(self, collector: Collector, interval_s: float = 0.2):
+        self.collector = collector
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+        self._stop = threading.Event()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="ddptop-collector", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain_once()
+            self._stop.wait(self.interval_s)
+        self._drain_once()
+
+    def _drain_once(self) -> None:
+        try:
+            events = self.collector.poll()
+        except Exception as exc:
+            self.error = str(exc).splitlines()[0]
+            return
+        if events:
+            with self._lock:
+                self._events.extend(events)
+
+    def poll(self) -> list[Event]:
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

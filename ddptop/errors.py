@@ -1,0 +1,37 @@
+"""The one error hierarchy: every user-facing failure is a DdptopError with an exit code."""
+
+
+class DdptopError(Exception):
+    """A failure the user can act on: cli.main prints its message on one line and exits with `exit_code`."""
+
+    exit_code = 1
+
+
+class UsageError(DdptopError):
+    """Bad flags, values or names."""
+
+    exit_code = 2
+
+
+class DataError(DdptopError):
+    """A data set that cannot be found or read."""
+
+    exit_code = 3
+
+
+class RendezvousError(DdptopError):
+    """Ranks could not find each other: unreachable master, port in use, mismatched world size or version."""
+
+    exit_code = 4
+
+
+class PeerLost(DdptopError):
+    """A rank or the master went away mid-run."""
+
+    exit_code = 5
+
+
+class RecordingError(DdptopError):
+    """A recording that cannot be read or written."""
+
+    exit_code = 6

@@ -1,0 +1,299 @@
+"""The event vocabulary: small frozen dataclasses that travel as JSON between ranks, files and screens.
+
+Events carry plain numbers and strings, never tensors. `to_dict`/`event_from_dict` are the only
+encoding; nothing is ever pickled, since the store and recordings can come from anyone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator, Protocol
+
+SCHEMA_VERSION = 1
+MAX_EVENT_BYTES = 1 << 20  # one decoded event may not exceed 1 MiB: values come from the network
+
+# Span kinds, in the order a step runs them.
+SPAN_KINDS = ("data", "fwd", "bwd", "comm", "wait", "opt")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: ClassVar[str] = "event"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"kind": self.kind, "v": SCHEMA_VERSION}
+        for f in dataclasses.fields(self):
+            out[f.name] = _plain(getattr(self, f.name))
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class RankJoined(Event):
+    """A rank passed the handshake: who and where it is."""
+
+    kind: ClassVar[str] = "rank_joined"
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    device: str
+    backend: str
+    threads: int
+    torch_version: str
+    ddptop_version: str
+    rank_source: str
+    t: float
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    """Rank 0 describes the job once: model, data, config, parameter layout."""
+
+    kind: ClassVar[str] = "run_started"
+    model: str
+    dataset: str
+    world_size: int
+    strategy: str
+    bucket_mb: float
+    async_op: bool
+    batch_size: int
+    lr: float
+    param_count: int
+    param_bytes: int
+    param_tensors: int
+    layers: tuple  # ((layer name, parameter count), ...)
+    steps_per_epoch: int
+    t: float
+
+
+@dataclass(frozen=True)
+class StepDone(Event):
+    """One training step of one rank, summarized. Times in seconds, bytes as counted by the comm accounting."""
+
+    kind: ClassVar[str] = "step_done"
+    rank: int
+    step: int
+    epoch: int
+    segment: int
+    t: float  # wall clock at the end of the step
+    iter_s: float
+    data_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    overlap: float  # fraction of comm time during which compute ran (HTA's definition)
+    batch_size: int
+    loss: float
+    comm_bytes: int  # tensor bytes handed to collectives
+    tx_bytes: int  # bytes this rank puts on the wire by the algorithm (ring / gather formulas)
+    rx_bytes: int
+    sampled: bool  # spans were recorded for this step
+
+    @property
+    def images_per_s(self) -> float:
+        return self.batch_size / self.iter_s if self.iter_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Span:
+    """One interval inside a step, relative to the step's start."""
+
+    kind: str  # one of SPAN_KINDS
+    name: str  # layer name ("features.0"), collective ("allreduce features.0.weight", "bucket 3")
+    start_s: float
+    dur_s: float
+    nbytes: int = 0
+    tx_bytes: int = 0
+    rx_bytes: int = 0
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.dur_s
+
+
+@dataclass(frozen=True)
+class StepSpans(Event):
+    """All spans of one sampled step of one rank."""
+
+    kind: ClassVar[str] = "step_spans"
+    rank: int
+    step: int
+    segment: int
+    t0: float  # wall clock at the step's start
+    spans: tuple[Span, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        # compact: one list per span instead of a dict per span (a VGG step has ~100 spans)
+        out["spans"] = [[s.kind, s.name, s.start_s, s.dur_s, s.nbytes, s.tx_bytes, s.rx_bytes] for s in self.spans]
+        return out
+
+
+@dataclass(frozen=True)
+class NicStat:
+    """One network interface, like the `slurm` monitor: rates in bytes/s, totals since the run started."""
+
+    iface: str
+    rx_rate: float
+    tx_rate: float
+    rx_bytes: int
+    tx_bytes: int
+    rx_packets: int
+    tx_packets: int
+    rx_errors: int
+    tx_errors: int
+    rx_drops: int
+    tx_drops: int
+    peak_rx_rate: float
+    peak_tx_rate: float
+
+
+@dataclass(frozen=True)
+class GpuStat:
+    index: int
+    name: str
+    util_percent: float | None  # None where NVML refuses the metric (MIG slices, some boards)
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    power_w: float | None
+    temp_c: float | None
+
+
+@dataclass(frozen=True)
+class SystemSample(Event):
+    """One reading of the node and process a rank runs on."""
+
+    kind: ClassVar[str] = "system_sample"
+    rank: int
+    host: str
+    t: float
+    proc_cpu_percent: float
+    node_cpu_percent: float
+    proc_rss_bytes: int
+    node_mem_used_bytes: int
+    node_mem_total_bytes: int
+    job_iface: str  # the interface that carries the job's traffic
+    nics: tuple[NicStat, ...] = ()
+    gpus: tuple[GpuStat, ...] = ()
+    gpu_status: str = "not available"  # "ok" or why there is no GPU reading
+
+    def nic(self, iface: str | None = None) -> NicStat | None:
+        name = iface or self.job_iface
+        return next((n for n in self.nics if n.iface == name), None)
+
+
+@dataclass(frozen=True)
+class EpochDone(Event):
+    """Test-set evaluation at the end of an epoch (this rank's shard of the test set)."""
+
+    kind: ClassVar[str] = "epoch_done"
+    rank: int
+    epoch: int
+    step: int
+    test_loss: float
+    correct: int
+    total: int
+    t: float
+
+
+@dataclass(frozen=True)
+class RunFinished(Event):
+    kind: ClassVar[str] = "run_finished"
+    rank: int
+    steps: int
+    reason: str  # "done", "stopped", "error: ..."
+    t: float
+
+
+@dataclass(frozen=True)
+class LogLine(Event):
+    """A line a rank wants the user to see (warnings, refused control messages)."""
+
+    kind: ClassVar[str] = "log"
+    rank: int
+    level: str
+    message: str
+    t: float
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine)
+}
+
+
+def register(cls: type[Event]) -> type[Event]:
+    """Add an event type defined elsewhere (control events) to the vocabulary."""
+    EVENT_TYPES[cls.kind] = cls
+    return cls
+
+
+class EventDecodeError(ValueError):
+    pass
+
+
+def event_from_dict(data: Any) -> Event:
+    """Build an event from decoded JSON; unknown fields are ignored, unknown kinds and newer versions refused."""
+    if not isinstance(data, dict):
+        raise EventDecodeError("event is not an object")
+    kind, version = data.get("kind"), data.get("v")
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise EventDecodeError(f"unknown event kind {kind!r}")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise EventDecodeError(f"event schema {version!r} is newer than this ddptop's ({SCHEMA_VERSION})")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = data[f.name]
+    try:
+        if cls is StepSpans:
+            kwargs["spans"] = tuple(Span(*s) for s in kwargs.get("spans", ()))
+        elif cls is SystemSample:
+            kwargs["nics"] = tuple(NicStat(**n) for n in kwargs.get("nics", ()))
+            kwargs["gpus"] = tuple(GpuStat(**g) for g in kwargs.get("gpus", ()))
+        elif cls is RunStarted:
+            kwargs["layers"] = tuple(tuple(x) for x in kwargs.get("layers", ()))
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise EventDecodeError(f"bad {kind} event: {exc}") from None
+
+
+def encode_events(events: list[Event]) -> bytes:
+    return json.dumps([e.to_dict() for e in events], separators=(",", ":")).encode()
+
+
+def decode_events(blob: bytes, max_bytes: int = 64 * MAX_EVENT_BYTES) -> list[Event]:
+    if len(blob) > max_bytes:
+        raise EventDecodeError(f"event batch of {len(blob)} bytes is over the {max_bytes}-byte cap")
+    try:
+        items = json.loads(blob)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EventDecodeError(f"event batch is not JSON: {exc}") from None
+    if not isinstance(items, list):
+        raise EventDecodeError("event batch is not a list")
+    return [event_from_dict(item) for item in items]
+
+
+class Source(Protocol):
+    """Anything that yields events: a live job or a recording. The UI cannot tell them apart."""
+
+    def poll(self) -> list[Event]:
+        """Events that arrived since the last call (never blocks for long)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def iter_kind(events: list[Event], cls: type) -> Iterator:
+    return (e for e in events if isinstance(e, cls))
+

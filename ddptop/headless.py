@@ -1,0 +1,85 @@
+"""The headless consumer: progress lines (or a rich bar on a TTY), test-set results, per-step profile lines."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from ddptop.events import EpochDone, Event, LogLine, RankJoined, RunFinished, RunStarted, StepDone
+
+MB = 1e6
+
+
+def progress_line(step: int, total: int, done: StepDone, images_per_s: float) -> str:
+    """`step 20/196 loss 2.31 0.65 s/it 197 img/s`, plus the profile when comm was measured."""
+    line = f"step {step}/{total} loss {done.loss:.4f} {done.iter_s:.3f} s/it {images_per_s:.0f} img/s"
+    if done.comm_s > 0 or done.tx_bytes > 0:
+        share = done.comm_s / done.iter_s if done.iter_s > 0 else 0.0
+        line += (f" | comm {share:.0%} overlap {done.overlap:.0%} exposed {done.exposed_comm_s * 1e3:.0f} ms"
+                 f" sent {done.tx_bytes / MB:.1f} MB")
+    return line
+
+
+def test_line(e: EpochDone) -> str:
+    """The course's format: `Test set: Average loss: 2.0345, Accuracy: 2292/10000 (23%)`."""
+    pct = 100.0 * e.correct / e.total if e.total else 0.0
+    return f"Test set: Average loss: {e.test_loss:.4f}, Accuracy: {e.correct}/{e.total} ({pct:.0f}%)"
+
+
+class HeadlessPrinter:
+    """Consumes the event stream and writes what a user watching a log wants to see."""
+
+    def __init__(self, total_steps: int, every: int = 10, out: TextIO | None = None):
+        self.total = total_steps
+        self.every = max(1, every)
+        self.out = out or sys.stdout
+        self.latest: dict[int, StepDone] = {}
+        self.finished: dict[int, RunFinished] = {}
+
+    def handle(self, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, StepDone):
+                self._step(event)
+            elif isinstance(event, EpochDone):
+                self._print(test_line(event))
+            elif isinstance(event, RankJoined):
+                self._print(f"rank {event.rank} joined from {event.host} pid {event.pid} ({event.device}, "
+                            f"{event.backend}, {event.threads} threads, ranks found by {event.rank_source})")
+            elif isinstance(event, RunStarted):
+                self._print(f"training {event.model} ({event.param_count / 1e6:.2f}M parameters in "
+                            f"{event.param_tensors} tensors, {event.param_bytes / MB:.1f} MB of gradients) on "
+                            f"{event.dataset}, {event.world_size} ranks, {event.strategy}, batch {event.batch_size}"
+                            f"/rank, {event.steps_per_epoch} steps/epoch")
+            elif isinstance(event, RunFinished):
+                self.finished[event.rank] = event
+            elif isinstance(event, LogLine):
+                self._print(f"rank {event.rank} {event.level}: {event.message}")
+
+    def _step(self, done: StepDone) -> None:
+        self.latest[done.rank] = done
+        step = done.step + 1
+        if done.rank != 0 or not (step % self.every == 0 or step == self.total or step == 1):
+            return
+        images_per_s = sum(d.images_per_s for d in self.latest.values())
+        self._print(progress_line(step, self.total, done, images_per_s))
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+    def summary(self) -> str:
+        steps = max((f.steps for f in self.finished.values()), default=0)
+        reasons = sorted({f.reason for f in self.finished.values()}) or ["no rank finished"]
+        return f"finished: {steps} steps on {len(self.finished)} ranks ({', '.join(reasons)})"
+
+
+def consume(printer: HeadlessPrinter, source, job, poll_s: float = 0.2) -> None:
+    """Feed the printer until every local rank has exited, then take the last events."""
+    while job.alive():
+        printer.handle(source.poll())
+        job.check()
+        time.sleep(poll_s)
+    source.close()
+    printer.handle(source.poll())
+    if printer.finished:
+        printer._print(printer.summary())

@@ -1,0 +1,1 @@
+"""Probes: where each step's time and bytes go, measured cheaply enough to leave on."""

@@ -1,0 +1,58 @@
+"""Communication spans: strategies stamp each collective's start and completion here."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ddptop.probes.clock import CpuClock
+
+
+@dataclass
+class CommMark:
+    """One collective with unresolved clock marks (floats on CPU, CUDA events on GPU)."""
+
+    name: str
+    start: Any
+    end: Any
+    nbytes: int
+    tx_bytes: int
+    rx_bytes: int
+    kind: str = "comm"
+
+
+class CommRecorder:
+    """Collects the collectives of the current step. `add` may be called from a backend's thread (DDP hooks)."""
+
+    enabled = True
+
+    def __init__(self, clock: Any = None):
+        self.clock = clock or CpuClock()
+        self._marks: list[CommMark] = []
+        self._lock = threading.Lock()
+
+    def now(self) -> Any:
+        return self.clock.now()
+
+    def add(self, name: str, start: Any, end: Any, nbytes: int, tx: int, rx: int, kind: str = "comm") -> None:
+        with self._lock:
+            self._marks.append(CommMark(name, start, end, nbytes, tx, rx, kind))
+
+    def take(self) -> list[CommMark]:
+        """The marks so far; the recorder starts empty for the next step."""
+        with self._lock:
+            marks, self._marks = self._marks, []
+        return marks
+
+
+class NullRecorder(CommRecorder):
+    """`--probes off`: strategies call the same methods, nothing is measured."""
+
+    enabled = False
+
+    def now(self) -> Any:
+        return 0.0
+
+    def add(self, *args: Any, **kwargs: Any) -> None:
+        return None

@@ -1,0 +1,50 @@
+"""Interval arithmetic over a step's spans: compute, communication, exposed communication and overlap."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+Interval = tuple[float, float]
+
+COMPUTE_KINDS = ("fwd", "bwd", "opt")
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    merged: list[list[float]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals: Iterable[Interval]) -> float:
+    return sum(b - a for a, b in union(intervals))
+
+
+def intersection(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
+    ua, ub = union(a), union(b)
+    out, i, j = [], 0, 0
+    while i < len(ua) and j < len(ub):
+        start, end = max(ua[i][0], ub[j][0]), min(ua[i][1], ub[j][1])
+        if end > start:
+            out.append((start, end))
+        if ua[i][1] < ub[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def breakdown(compute: list[Interval], comm: list[Interval]) -> tuple[float, float, float, float]:
+    """(compute_s, comm_s, exposed_comm_s, overlap).
+
+    overlap follows HTA: time computing while communicating / time communicating (0 when nothing is sent).
+    Exposed communication is communication time with no compute running beside it.
+    """
+    compute_s = length(compute)
+    comm_s = length(comm)
+    hidden = length(intersection(compute, comm))
+    overlap = hidden / comm_s if comm_s > 0 else 0.0
+    return compute_s, comm_s, comm_s - hidden, overlap

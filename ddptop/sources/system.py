@@ -1,0 +1,163 @@
+"""Node and process readings from psutil: the job's interface, NIC rates and totals, CPU and memory."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import psutil
+
+from ddptop.errors import UsageError
+from ddptop.events import NicStat
+
+# psutil's snetio fields, in the order NicStat wants them.
+_FIELDS = ("bytes_recv", "bytes_sent", "packets_recv", "packets_sent", "errin", "errout", "dropin", "dropout")
+_ZERO = (0,) * len(_FIELDS)
+_DISCARD_PORT = 9  # a UDP connect() only picks a route and source address; nothing is sent
+
+
+def job_interface(master_addr: str, iface: str | None = None) -> str:
+    """The interface that carries traffic to `master_addr`: `iface` if given, else the routed one, else loopback."""
+    addrs = psutil.net_if_addrs()
+    if iface is not None:
+        if iface not in addrs:
+            have = ", ".join(sorted(addrs)) or "none"
+            raise UsageError(f"no network interface {iface!r} on this host (it has: {have})")
+        return iface
+    loopback = loopback_interface(addrs)
+    try:
+        infos = socket.getaddrinfo(master_addr, _DISCARD_PORT, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError):
+        return loopback
+    local = {_bare(a.address): name for name, entries in addrs.items() for a in entries}
+    for family, _, _, _, sockaddr in infos:
+        master_ip = _bare(sockaddr[0])
+        if _is_loopback(master_ip) or master_ip in local:
+            return loopback  # the kernel sends to its own addresses over lo, whatever NIC holds them
+        source = _source_address(family, sockaddr)
+        if source in local:
+            return local[source]
+    return loopback
+
+
+def loopback_interface(addrs: Mapping[str, Any] | None = None) -> str:
+    """This host's loopback interface name ("lo" on Linux, "lo0" on macOS)."""
+    addrs = psutil.net_if_addrs() if addrs is None else addrs
+    for name, entries in addrs.items():
+        if any(_is_loopback(_bare(a.address)) for a in entries):
+            return name
+    return "lo"
+
+
+def _source_address(family: int, sockaddr: tuple) -> str | None:
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(sockaddr)
+            return _bare(s.getsockname()[0])
+    except OSError:  # no route to the master: the caller falls back to loopback
+        return None
+
+
+def _bare(address: str) -> str:
+    return address.split("%", 1)[0]  # IPv6 link-local addresses carry "%iface"
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # MAC addresses also appear in net_if_addrs
+        return False
+
+
+def _read_pernic() -> Mapping[str, Any]:
+    return psutil.net_io_counters(pernic=True)
+
+
+@dataclass
+class _Nic:
+    last: tuple[int, ...] | None  # the previous raw reading; None while the interface is absent
+    totals: list[int] = field(default_factory=lambda: [0] * len(_FIELDS))
+    peak_rx: float = 0.0
+    peak_tx: float = 0.0
+
+
+class NicTracker:
+    """Per-interface rates, totals and peaks since construction, from cumulative kernel counters.
+
+    A counter that goes backwards (reset, re-created interface, wrap) or an interface that was absent
+    contributes 0 for that interval and becomes the new base: no negative or huge numbers ever come out.
+    """
+
+    def __init__(
+        self,
+        read_counters: Callable[[], Mapping[str, Any]] = _read_pernic,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read = read_counters
+        self._clock = clock
+        self._nics = {name: _Nic(_raw(c)) for name, c in read_counters().items()}
+        self._t = clock()
+
+    def sample(self) -> tuple[NicStat, ...]:
+        counters = self._read()
+        now = self._clock()
+        dt, self._t = now - self._t, now
+        for name in self._nics.keys() - counters.keys():
+            self._nics[name].last = None
+        return tuple(self._advance(name, _raw(counters[name]), dt) for name in sorted(counters))
+
+    def _advance(self, name: str, raw: tuple[int, ...], dt: float) -> NicStat:
+        nic = self._nics.setdefault(name, _Nic(None))
+        delta = _ZERO if nic.last is None else tuple(new - old for new, old in zip(raw, nic.last))
+        if min(delta) < 0:
+            delta = _ZERO
+        nic.last = raw
+        nic.totals = [t + d for t, d in zip(nic.totals, delta)]
+        rx_rate = delta[0] / dt if dt > 0 else 0.0
+        tx_rate = delta[1] / dt if dt > 0 else 0.0
+        nic.peak_rx, nic.peak_tx = max(nic.peak_rx, rx_rate), max(nic.peak_tx, tx_rate)
+        rx, tx, rx_p, tx_p, rx_e, tx_e, rx_d, tx_d = nic.totals
+        return NicStat(name, rx_rate, tx_rate, rx, tx, rx_p, tx_p, rx_e, tx_e, rx_d, tx_d, nic.peak_rx, nic.peak_tx)
+
+
+def _raw(counters: Any) -> tuple[int, ...]:
+    return tuple(int(getattr(counters, f)) for f in _FIELDS)
+
+
+@dataclass(frozen=True)
+class CpuMem:
+    proc_cpu_percent: float  # summed over cores, like top: 250.0 = two and a half cores busy
+    node_cpu_percent: float
+    proc_rss_bytes: int
+    node_mem_used_bytes: int
+    node_mem_total_bytes: int
+
+
+class CpuMemReader:
+    """CPU and memory of this process and node; each CPU percentage covers the time since the previous read."""
+
+    def __init__(self, process: psutil.Process | None = None) -> None:
+        self._proc = process or psutil.Process()
+        self._primed_thread: int | None = None
+        self.prime()
+
+    def prime(self) -> None:
+        """Start the CPU intervals now (the first psutil reading of an interval is meaningless)."""
+        self._proc.cpu_percent(None)
+        psutil.cpu_percent(None)
+        self._primed_thread = threading.get_ident()
+
+    def read(self) -> CpuMem:
+        if self._primed_thread != threading.get_ident():
+            self.prime()  # psutil keeps the node CPU baseline per thread: a new thread's first reading is 0
+        with self._proc.oneshot():
+            proc_cpu = self._proc.cpu_percent(None)
+            rss = self._proc.memory_info().rss
+        node_cpu = psutil.cpu_percent(None)
+        vm = psutil.virtual_memory()
+        # total - available counts what cannot be reclaimed; psutil's `used` differs by platform
+        return CpuMem(proc_cpu, node_cpu, rss, vm.total - vm.available, vm.total)

@@ -1,0 +1,87 @@
+"""Models by name: the course's CIFAR VGG-11, a 32×32 ResNet-18, and a tiny CNN for tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ddptop.errors import UsageError
+
+# The CS744 assignment's VGG-11: 9.23M parameters in 34 tensors (36.9 MB of fp32 gradients per step).
+VGG11_CFG = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+
+
+class VGG(nn.Module):
+    def __init__(self, cfg=VGG11_CFG, num_classes: int = 10, batch_norm: bool = True):
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for item in cfg:
+            if item == "M":
+                layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+                continue
+            layers.append(nn.Conv2d(channels, item, kernel_size=3, padding=1))
+            if batch_norm:
+                layers.append(nn.BatchNorm2d(item))
+            # not in-place: per-layer backward hooks cannot wrap an output that is later modified in place
+            layers.append(nn.ReLU(inplace=False))
+            channels = item
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+class TinyCNN(nn.Module):
+    """About 21k parameters: fast enough for tests with several ranks on two cores."""
+
+    def __init__(self, num_classes: int = 10, batch_norm: bool = True):
+        super().__init__()
+        norm = (lambda c: nn.BatchNorm2d(c)) if batch_norm else (lambda c: nn.Identity())
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), norm(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), norm(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 48, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+        )
+        self.classifier = nn.Linear(48 * 4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def _resnet18() -> nn.Module:
+    from torchvision.models import resnet18
+
+    model = resnet18(num_classes=10)
+    # CIFAR variant: a 3×3 stem without max-pool keeps 32×32 inputs at a useful resolution
+    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    for module in model.modules():
+        if isinstance(module, nn.ReLU):
+            module.inplace = False
+    return model
+
+
+def build_model(name: str, batch_norm: bool = True) -> nn.Module:
+    """A freshly initialized model; call after seeding so every rank starts from the same weights."""
+    if name == "vgg11":
+        return VGG(batch_norm=batch_norm)
+    if name == "tiny":
+        return TinyCNN(batch_norm=batch_norm)
+    if name == "resnet18":
+        return _resnet18()
+    raise UsageError(f"unknown model {name!r}: choose one of vgg11, resnet18, tiny")
+
+
+def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every module without children, named as users see them (`features.0`)."""
+    return [(name, m) for name, m in model.named_modules() if name and not any(True for _ in m.children())]
+
+
+def layer_param_counts(model: nn.Module) -> tuple[tuple[str, int], ...]:
+    return tuple(
+        (name, sum(p.numel() for p in m.parameters(recurse=False)))
+        for name, m in leaf_layers(model)
+        if any(True for _ in m.parameters(recurse=False))
+    )

@@ -1,0 +1,96 @@
+"""Who and where each rank is: from flags, torchrun's or Slurm's environment, or local launch."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from ddptop.errors import UsageError
+
+DEFAULT_PORT = 29511  # not torchrun's 29500, so ddptop's store never collides with a torchrun agent's
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    master: str
+    port: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    source: str  # "local", "flags", "torchrun", "slurm": shown in headers and recordings
+    agent_store: bool = False  # torchrun's agent already hosts a store at master:port; join it as a client
+    attempt: int = 0  # torchrun restart count: keys are namespaced per attempt
+
+    def for_rank(self, rank: int) -> "Rendezvous":
+        return replace(self, rank=rank, local_rank=rank)
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a Slurm node list: "node[03-05,7],gpu1" → "node03"."""
+    match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise UsageError(f"cannot read SLURM_NODELIST {nodelist!r}")
+    prefix, _, ranges = match.groups()
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise UsageError(f"{name}={env[name]!r} is not a whole number") from None
+
+
+def from_torchrun(env: Mapping[str, str]) -> Rendezvous | None:
+    if not all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")):
+        return None
+    return Rendezvous(
+        master=env["MASTER_ADDR"], port=_int(env, "MASTER_PORT"), rank=_int(env, "RANK"),
+        world_size=_int(env, "WORLD_SIZE"), local_rank=_int(env, "LOCAL_RANK"),
+        local_world_size=_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 1,
+        source="torchrun", agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        attempt=_int(env, "TORCHELASTIC_RESTART_COUNT") if "TORCHELASTIC_RESTART_COUNT" in env else 0,
+    )
+
+
+def from_slurm(env: Mapping[str, str], port: int | None) -> Rendezvous | None:
+    if not all(k in env for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODELIST")):
+        return None
+    if port is None:
+        job = env.get("SLURM_JOB_ID", "")
+        # Lightning's convention: a port derived from the job id keeps two jobs on one node apart
+        port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else (15000 + int(job[-4:]) if job.isdigit() else 12910)
+    tasks_per_node = re.match(r"\d+", env.get("SLURM_NTASKS_PER_NODE", "1"))
+    return Rendezvous(
+        master=env.get("MASTER_ADDR") or first_slurm_host(env["SLURM_NODELIST"]), port=port,
+        rank=_int(env, "SLURM_PROCID"), world_size=_int(env, "SLURM_NTASKS"),
+        local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+        local_world_size=int(tasks_per_node.group()) if tasks_per_node else 1, source="slurm",
+    )
+
+
+def resolve(master: str | None, port: int | None, rank: int | None, world_size: int | None, local: int | None,
+            env: Mapping[str, str] | None = None) -> Rendezvous:
+    """Flags first, then torchrun's environment, then Slurm's; with none of them, 2 local ranks."""
+    env = os.environ if env is None else env
+    if local is not None:
+        if local < 1:
+            raise UsageError(f"--local must be at least 1, got {local}")
+        if rank is not None or master is not None:
+            raise UsageError("--local starts every rank on this machine: drop --rank/--master")
+        return Rendezvous("127.0.0.1", port or 0, 0, local, 0, local, "local")
+    if rank is not None or master is not None:
+        if rank is None or world_size is None:
+            raise UsageError("with --master, give --rank R and --world-size N too")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise UsageError(f"--rank must be in 0..{world_size - 1} for --world-size {world_size}, got {rank}")
+        return Rendezvous(master or "127.0.0.1", port or DEFAULT_PORT, rank, world_size, 0, 1, "flags")
+    found = from_torchrun(env) or from_slurm(env, port)
+    if found is not None:
+        return found
+    return Rendezvous("127.0.0.1", port or 0, 0, world_size or 2, 0, world_size or 2, "local")

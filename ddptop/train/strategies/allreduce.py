@@ -1,0 +1,46 @@
+"""`allreduce`: per parameter, all_reduce(SUM) then divide by the world size (CS744 part 2b).
+
+Each rank sends and receives 2(N−1)/N·S per parameter of S bytes (ring). With async_op every collective
+is launched at once and the handles are waited on before the optimizer step, so they pipeline.
+"""
+
+import torch.distributed as dist
+
+from ddptop.probes import wire
+from ddptop.train.strategies.base import Strategy
+
+
+class AllReduce(Strategy):
+    name = "allreduce"
+
+    def prepare(self, model):
+        self._pending = []
+        return super().prepare(model)
+
+    def after_backward(self) -> None:
+        n = self.world_size
+        self._pending = []
+        for name, param in self.named_params:
+            grad = param.grad
+            size = grad.numel() * grad.element_size()
+            start = self.comm.now()
+            if self.sync.async_op:
+                handle = dist.all_reduce(grad, op=dist.ReduceOp.SUM, async_op=True)
+                self._pending.append((name, grad, size, start, handle))
+                continue
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+            self.comm.add(f"allreduce {name}", start, self.comm.now(), size, *wire.ring_allreduce(size, n))
+            grad.div_(n)
+
+    def before_step(self) -> None:
+        if not self._pending:
+            return
+        n = self.world_size
+        wait_start = self.comm.now()
+        for name, grad, size, start, handle in self._pending:
+            handle.wait()
+            # completion is only observed when we wait, so each span ends no earlier than its true end
+            self.comm.add(f"allreduce {name}", start, self.comm.now(), size, *wire.ring_allreduce(size, n))
+            grad.div_(n)
+        self.comm.add("wait async handles", wait_start, self.comm.now(), 0, 0, 0, kind="wait")
+        self._pending = []

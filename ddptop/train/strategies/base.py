@@ -1,0 +1,40 @@
+"""The one small interface every gradient-sync strategy implements."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ddptop.config import SyncConfig
+from ddptop.probes.comm import CommRecorder
+
+
+class Strategy:
+    """Makes every rank's gradients the global mean before the optimizer step.
+
+    The loop calls, per configuration segment: `prepare` once (returns the module to run forward on),
+    then per step `after_backward` (launch or run the collectives) and `before_step` (wait for async
+    handles); `teardown` when the configuration changes.
+    """
+
+    name = "base"
+
+    def __init__(self, sync: SyncConfig, rank: int, world_size: int, comm: CommRecorder, device_ids=None):
+        self.sync = sync
+        self.rank = rank
+        self.world_size = world_size
+        self.comm = comm
+        self.device_ids = device_ids
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        self.model = model
+        self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        return model
+
+    def after_backward(self) -> None:
+        pass
+
+    def before_step(self) -> None:
+        pass
+
+    def teardown(self) -> None:
+        pass

@@ -1,0 +1,146 @@
+"""One rank's process: join the job, train, publish events, leave cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import ddptop
+from ddptop.config import RunConfig
+from ddptop.control import handshake, keys
+from ddptop.control import store as stores
+from ddptop.control.bus import Publisher
+from ddptop.errors import DdptopError, PeerLost
+from ddptop.events import RankJoined
+from ddptop.probes.clock import clock_for
+from ddptop.probes.comm import CommRecorder
+from ddptop.probes.off import MinimalStepProbe
+from ddptop.probes.step import StepProbe
+from ddptop.sources.sampler import SystemSampler
+from ddptop.sources.system import job_interface
+from ddptop.train.loop import Trainer
+from ddptop.train.rendezvous import Rendezvous
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    timeout_s: float = 60.0  # give up on an unreachable master / missing ranks after this long
+    pg_timeout_s: float = 300.0  # a collective that waits longer than this means a peer is gone
+    host_store: bool = False  # this process hosts the store (rank 0 without a front process)
+
+
+def pick_device(cfg: RunConfig, rdv: Rendezvous) -> tuple[torch.device, str]:
+    cuda = torch.cuda.is_available() and cfg.backend != "gloo"
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
+    if cuda:
+        index = rdv.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index), backend
+    return torch.device("cpu"), backend
+
+
+def thread_count(cfg: RunConfig, rdv: Rendezvous) -> int:
+    # N ranks on one machine each get cores/N threads: oversubscribed ranks ruin every timing
+    return cfg.threads or max(1, (os.cpu_count() or 1) // max(1, rdv.local_world_size))
+
+
+def hello(cfg: RunConfig, rdv: Rendezvous, device: torch.device, backend: str, threads: int) -> dict:
+    return {
+        "rank": rdv.rank, "world_size": rdv.world_size, "host": socket.gethostname(), "pid": os.getpid(),
+        "device": str(device), "backend": backend, "threads": threads, "torch_version": torch.__version__,
+        "ddptop_version": ddptop.__version__, "protocol": ddptop.PROTOCOL_VERSION, "rank_source": rdv.source,
+        "run_config": cfg.to_dict(),
+    }
+
+
+def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, echo=None) -> int:
+    """Train as one rank. Raises DdptopError for anything the user can act on.
+
+    `echo`, when given, also receives this rank's own events (rank 0 printing progress without a front).
+    """
+    threads = thread_count(cfg, rdv)
+    torch.set_num_threads(threads)
+    device, backend = pick_device(cfg, rdv)
+    iface = job_interface(rdv.master, cfg.iface)
+    if backend == "gloo":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+    server = stores.serve(rdv.port) if options.host_store and not rdv.agent_store else None
+    base = stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)
+    view = stores.ddptop_view(base, f"/attempt_{rdv.attempt}" if rdv.agent_store else "")
+    me = hello(cfg, rdv, device, backend, threads)
+    handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s)
+    pg_store = dist.PrefixStore(keys.PG_PREFIX + (f"/attempt_{rdv.attempt}" if rdv.agent_store else ""), base)
+    dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
+                            timeout=timedelta(seconds=options.pg_timeout_s))
+    publisher = Publisher(stores.ddptop_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source),
+                                             f"/attempt_{rdv.attempt}" if rdv.agent_store else ""), rdv.rank)
+    publisher.emit(RankJoined(rank=rdv.rank, world_size=rdv.world_size, host=me["host"], pid=me["pid"],
+                              device=me["device"], backend=backend, threads=threads,
+                              torch_version=torch.__version__, ddptop_version=ddptop.__version__,
+                              rank_source=rdv.source, t=time.time()))
+    emit = publisher.emit if echo is None else (lambda event: (publisher.emit(event), echo(event)))
+    sampler = None
+    if cfg.probes != "off":
+        gpus = [device.index] if device.type == "cuda" else []
+        sampler = SystemSampler(rdv.rank, me["host"], iface, publisher.emit, gpu_indices=gpus)
+        sampler.start()
+    try:
+        trainer = Trainer(cfg, rdv.rank, rdv.world_size, device, emit, make_probe(cfg, rdv.rank, device))
+        return trainer.run()
+    except RuntimeError as exc:
+        if _is_peer_failure(exc):
+            raise PeerLost(f"rank {rdv.rank}: a peer left the job ({_first_line(exc)})") from None
+        raise
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        publisher.close()
+        _leave(server)
+
+
+def make_probe(cfg: RunConfig, rank: int, device: torch.device):
+    if cfg.probes != "all":
+        return MinimalStepProbe(rank)
+    clock = clock_for(device.type)
+    return StepProbe(rank, clock, CommRecorder(clock), cfg.span_every, spans=True)
+
+
+def _is_peer_failure(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(s in text for s in ("connection closed by peer", "connection reset", "timed out", "broken pipe"))
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0][:200]
+
+
+def _leave(server) -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def rank_entry(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> None:
+    """multiprocessing target for a local rank: one line on failure, an exit code, never a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the front decides
+    try:
+        run_rank(cfg, rdv, options)
+    except DdptopError as exc:
+        print(f"ddptop rank {rdv.rank}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug: still one line; DDPTOP_DEBUG=1 shows the traceback
+        if os.environ.get("DDPTOP_DEBUG"):
+            raise
+        print(f"ddptop rank {rdv.rank}: internal error: {type(exc).__name__}: {_first_line(exc)}",
+              file=sys.stderr, flush=True)
+        sys.exit(70)

@@ -1,0 +1,385 @@
+"""Tests for ddptop.sources: NIC accounting, the job interface (also in real network namespaces), GPU, sampler."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import namedtuple
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ddptop.errors import UsageError
+from ddptop.events import SystemSample, event_from_dict
+from ddptop.sources import GpuReader, NicTracker, SystemSampler, job_interface, loopback_interface
+
+REPO = Path(__file__).resolve().parents[2]
+Counters = namedtuple("Counters", "bytes_sent bytes_recv packets_sent packets_recv errin errout dropin dropout")
+
+
+def counters(rx=0, tx=0, rx_p=0, tx_p=0, errors=0, drops=0):
+    return Counters(tx, rx, tx_p, rx_p, errors, errors, drops, drops)
+
+
+class Feed:
+    """Fake counters and clock: `push(t, {iface: Counters})` sets what the next read returns."""
+
+    def __init__(self, t=0.0, snapshot=None):
+        self.t, self.snapshot = t, snapshot or {}
+
+    def push(self, t, snapshot):
+        self.t, self.snapshot = t, snapshot
+
+    def tracker(self):
+        return NicTracker(read_counters=lambda: self.snapshot, clock=lambda: self.t)
+
+
+def by_name(stats):
+    return {s.iface: s for s in stats}
+
+
+def assert_non_negative(stat):
+    for name, value in vars(stat).items():
+        if name != "iface":
+            assert value >= 0, (name, value)
+
+
+# ---- NicTracker ---------------------------------------------------------------------------------
+
+
+def test_steady_rates_totals_and_peaks():
+    feed = Feed(0.0, {"eth0": counters(rx=1000, tx=500, rx_p=10, tx_p=5)})
+    tracker = feed.tracker()
+    feed.push(1.0, {"eth0": counters(rx=3000, tx=1500, rx_p=30, tx_p=15, errors=1, drops=2)})
+    eth = by_name(tracker.sample())["eth0"]
+    assert (eth.rx_rate, eth.tx_rate) == (2000.0, 1000.0)
+    feed.push(3.0, {"eth0": counters(rx=5000, tx=2500, rx_p=50, tx_p=25, errors=1, drops=2)})
+    eth = by_name(tracker.sample())["eth0"]
+    assert (eth.rx_rate, eth.tx_rate) == (1000.0, 500.0)
+    assert (eth.rx_bytes, eth.tx_bytes, eth.rx_packets, eth.tx_packets) == (4000, 2000, 40, 20)
+    assert (eth.rx_errors, eth.tx_errors, eth.rx_drops, eth.tx_drops) == (1, 1, 2, 2)
+    assert (eth.peak_rx_rate, eth.peak_tx_rate) == (2000.0, 1000.0)
+
+
+def test_counter_reset_or_wrap_gives_no_negative_numbers_and_rebases():
+    feed = Feed(0.0, {"eth0": counters(rx=10_000, tx=10_000)})
+    tracker = feed.tracker()
+    feed.push(1.0, {"eth0": counters(rx=12_000, tx=11_000)})
+    tracker.sample()
+    feed.push(2.0, {"eth0": counters(rx=100, tx=50)})  # reset: counters went backwards
+    eth = by_name(tracker.sample())["eth0"]
+    assert_non_negative(eth)
+    assert (eth.rx_rate, eth.tx_rate) == (0.0, 0.0)
+    assert (eth.rx_bytes, eth.tx_bytes) == (2000, 1000)
+    feed.push(3.0, {"eth0": counters(rx=600, tx=250)})  # counts again from the new base
+    eth = by_name(tracker.sample())["eth0"]
+    assert (eth.rx_rate, eth.tx_rate, eth.rx_bytes, eth.tx_bytes) == (500.0, 200.0, 2500, 1200)
+
+
+def test_interface_that_disappears_and_comes_back():
+    feed = Feed(0.0, {"lo": counters(), "ib0": counters(rx=5000, tx=5000)})
+    tracker = feed.tracker()
+    feed.push(1.0, {"lo": counters(), "ib0": counters(rx=6000, tx=7000)})
+    tracker.sample()
+    feed.push(2.0, {"lo": counters()})
+    assert set(by_name(tracker.sample())) == {"lo"}
+    feed.push(3.0, {"lo": counters(), "ib0": counters(rx=300, tx=400)})  # re-created: counters restart
+    ib = by_name(tracker.sample())["ib0"]
+    assert_non_negative(ib)
+    assert (ib.rx_rate, ib.tx_rate, ib.rx_bytes, ib.tx_bytes) == (0.0, 0.0, 1000, 2000)
+    feed.push(4.0, {"lo": counters(), "ib0": counters(rx=1300, tx=1400)})
+    ib = by_name(tracker.sample())["ib0"]
+    assert (ib.rx_rate, ib.rx_bytes, ib.tx_bytes, ib.peak_tx_rate) == (1000.0, 2000, 3000, 2000.0)
+
+
+def test_interface_appearing_later_starts_from_its_first_reading():
+    feed = Feed(0.0, {"lo": counters()})
+    tracker = feed.tracker()
+    feed.push(1.0, {"lo": counters(), "veth9": counters(rx=10**9, tx=10**9)})
+    veth = by_name(tracker.sample())["veth9"]
+    assert (veth.rx_rate, veth.rx_bytes, veth.peak_rx_rate) == (0.0, 0, 0.0)
+    feed.push(2.0, {"lo": counters(), "veth9": counters(rx=10**9 + 64, tx=10**9)})
+    assert by_name(tracker.sample())["veth9"].rx_bytes == 64
+
+
+def test_zero_interval_gives_zero_rate_not_an_error():
+    feed = Feed(5.0, {"eth0": counters(rx=1)})
+    tracker = feed.tracker()
+    feed.push(5.0, {"eth0": counters(rx=2)})
+    eth = by_name(tracker.sample())["eth0"]
+    assert (eth.rx_rate, eth.rx_bytes) == (0.0, 1)
+
+
+def test_real_counters_cover_every_interface():
+    stats = NicTracker().sample()
+    assert {s.iface for s in stats} == set(psutil.net_io_counters(pernic=True))
+    for s in stats:
+        assert_non_negative(s)
+
+
+# ---- job_interface --------------------------------------------------------------------------------
+
+
+def test_loopback_master_gives_loopback_interface():
+    lo = loopback_interface()
+    assert lo in psutil.net_if_addrs()
+    assert job_interface("127.0.0.1") == lo
+    assert job_interface("localhost") == lo
+
+
+def test_address_of_this_host_gives_loopback_interface():
+    own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family.name == "AF_INET"]
+    for address in own:
+        assert job_interface(address) == loopback_interface()
+
+
+def test_unresolvable_master_falls_back_to_loopback():
+    assert job_interface("no-such-host.invalid") == loopback_interface()
+    assert job_interface("") == loopback_interface()
+
+
+def test_explicit_interface():
+    lo = loopback_interface()
+    assert job_interface("10.9.9.9", iface=lo) == lo
+    with pytest.raises(UsageError) as info:
+        job_interface("127.0.0.1", iface="nosuchnic0")
+    message = str(info.value)
+    assert "\n" not in message and "nosuchnic0" in message and lo in message
+
+
+# ---- real network namespaces --------------------------------------------------------------------
+
+
+def ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=check)
+
+
+@pytest.fixture
+def netns_pair():
+    """Two namespaces joined by a veth pair: (ns_a, veth_a, 192.0.2.1) <-> (ns_b, veth_b, 192.0.2.2)."""
+    if shutil.which("ip") is None:
+        pytest.skip("the `ip` command is not installed")
+    tag = uuid.uuid4().hex[:8]
+    ns_a, ns_b = f"ddptop-a-{tag}", f"ddptop-b-{tag}"
+    veth_a, veth_b = f"vda{tag}", f"vdb{tag}"  # interface names are limited to 15 characters
+    made = []
+    try:
+        for ns in (ns_a, ns_b):
+            result = ip("netns", "add", ns, check=False)
+            if result.returncode != 0:
+                pytest.skip(f"`ip netns add` is not permitted here: {result.stderr.strip()}")
+            made.append(ns)
+        ip("link", "add", veth_a, "netns", ns_a, "type", "veth", "peer", "name", veth_b, "netns", ns_b)
+        for ns, veth, address in ((ns_a, veth_a, "192.0.2.1/24"), (ns_b, veth_b, "192.0.2.2/24")):
+            ip("-n", ns, "addr", "add", address, "dev", veth)
+            ip("-n", ns, "link", "set", veth, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        yield ns_a, veth_a, ns_b, veth_b
+    finally:
+        for ns in made:  # deleting a namespace deletes its end of the veth, and with it the pair
+            ip("netns", "del", ns, check=False)
+
+
+def in_netns(ns, code, **kwargs):
+    command = ["ip", "netns", "exec", ns, sys.executable, "-c", code]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def run_in_netns(ns, code):
+    proc = in_netns(ns, code)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    return json.loads(out)
+
+
+def test_job_interface_in_network_namespaces(netns_pair):
+    ns_a, veth_a, ns_b, veth_b = netns_pair
+    code = (
+        "import json; from ddptop.sources.system import job_interface as j; "
+        "print(json.dumps([j('192.0.2.1'), j('192.0.2.2'), j('198.51.100.7'), j('127.0.0.1')]))"
+    )
+    routed, own, unroutable, loop = run_in_netns(ns_b, code)
+    assert routed == veth_b
+    assert own == loop == "lo"
+    assert unroutable == "lo"  # no default route inside the namespace: fall back, never raise
+
+
+RECEIVER = """
+import socket
+srv = socket.create_server(("192.0.2.2", 0))
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+got = 0
+while chunk := conn.recv(1 << 16):
+    got += len(chunk)
+conn.sendall(str(got).encode())
+conn.close()
+"""
+
+SENDER = """
+import json, socket, sys
+from ddptop.sources.system import NicTracker
+tracker = NicTracker()
+with socket.create_connection(("192.0.2.2", int(sys.argv[1])), timeout=10) as s:
+    s.sendall(b"x" * (1 << 20))
+    s.shutdown(socket.SHUT_WR)
+    acked = int(s.recv(64))
+stat = {n.iface: n for n in tracker.sample()}[sys.argv[2]]
+print(json.dumps({"acked": acked, "tx": stat.tx_bytes, "tx_packets": stat.tx_packets, "rx": stat.rx_bytes}))
+"""
+
+
+def test_nic_tracker_counts_real_traffic_between_namespaces(netns_pair):
+    ns_a, veth_a, ns_b, veth_b = netns_pair
+    receiver = in_netns(ns_b, RECEIVER)
+    try:
+        port = receiver.stdout.readline().strip()
+        assert port, receiver.stderr.read()
+        code = SENDER.replace("sys.argv[1]", repr(port)).replace("sys.argv[2]", repr(veth_a))
+        result = run_in_netns(ns_a, code)
+    finally:
+        receiver.kill()
+        receiver.communicate()
+    assert result["acked"] == 1 << 20
+    assert result["tx"] >= 1 << 20  # payload plus TCP/IP headers
+    assert result["tx_packets"] > 0 and result["rx"] > 0  # the receiver's ACKs
+
+
+# ---- GPU --------------------------------------------------------------------------------------------
+
+
+def test_gpu_reader_without_gpu_reports_not_available():
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has a working NVIDIA driver")
+    except pynvml.NVMLError:
+        pass
+    reader = GpuReader([0])
+    status, stats = reader.read()
+    assert status.startswith("not available: ") and stats == ()
+    assert reader.read() == (status, ())
+    reader.close()
+
+
+class FakeNvml:
+    """The few pynvml calls GpuReader makes, for two GPUs; GPU 1 supports neither power nor temperature."""
+
+    NVML_TEMPERATURE_GPU = 0
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    class NVMLError_DriverNotLoaded(NVMLError):
+        pass
+
+    def __init__(self, fail_init=None):
+        self.fail_init, self.shutdowns = fail_init, 0
+
+    def nvmlInit(self):
+        if self.fail_init:
+            raise self.fail_init
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return b"Fake GPU"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return namedtuple("U", "gpu memory")(42, 7)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return namedtuple("M", "total free used")(16 << 30, 12 << 30, 4 << 30)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        if h == 1:
+            raise self.NVMLError_NotSupported("Not Supported")
+        return 123_400
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        if h == 1:
+            raise self.NVMLError_NotSupported("Not Supported")
+        return 61
+
+
+def test_gpu_reader_unsupported_metric_is_none_for_that_field_only(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = FakeNvml()
+    reader = GpuReader(nvml=nvml)
+    status, (gpu0, gpu1) = reader.read()
+    assert status == "ok"
+    assert (gpu0.index, gpu0.name, gpu0.util_percent, gpu0.power_w, gpu0.temp_c) == (0, "Fake GPU", 42.0, 123.4, 61.0)
+    assert (gpu1.power_w, gpu1.temp_c, gpu1.util_percent, gpu1.mem_used_bytes) == (None, None, 42.0, 4 << 30)
+    reader.close()
+    reader.close()
+    assert nvml.shutdowns == 1
+
+
+def test_gpu_reader_maps_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    status, stats = GpuReader([0], nvml=FakeNvml()).read()
+    assert status == "ok" and [g.index for g in stats] == [1]
+    status, stats = GpuReader([3], nvml=FakeNvml()).read()
+    assert status.startswith("not available: no GPU with index 3") and stats == ()
+
+
+def test_gpu_reader_driver_not_loaded(monkeypatch):
+    nvml = FakeNvml(fail_init=FakeNvml.NVMLError_DriverNotLoaded("Driver Not Loaded"))
+    reader = GpuReader(nvml=nvml)
+    assert reader.read() == ("not available: NVIDIA driver not loaded", ())
+    reader.close()
+    assert nvml.shutdowns == 0
+
+
+# ---- SystemSampler ----------------------------------------------------------------------------------
+
+
+def test_sampler_delivers_samples_that_round_trip_and_stops_cleanly():
+    samples = []
+    sampler = SystemSampler(0, "node0", loopback_interface(), samples.append, interval_s=0.5)
+    sampler.start()
+    time.sleep(1.2)
+    sampler.stop()
+    sampler.stop()
+    assert not any(t.name.startswith("ddptop-sampler") for t in threading.enumerate())
+    assert len(samples) >= 2
+    for sample in samples:
+        assert isinstance(sample, SystemSample)
+        assert event_from_dict(json.loads(json.dumps(sample.to_dict()))) == sample
+        assert sample.nic() is not None and sample.node_mem_total_bytes > 0
+        assert sample.gpu_status.startswith(("ok", "not available"))
+    assert samples[-1].t > samples[0].t
+
+
+def test_sampler_survives_failing_reader_and_sink(capsys):
+    calls = []
+
+    def sink(sample):
+        calls.append(sample)
+        raise RuntimeError("sink down")
+
+    sampler = SystemSampler(1, "node1", "lo", sink, interval_s=0.05)
+    sampler._nics._read = lambda: 1 / 0  # a broken counter source
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    assert len(calls) >= 2 and all(s.nics == () and s.node_mem_total_bytes > 0 for s in calls)
+    err = capsys.readouterr().err
+    assert err.count("network counters failed") == 1 and err.count("sink failed") == 1
