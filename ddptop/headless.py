@@ -21,7 +21,7 @@ def progress_line(step: int, total: int, done: StepDone, images_per_s: float) ->
     return line
 
 
-def test_line(e: EpochDone) -> str:
+def evaluation_line(e: EpochDone) -> str:
     """The course's format: `Test set: Average loss: 2.0345, Accuracy: 2292/10000 (23%)`."""
     pct = 100.0 * e.correct / e.total if e.total else 0.0
     return f"Test set: Average loss: {e.test_loss:.4f}, Accuracy: {e.correct}/{e.total} ({pct:.0f}%)"
@@ -42,7 +42,7 @@ class HeadlessPrinter:
             if isinstance(event, StepDone):
                 self._step(event)
             elif isinstance(event, EpochDone):
-                self._print(test_line(event))
+                self._print(evaluation_line(event))
             elif isinstance(event, RankJoined):
                 self._print(f"rank {event.rank} joined from {event.host} pid {event.pid} ({event.device}, "
                             f"{event.backend}, {event.threads} threads, ranks found by {event.rank_source})")

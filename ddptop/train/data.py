@@ -252,7 +252,7 @@ class _ArrayUnpickler(pickle.Unpickler):
         if (module, name) not in _PICKLE_GLOBALS:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
         if module.startswith("numpy.core.") and hasattr(np, "_core"):
-            module = "numpy._core." + module[len("numpy.core."):]  # numpy 2 warns on the old name
+            module = "numpy._core." + module[len("numpy.core."):]  # numpy 2 deprecates numpy.core
         return super().find_class(module, name)
 
 
@@ -299,7 +299,11 @@ def _load_mnist(root: str) -> tuple[Dataset, Dataset]:
         transforms.Normalize(MNIST_MEAN, MNIST_STD),
         transforms.Lambda(_grey_to_rgb),
     ])
-    return MNIST(root, train=True, transform=transform), MNIST(root, train=False, transform=transform)
+    splits = MNIST(root, train=True, transform=transform), MNIST(root, train=False, transform=transform)
+    for split in splits:
+        if len(split.targets) != len(split.data) or bool((split.targets >= NUM_CLASSES).any()):
+            raise DataError(f"MNIST in {root}: {len(split.data)} images need as many labels, each 0..{NUM_CLASSES - 1}")
+    return splits
 
 
 def _grey_to_rgb(image: torch.Tensor) -> torch.Tensor:

@@ -166,12 +166,49 @@ def test_a_set_too_small_for_one_batch_per_rank_is_an_error():
 # --- CIFAR-10 ---
 
 
-def write_cifar(root, images_per_batch=4, test_images=6, bytes_keys=True, protocol=2, train_pixels=None):
+def py2_pickle(value) -> bytes:
+    """The opcodes Python 2's cPickle wrote for the official CIFAR files: byte-string keys, numpy.core names."""
+    return b"\x80\x02" + _py2(value) + b"."
+
+
+def _py2(value) -> bytes:
+    if isinstance(value, dict):
+        return b"}(" + b"".join(_py2(key) + _py2(item) for key, item in value.items()) + b"u"
+    if isinstance(value, list):
+        return b"](" + b"".join(_py2(item) for item in value) + b"e"
+    if isinstance(value, str):
+        return b"U" + bytes([len(value)]) + value.encode("latin1")
+    if isinstance(value, int):
+        return b"J" + struct.pack("<i", value)
+    assert value.dtype == np.uint8 and value.ndim == 2
+    dtype = b"cnumpy\ndtype\n" + _py2("u1") + b"K\x00K\x01\x87R(K\x03" + _py2("|") + b"NNN" + _py2(-1) * 2 + b"K\x00tb"
+    shape = _py2(value.shape[0]) + _py2(value.shape[1]) + b"\x86"
+    raw = value.tobytes()
+    return (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85" + _py2("b") + b"\x87R"
+            + b"(K\x01" + shape + dtype + b"\x89T" + struct.pack("<I", len(raw)) + raw + b"tb")
+
+
+PICKLE_STYLES = {
+    "python2": py2_pickle,
+    "bytes-keys": lambda value: pickle.dumps(_keys_to_bytes(value), protocol=2),
+    "str-keys": lambda value: pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL),
+}
+
+
+def _keys_to_bytes(value):
+    if isinstance(value, dict):
+        return {key.encode(): _keys_to_bytes(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_keys_to_bytes(item) for item in value]
+    return value.encode() if isinstance(value, str) else value
+
+
+def write_cifar(root, images_per_batch=4, test_images=6, style="python2", train_pixels=None):
     """A tiny CIFAR-10 in the real on-disk layout; returns {file name: (uint8 N×3072 data, labels)}."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
+    dump = PICKLE_STYLES[style]
     rng = np.random.default_rng(0)
-    key = (lambda name: name.encode()) if bytes_keys else (lambda name: name)
     written = {}
     names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
     for index, name in enumerate(names):
@@ -180,18 +217,25 @@ def write_cifar(root, images_per_batch=4, test_images=6, bytes_keys=True, protoc
         if train_pixels is not None and name != "test_batch":
             pixels[:] = np.repeat(np.array(train_pixels, dtype=np.uint8), 1024)
         labels = [(index * 7 + i) % 10 for i in range(count)]
-        batch = {key("batch_label"): key(f"batch {index}"), key("labels"): labels, key("data"): pixels,
-                 key("filenames"): [key(f"img_{index}_{i}.png") for i in range(count)]}
-        (folder / name).write_bytes(pickle.dumps(batch, protocol=protocol))
+        batch = {"batch_label": f"batch {index}", "labels": labels, "data": pixels,
+                 "filenames": [f"img_{index}_{i}.png" for i in range(count)]}
+        (folder / name).write_bytes(dump(batch))
         written[name] = (pixels, labels)
-    meta = {key("label_names"): [key(f"class{i}") for i in range(10)], key("num_vis"): 3072}
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=protocol))
+    meta = {"num_cases_per_batch": images_per_batch, "label_names": [f"class{i}" for i in range(10)], "num_vis": 3072}
+    (folder / "batches.meta").write_bytes(dump(meta))
     return written
 
 
-@pytest.mark.parametrize("bytes_keys, protocol", [(True, 2), (False, pickle.HIGHEST_PROTOCOL)])
-def test_cifar_files_load_with_shapes_labels_and_normalized_values(tmp_path, offline, bytes_keys, protocol):
-    written = write_cifar(tmp_path, bytes_keys=bytes_keys, protocol=protocol)
+def test_the_python2_pickle_reads_back_as_torchvision_reads_it():
+    pixels = np.arange(2 * 3072, dtype=np.int64).astype(np.uint8).reshape(2, 3072)
+    batch = pickle.loads(py2_pickle({"data": pixels, "labels": [3, 300]}), encoding="latin1")
+    assert batch["labels"] == [3, 300]
+    assert batch["data"].dtype == np.uint8 and np.array_equal(batch["data"], pixels)
+
+
+@pytest.mark.parametrize("style", PICKLE_STYLES)
+def test_cifar_files_load_with_shapes_labels_and_normalized_values(tmp_path, offline, style):
+    written = write_cifar(tmp_path, style=style)
     cfg = RunConfig(dataset="cifar10", data_dir=str(tmp_path))
     data.ensure_dataset(cfg)
     train, test = data.build_datasets(cfg)
@@ -306,6 +350,13 @@ def test_mnist_files_load_as_three_channel_32x32(tmp_path, offline, compress):
         border = torch.cat([image[:, :2].flatten(), image[:, 30:].flatten(), image[:, :, :2].flatten()])
         assert torch.allclose(border, torch.tensor(padding))
     assert [train[i][1] for i in range(12)] == written["train"][1]
+
+
+def test_mnist_labels_out_of_range_are_a_data_error(tmp_path):
+    write_mnist(tmp_path)
+    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").write_bytes(idx_labels([1, 2, 12, 3, 4]))
+    with pytest.raises(DataError, match="each 0..9"):
+        data.build_datasets(RunConfig(dataset="mnist", data_dir=str(tmp_path)))
 
 
 # --- missing files ---

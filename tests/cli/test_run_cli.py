@@ -1,0 +1,123 @@
+"""`ddptop` as a user types it: headless runs exit 0, bad input gets one line and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddptop.control.store import free_port
+
+DDPTOP = [sys.executable, "-m", "ddptop"]
+TINY = ["--headless", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval"]
+
+
+def ddptop(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(DDPTOP + list(args), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("ddptop:")]
+    assert lines and all(w in lines[-1] for w in words), result.stderr
+
+
+@pytest.mark.parametrize("strategy", ["single", "gather-scatter", "allreduce", "ddp"])
+def test_each_strategy_runs_headless_on_two_local_ranks(strategy):
+    result = ddptop("--local", "2", "--steps", "6", "--strategy", strategy, "--log-every", "3", *TINY)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("step 6/6 loss ") and " s/it " in line and " img/s" in line for line in lines)
+    assert "finished: 6 steps on 2 ranks (done)" in lines
+    if strategy != "single":  # --probes all prints comm share, overlap and MB sent
+        assert any("comm " in line and "overlap " in line and " MB" in line for line in lines)
+
+
+def test_epoch_end_prints_the_course_test_line():
+    result = ddptop("--local", "2", "--model", "tiny", "--synthetic-size", "320", "--batch-size", "32",
+                    "--strategy", "allreduce", "--headless")
+    assert result.returncode == 0, result.stderr
+    assert any(line.startswith("Test set: Average loss: ") and "Accuracy: " in line and "/64 (" in line
+               for line in result.stdout.splitlines())
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--strategy", "ring"], ["invalid choice", "ring"]),
+    (["--model", "gpt"], ["invalid choice", "gpt"]),
+    (["--dataset", "imagenet"], ["invalid choice", "imagenet"]),
+    (["--batch-size", "0"], ["batch size"]),
+    (["--bucket-mb", "-1"], ["bucket size"]),
+    (["--local", "0"], ["--local"]),
+    (["--master", "127.0.0.1", "--rank", "3", "--world-size", "2"], ["--rank"]),
+    (["--master", "127.0.0.1"], ["--world-size"]),
+    (["--steps", "x"], ["--steps"]),
+])
+def test_bad_flags_get_one_line_and_exit_2(args, words):
+    assert_one_line_error(ddptop(*args), 2, *words)
+
+
+def test_missing_dataset_names_the_directory(tmp_path):
+    result = ddptop("--dataset", "mnist", "--data-dir", str(tmp_path), "--local", "1", timeout=120)
+    assert_one_line_error(result, 3, str(tmp_path))
+
+
+def test_unreachable_master_gives_up_after_the_timeout():
+    start = time.monotonic()
+    result = ddptop("--master", "127.0.0.1", "--port", str(free_port()), "--rank", "1", "--world-size", "2",
+                    "--timeout", "3", *TINY)
+    assert_one_line_error(result, 4, "cannot reach", "127.0.0.1", "3 s")
+    assert time.monotonic() - start < 30
+
+
+def test_port_in_use_is_refused():
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = ddptop("--local", "2", "--port", str(port), "--steps", "2", *TINY)
+    assert_one_line_error(result, 4, f"port {port}", "--port")
+
+
+def test_world_size_mismatch_stops_both_ranks():
+    port = str(free_port())
+    common = ["--master", "127.0.0.1", "--port", port, "--steps", "2", "--timeout", "20", *TINY]
+    master = subprocess.Popen(DDPTOP + ["--rank", "0", "--world-size", "2", *common], stderr=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    worker = ddptop("--rank", "1", "--world-size", "3", *common)
+    _, master_err = master.communicate(timeout=60)
+    assert_one_line_error(worker, 4, "world size")
+    assert master.returncode != 0 and "world size 3" in master_err and "Traceback" not in master_err
+
+
+def test_two_machines_by_flags_train_together():
+    """The multi-node form on one machine: a rank 0 front process and a rank 1 worker found by --master."""
+    port = str(free_port())
+    common = ["--master", "127.0.0.1", "--port", port, "--world-size", "2", "--steps", "4", "--strategy",
+              "allreduce", "--log-every", "2", *TINY]
+    master = subprocess.Popen(DDPTOP + ["--rank", "0", *common], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    worker = ddptop("--rank", "1", *common)
+    out, err = master.communicate(timeout=90)
+    assert worker.returncode == 0 and master.returncode == 0, worker.stderr + err
+    assert "ranks found by flags" in err and "step 4/4 loss" in out
+    assert "rank 1 finished 4 steps" in worker.stderr
+
+
+def test_torchrun_environment_is_honoured():
+    """Two processes that only see torchrun's variables (as torchrun sets them) form the job."""
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen(DDPTOP + ["--steps", "3", "--strategy", "ddp", "--log-every", "1", *TINY],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=90) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "ranks found by torchrun" in outputs[0][1] and "step 3/3 loss" in outputs[0][0]

@@ -1,0 +1,43 @@
+"""Run a real ddptop job (front process + spawned gloo ranks) and collect every event it produced."""
+
+from __future__ import annotations
+
+import time
+
+from ddptop.config import RunConfig, SyncConfig
+from ddptop.events import Event, StepDone, StepSpans
+from ddptop.train.launch import run_front
+from ddptop.train.rendezvous import Rendezvous
+from ddptop.train.worker import WorkerOptions
+
+
+def tiny_config(**sync_changes) -> RunConfig:
+    steps = sync_changes.pop("steps", 4)
+    model = sync_changes.pop("model", "tiny")
+    span_every = sync_changes.pop("span_every", 1)
+    sync = SyncConfig(**{"batch_size": 16, **sync_changes})
+    return RunConfig(model=model, sync=sync, steps=steps, span_every=span_every, synthetic_size=640, eval=False)
+
+
+def run_job(cfg: RunConfig, world_size: int = 2, timeout_s: float = 30.0) -> tuple[int, list[Event]]:
+    collected: list[Event] = []
+
+    def consumer(source, job):
+        while job.alive():
+            collected.extend(source.poll())
+            job.check()
+            time.sleep(0.1)
+        source.close()
+        collected.extend(source.poll())
+
+    rdv = Rendezvous("127.0.0.1", 0, 0, world_size, 0, world_size, "local")
+    code = run_front(cfg, rdv, WorkerOptions(timeout_s=timeout_s), consumer)
+    return code, collected
+
+
+def steps_of(events: list[Event], rank: int | None = None) -> list[StepDone]:
+    return [e for e in events if isinstance(e, StepDone) and (rank is None or e.rank == rank)]
+
+
+def spans_of(events: list[Event], rank: int | None = None) -> list[StepSpans]:
+    return [e for e in events if isinstance(e, StepSpans) and (rank is None or e.rank == rank)]

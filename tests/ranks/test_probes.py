@@ -1,0 +1,124 @@
+"""Probes on real gloo ranks started by ddptop's front process: spans, comm per parameter or bucket, bytes, overlap."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddptop.events import RunStarted, StepDone, SystemSample
+from ddptop.probes import wire
+from ddptop.train.models import build_model
+from jobs import run_job, spans_of, steps_of, tiny_config
+
+EPS = 1e-6
+TINY_PARAMS = [(n, p.numel() * 4) for n, p in build_model("tiny").named_parameters()]
+TINY_BYTES = sum(size for _, size in TINY_PARAMS)
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    runs = {}
+    for name, cfg in {
+        "allreduce": tiny_config(strategy="allreduce"),
+        "async": tiny_config(strategy="allreduce", async_op=True),
+        "gather-scatter": tiny_config(strategy="gather-scatter"),
+        "ddp-big-bucket": tiny_config(strategy="ddp", bucket_mb=100),
+    }.items():
+        code, events = run_job(cfg)
+        assert code == 0, name
+        runs[name] = events
+    return runs
+
+
+@pytest.mark.parametrize("name", ["allreduce", "async", "gather-scatter", "ddp-big-bucket"])
+def test_spans_are_well_nested_and_ordered(jobs, name):
+    sampled = spans_of(jobs[name])
+    assert len(sampled) == 8  # 4 steps x 2 ranks, span_every=1
+    for step in sampled:
+        done = next(d for d in steps_of(jobs[name], step.rank) if d.step == step.step)
+        spans = step.spans
+        assert all(s.start_s >= -EPS and s.dur_s >= 0 and s.end_s <= done.iter_s + EPS for s in spans)
+        fwd = [s for s in spans if s.kind == "fwd"]
+        bwd = [s for s in spans if s.kind == "bwd"]
+        opt = [s for s in spans if s.kind == "opt"]
+        data = [s for s in spans if s.kind == "data"]
+        assert len(data) == 1 and len(opt) == 1
+        assert {s.name for s in fwd} >= {"features.0", "classifier"}  # users find layers by module name
+        for a, b in zip(fwd, fwd[1:]):  # leaf layers run one after another
+            assert a.end_s <= b.start_s + EPS
+        assert data[0].end_s <= fwd[0].start_s + EPS
+        assert max(s.end_s for s in fwd) <= min(s.start_s for s in bwd) + EPS
+        assert opt[0].start_s >= max(s.end_s for s in bwd) - EPS
+        # backward visits layers in reverse: the classifier's gradient comes first
+        assert bwd[0].name == "classifier"
+
+
+@pytest.mark.parametrize("name,per_param", [("allreduce", 1), ("async", 1), ("gather-scatter", 2)])
+def test_a_comm_span_for_every_parameter(jobs, name, per_param):
+    for step in spans_of(jobs[name]):
+        comm = [s for s in step.spans if s.kind == "comm"]
+        assert len(comm) == per_param * len(TINY_PARAMS)
+        for pname, size in TINY_PARAMS:
+            mine = [s for s in comm if s.name.endswith(" " + pname)]
+            assert len(mine) == per_param and all(s.nbytes == size for s in mine)
+
+
+def test_async_waits_are_recorded(jobs):
+    for step in spans_of(jobs["async"]):
+        assert [s.name for s in step.spans if s.kind == "wait"] == ["wait async handles"]
+
+
+@pytest.mark.parametrize("name", ["allreduce", "async", "ddp-big-bucket"])
+def test_ring_bytes_per_step(jobs, name):
+    sent, _ = wire.ring_allreduce(TINY_BYTES, 2)
+    for done in steps_of(jobs[name]):
+        assert done.comm_bytes == TINY_BYTES
+        # per-tensor floor division may lose a byte per tensor
+        assert abs(done.tx_bytes - sent) <= len(TINY_PARAMS) and done.rx_bytes == done.tx_bytes
+
+
+def test_gather_scatter_bytes_per_step(jobs):
+    for done in steps_of(jobs["gather-scatter"]):
+        assert done.comm_bytes == 2 * TINY_BYTES  # each parameter is gathered and scattered
+        # N=2: root receives (N-1)S and sends (N-1)S; the other rank sends S and receives S
+        assert done.tx_bytes == TINY_BYTES and done.rx_bytes == TINY_BYTES
+
+
+def test_bucket_larger_than_the_model_is_one_bucket(jobs):
+    for step in spans_of(jobs["ddp-big-bucket"]):
+        comm = [s for s in step.spans if s.kind == "comm"]
+        assert [s.name for s in comm] == ["bucket 0"] and comm[0].nbytes == TINY_BYTES
+
+
+def test_step_summary_is_consistent(jobs):
+    for name, events in jobs.items():
+        for done in steps_of(events):
+            assert done.iter_s > 0 and 0 <= done.overlap <= 1
+            assert done.comm_s > 0 and 0 <= done.exposed_comm_s <= done.comm_s + EPS
+            assert done.compute_s <= done.iter_s + EPS
+            assert done.images_per_s == pytest.approx(16 / done.iter_s)
+        started = [e for e in events if isinstance(e, RunStarted)]
+        assert len(started) == 1 and started[0].param_bytes == TINY_BYTES
+
+
+def test_system_samples_arrive_from_every_rank(jobs):
+    samples = [e for events in jobs.values() for e in events if isinstance(e, SystemSample)]
+    assert {s.rank for s in samples} == {0, 1}
+    assert all(s.job_iface == "lo" and s.nic() is not None for s in samples)
+
+
+def test_ddp_small_buckets_overlap_the_backward_pass():
+    """VGG-11 with 1 MB buckets: several buckets (a tensor over the cap gets its own; VGG's 9.4 MB conv weights
+    make 7), and some go out while backward still computes."""
+    cfg = tiny_config(strategy="ddp", bucket_mb=1, model="vgg11", steps=3, batch_size=8)
+    code, events = run_job(cfg, timeout_s=60)
+    assert code == 0
+    for step in spans_of(events):
+        if step.step == 0:
+            continue  # DDP rebuilds its buckets after the first step
+        comm = [s for s in step.spans if s.kind == "comm"]
+        bwd_end = max(s.end_s for s in step.spans if s.kind == "bwd")
+        assert len(comm) >= 5
+        assert sum(s.nbytes for s in comm) == 9231114 * 4
+        assert any(s.start_s < bwd_end for s in comm)
+    overlaps = [d.overlap for d in steps_of(events) if d.step > 0]
+    assert max(overlaps) > 0
