@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Sequence
@@ -60,6 +61,7 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--headless", action="store_true", help="no screen: progress lines")
     look.add_argument("--probes", choices=PROBE_LEVELS, default="all")
     look.add_argument("--span-every", type=int, default=10, metavar="N", help="record spans every Nth step (10)")
+    where.add_argument("--token", help="job token for control messages (default: DDPTOP_TOKEN, else generated)")
     look.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
     return p
 
@@ -89,12 +91,64 @@ def cmd_run(argv: Sequence[str]) -> int:
         print("ddptop: the live screen is not available yet; running headless", file=sys.stderr)
     from ddptop.run import run
 
-    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every)
+    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token)
+
+
+def ctl_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ddptop ctl", description="Control a running ddptop job from a shell.")
+    p.add_argument("--master", help="the job's master address (default: the job running on this machine)")
+    p.add_argument("--port", type=int, help="the job's store port (default: from this machine's job file)")
+    p.add_argument("--token", help="the job token (default: DDPTOP_TOKEN, then this machine's job file)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a change to be applied (30)")
+    p.add_argument("op", choices=("status", "set", "pause", "resume", "stop"))
+    p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
+                   help="for set: strategy, bucket_mb, async_op, batch_size, lr, scale_lr")
+    return p
+
+
+def cmd_ctl(argv: Sequence[str]) -> int:
+    args = ctl_parser().parse_args(argv)
+    from ddptop.control.client import ControlClient
+    from ddptop.control.commands import parse_assignments
+
+    if args.op != "set" and args.assignments:
+        raise UsageError(f"{args.op} takes no KEY=VALUE arguments")
+    changes = parse_assignments(args.assignments) if args.op == "set" else None
+    client = ControlClient.find(args.master, args.port, args.token)
+    if args.op == "status":
+        status = client.status()
+        print(json.dumps(status, indent=2) if args.json else format_status(status, client))
+        return 0
+    answer = client.send(args.op, changes, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps(answer))
+    elif args.op == "set":
+        print(f"applied at step {answer['step']} (segment {answer['segment']}) on every rank")
+    else:
+        print(f"{args.op}: accepted")
+    return 0
+
+
+def format_status(status: dict, client) -> str:
+    from ddptop.config import SyncConfig
+
+    config = SyncConfig(**status["config"])
+    state = "paused" if status.get("paused") else "running"
+    lines = [f"job {client.master}:{client.port}  {state}  step {status['step']}  segment {status['segment']}  "
+             f"{config.describe()}  lr {config.lr:g}"]
+    for rank in status["ranks"]:
+        lines.append(f"  rank {rank['rank']}  step {rank.get('step', '?')}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # c10d logs lost store connections as multi-line C++ stack traces; ddptop reports them in one line instead
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
+        if argv and argv[0] == "ctl":
+            return cmd_ctl(argv[1:])
         return cmd_run(argv)
     except DdptopError as exc:
         print(f"ddptop: {exc}", file=sys.stderr)

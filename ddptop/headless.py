@@ -6,6 +6,8 @@ import sys
 import time
 from typing import TextIO
 
+from ddptop.config import SyncConfig
+from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop.events import EpochDone, Event, LogLine, RankJoined, RunFinished, RunStarted, StepDone
 
 MB = 1e6
@@ -53,6 +55,17 @@ class HeadlessPrinter:
                             f"/rank, {event.steps_per_epoch} steps/epoch")
             elif isinstance(event, RunFinished):
                 self.finished[event.rank] = event
+            elif isinstance(event, ConfigApplied):
+                if event.rank == 0:
+                    config = SyncConfig(**event.config)
+                    self._print(f"step {event.step}: now {config.describe()} lr {config.lr:g} "
+                                f"(segment {event.segment}, asked by {event.who})")
+            elif isinstance(event, ControlRefused):
+                self._print(f"control request {event.request_id} ignored: {event.reason}")
+            elif isinstance(event, RankLost):
+                self._print(f"rank {event.rank} lost after step {event.last_step}: {event.reason}")
+            elif isinstance(event, RunState) and event.rank == 0:
+                self._print(f"step {event.step}: {'paused' if event.paused else 'resumed'}")
             elif isinstance(event, LogLine):
                 self._print(f"rank {event.rank} {event.level}: {event.message}")
 

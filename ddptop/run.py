@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from ddptop.config import RunConfig
+from ddptop.control.token import remove_job_file, resolve_token, write_job_file
 from ddptop.headless import HeadlessPrinter, consume
 from ddptop.train.rendezvous import Rendezvous
 from ddptop.train.worker import WorkerOptions
@@ -19,8 +21,9 @@ def expected_total_steps(cfg: RunConfig, world_size: int) -> int:
     return 0  # unknown until rank 0 reports steps_per_epoch
 
 
-def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int) -> int:
-    options = WorkerOptions(timeout_s=timeout_s)
+def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None) -> int:
+    token_value, _ = resolve_token(token)
+    options = WorkerOptions(timeout_s=timeout_s, token=token_value)
     printer = HeadlessPrinter(expected_total_steps(cfg, rdv.world_size), every=log_every)
     if rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0):
         from ddptop.train.launch import run_front
@@ -38,7 +41,13 @@ def run_direct(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, printer:
           f"(ranks found by {rdv.source})", file=sys.stderr)
     host_store = rdv.rank == 0 and rdv.source != "flags"
     echo = (lambda event: printer.handle([event])) if rdv.rank == 0 else None
-    steps = run_rank(cfg, rdv, WorkerOptions(options.timeout_s, options.pg_timeout_s, host_store=host_store), echo)
+    if rdv.rank == 0:  # `ddptop ctl` on this machine finds the job and its token here
+        write_job_file(rdv.master, rdv.port, options.token, rdv.world_size)
+    try:
+        steps = run_rank(cfg, rdv, replace(options, host_store=host_store), echo)
+    finally:
+        if rdv.rank == 0:
+            remove_job_file(rdv.port)
     print(f"ddptop: rank {rdv.rank} finished {steps} steps", file=sys.stderr)
     return 0
 

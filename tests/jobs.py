@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from ddptop.config import RunConfig, SyncConfig
@@ -19,10 +20,14 @@ def tiny_config(**sync_changes) -> RunConfig:
     return RunConfig(model=model, sync=sync, steps=steps, span_every=span_every, synthetic_size=640, eval=False)
 
 
-def run_job(cfg: RunConfig, world_size: int = 2, timeout_s: float = 30.0) -> tuple[int, list[Event]]:
+def run_job(cfg: RunConfig, world_size: int = 2, timeout_s: float = 30.0, port: int = 0, token: str = "",
+            script=None) -> tuple[int, list[Event]]:
+    """Run a job to its end; `script(collected)` runs in a thread beside it (to drive the control plane)."""
     collected: list[Event] = []
 
     def consumer(source, job):
+        if script is not None:
+            threading.Thread(target=script, args=(collected,), daemon=True).start()
         while job.alive():
             collected.extend(source.poll())
             job.check()
@@ -30,8 +35,8 @@ def run_job(cfg: RunConfig, world_size: int = 2, timeout_s: float = 30.0) -> tup
         source.close()
         collected.extend(source.poll())
 
-    rdv = Rendezvous("127.0.0.1", 0, 0, world_size, 0, world_size, "local")
-    code = run_front(cfg, rdv, WorkerOptions(timeout_s=timeout_s), consumer)
+    rdv = Rendezvous("127.0.0.1", port, 0, world_size, 0, world_size, "local")
+    code = run_front(cfg, rdv, WorkerOptions(timeout_s=timeout_s, token=token), consumer)
     return code, collected
 
 

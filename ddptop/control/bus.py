@@ -9,14 +9,17 @@ fetches the new batches in order and deletes them, so the store does not grow wi
 from __future__ import annotations
 
 import collections
+import json
 import sys
 import threading
+import time
 from typing import Callable
 
 import torch.distributed as dist
 
 from ddptop.control import keys
-from ddptop.events import Event, EventDecodeError, decode_events, encode_events
+from ddptop.control.commands import RankLost
+from ddptop.events import Event, EventDecodeError, RunFinished, decode_events, encode_events
 
 MAX_BATCH_EVENTS = 2000
 
@@ -101,11 +104,49 @@ class Collector:
         return events
 
 
+class Liveness:
+    """Marks a rank lost when its heartbeat has not changed for `lost_after_s` (by the front's own clock,
+    so clocks that differ between machines do not matter)."""
+
+    def __init__(self, store: dist.Store, world_size: int, lost_after_s: float = 10.0):
+        self.store = store
+        self.world_size = world_size
+        self.lost_after_s = lost_after_s
+        self.last: dict[int, tuple[bytes, float]] = {}
+        self.lost: set[int] = set()
+        self.finished: set[int] = set()
+
+    def check(self) -> list[Event]:
+        now = time.monotonic()
+        events: list[Event] = []
+        for rank in range(self.world_size):
+            key = keys.heartbeat(rank)
+            if rank in self.lost or rank in self.finished or not self.store.check([key]):
+                continue
+            beat = self.store.get(key)
+            previous = self.last.get(rank)
+            if previous is None or previous[0] != beat:
+                self.last[rank] = (beat, now)
+            elif now - previous[1] > self.lost_after_s:
+                self.lost.add(rank)
+                events.append(RankLost(rank, _step_of(beat), f"no heartbeat for {self.lost_after_s:g} s", time.time()))
+        return events
+
+
+def _step_of(beat: bytes) -> int:
+    try:
+        return int(json.loads(beat).get("step", -1))
+    except (ValueError, AttributeError, TypeError):
+        return -1
+
+
 class LiveSource:
     """A Source over the collector, polled from a background thread so callers never block on the store."""
 
-    def __init__(self, collector: Collector, interval_s: float = 0.2):
+    def __init__(self, collector: Collector, interval_s: float = 0.2, liveness: Liveness | None = None):
         self.collector = collector
+        self.liveness = liveness
+        self._next_liveness = 0.0
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._events: list[Event] = []
@@ -123,6 +164,11 @@ class LiveSource:
     def _drain_once(self) -> None:
         try:
             events = self.collector.poll()
+            if self.liveness is not None:
+                self.liveness.finished.update(e.rank for e in events if isinstance(e, RunFinished))
+                if time.monotonic() >= self._next_liveness:
+                    events += self.liveness.check()
+                    self._next_liveness = time.monotonic() + 1.0
         except Exception as exc:
             self.error = str(exc).splitlines()[0]
             return

@@ -19,3 +19,25 @@ def tel_head(rank: int) -> str:
 
 def tel_batch(rank: int, seq: int) -> str:
     return f"tel/{rank}/{seq}"
+
+
+CTL_SEQ = "ctl/seq"  # store.add counter: the id of the newest control request
+STATUS = "ctl/status"  # rank 0's view, refreshed twice a second: step, config in force, segment, paused
+
+
+def ctl_request(request_id: int) -> str:
+    return f"ctl/req/{request_id}"
+
+
+def ctl_response(request_id: int) -> str:
+    """Rank 0's answer: refused, pending, applied at step k."""
+    return f"ctl/resp/{request_id}"
+
+
+def ctl_decision(request_id: int) -> str:
+    """The checked configuration every rank applies for an accepted set request."""
+    return f"ctl/decision/{request_id}"
+
+
+def heartbeat(rank: int) -> str:
+    return f"hb/{rank}"

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
 from dataclasses import replace
 from typing import Callable, Protocol
 
 from ddptop.config import RunConfig
 from ddptop.control import store as stores
-from ddptop.control.bus import Collector, LiveSource
+from ddptop.control.bus import Collector, LiveSource, Liveness
+from ddptop.control.client import ControlClient
+from ddptop.control.token import remove_job_file, resolve_token, write_job_file
 from ddptop.events import Source
 from ddptop.train.rendezvous import Rendezvous
 from ddptop.train.worker import WorkerOptions, rank_entry
 
 GRACE_S = 15.0  # after one rank fails, the others get this long to notice before they are terminated
+STOP_WAIT_S = 20.0  # after a stop request, ranks get this long to finish their step and leave
 
 
 class Consumer(Protocol):
@@ -61,6 +65,9 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
     port = rdv.port or stores.free_port()
     rdv = replace(rdv, port=port)
     server = stores.serve(port)
+    token = options.token or resolve_token(None)[0]
+    options = replace(options, token=token)
+    write_job_file(rdv.master, port, token, rdv.world_size)
     ranks = list(range(rdv.world_size)) if rdv.source == "local" else [rdv.rank]
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=rank_entry, args=(cfg, _for_rank(rdv, r), options), name=f"ddptop-rank-{r}")
@@ -69,16 +76,36 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         p.start()
     job = LocalJob(procs, ranks)
     client = stores.ddptop_view(stores.connect("127.0.0.1", port, options.timeout_s, "local"))
-    source = LiveSource(Collector(client, rdv.world_size))
+    liveness = Liveness(stores.ddptop_view(stores.connect("127.0.0.1", port, options.timeout_s, "local")),
+                        rdv.world_size)
+    source = LiveSource(Collector(client, rdv.world_size), liveness=liveness)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         consumer(source, job)
     except KeyboardInterrupt:
-        pass
+        _stop_gracefully(job, "127.0.0.1", port, token)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         job.terminate()
         source.close()
+        remove_job_file(port)
         del server
     return job.exit_code()
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop_gracefully(job: LocalJob, master: str, port: int, token: str) -> None:
+    """Ask every rank to stop at the next step boundary; terminate whatever is still there after STOP_WAIT_S."""
+    try:
+        ControlClient(master, port, token, role="front").request("stop")
+    except Exception:
+        pass
+    deadline = time.monotonic() + STOP_WAIT_S
+    while job.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _for_rank(rdv: Rendezvous, rank: int) -> Rendezvous:

@@ -10,6 +10,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddptop.config import RunConfig, SyncConfig
+from ddptop.control.commands import ConfigApplied
+from ddptop.errors import UsageError
 from ddptop.events import EpochDone, Event, RunFinished, RunStarted
 from ddptop.train.data import build_datasets, make_loader
 from ddptop.train.models import build_model, layer_param_counts
@@ -57,44 +59,65 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = sync.lr
 
+    def check(self, sync: SyncConfig) -> None:
+        """Rank 0 refuses a configuration this data cannot train before any rank sees it."""
+        if sync.batch_size * self.world_size > len(self.train_set):
+            raise UsageError(f"batch size {sync.batch_size} x {self.world_size} ranks is more than the "
+                             f"{len(self.train_set)} training images")
+
     # -- the run ----------------------------------------------------------------------------------------
     def total_steps(self) -> int:
         return self.cfg.steps or len(self.loader) * self.cfg.epochs
 
-    def run(self, should_stop: Callable[[int], bool] = lambda step: False) -> int:
+    def run(self, agent=None) -> int:
+        """Train until the step budget is spent or a stop arrives; `agent` is the control plane (None: no control)."""
         self.start_segment(self.cfg.sync)
         if self.rank == 0:
             self.emit(self._run_started())
         criterion = nn.CrossEntropyLoss()
         total = self.total_steps()
+        evaluated_at = -1
+        iterator = self._epoch_iterator()
         while self.step < total:
-            self.sampler.set_epoch(self.epoch)
-            for inputs, labels in self._batches():
-                if should_stop(self.step):
+            if agent is not None:
+                boundary = agent.boundary(self.step)
+                if boundary.stop:
                     self.stop_reason = "stopped"
                     break
-                self._train_step(inputs, labels, criterion)
-                self._flush_events()
-                if self.step >= total:
-                    break
-            if self.stop_reason != "done":
-                break
-            if self.cfg.eval and (self.step % len(self.loader) == 0 or self.step >= total):
-                self._evaluate(criterion)
-            self.epoch += 1
+                if boundary.decision is not None and self._switch(boundary.decision, agent):
+                    iterator = self._epoch_iterator()
+            self.probe.start(self.step)
+            try:
+                inputs, labels = next(iterator)
+            except StopIteration:  # end of an epoch
+                if self.cfg.eval:
+                    self._evaluate(criterion)
+                    evaluated_at = self.step
+                self.epoch += 1
+                iterator = self._epoch_iterator()
+                continue
+            self._train_step(inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True),
+                             criterion)
+            self._flush_events()
+        if self.cfg.eval and self.stop_reason == "done" and evaluated_at != self.step:
+            self._evaluate(criterion)
         self._flush_events(final=True)
         self.emit(RunFinished(self.rank, self.step, self.stop_reason, time.time()))
         return self.step
 
-    def _batches(self):
-        iterator = iter(self.loader)
-        while True:
-            self.probe.start(self.step)
-            try:
-                inputs, labels = next(iterator)
-            except StopIteration:
-                return
-            yield inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+    def _epoch_iterator(self):
+        self.sampler.set_epoch(self.epoch)
+        return iter(self.loader)
+
+    def _switch(self, decision, agent) -> bool:
+        """Apply an agreed configuration before this step; True when the data loader was rebuilt."""
+        rebuilt = decision.config.batch_size != self.sync.batch_size
+        self.start_segment(decision.config)
+        agent.applied(decision, self.step, self.segment)
+        self.emit(ConfigApplied(self.rank, self.step, self.segment, decision.config.to_dict(), decision.request_id,
+                                decision.who, time.time()))
+        # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)
+        return rebuilt
 
     def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module) -> None:
         probe = self.probe

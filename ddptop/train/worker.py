@@ -16,6 +16,7 @@ import torch.distributed as dist
 import ddptop
 from ddptop.config import RunConfig
 from ddptop.control import handshake, keys
+from ddptop.control.agent import ControlAgent
 from ddptop.control import store as stores
 from ddptop.control.bus import Publisher
 from ddptop.errors import DdptopError, PeerLost
@@ -35,6 +36,7 @@ class WorkerOptions:
     timeout_s: float = 60.0  # give up on an unreachable master / missing ranks after this long
     pg_timeout_s: float = 300.0  # a collective that waits longer than this means a peer is gone
     host_store: bool = False  # this process hosts the store (rank 0 without a front process)
+    token: str = ""  # the job token: rank 0 checks control messages with it
 
 
 def pick_device(cfg: RunConfig, rdv: Rendezvous) -> tuple[torch.device, str]:
@@ -74,14 +76,17 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, echo=None)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
     server = stores.serve(rdv.port) if options.host_store and not rdv.agent_store else None
     base = stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)
-    view = stores.ddptop_view(base, f"/attempt_{rdv.attempt}" if rdv.agent_store else "")
+    prefix = f"/attempt_{rdv.attempt}" if rdv.agent_store else ""
+    view = stores.ddptop_view(base, prefix)
     me = hello(cfg, rdv, device, backend, threads)
     handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s)
     pg_store = dist.PrefixStore(keys.PG_PREFIX + (f"/attempt_{rdv.attempt}" if rdv.agent_store else ""), base)
     dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
                             timeout=timedelta(seconds=options.pg_timeout_s))
-    publisher = Publisher(stores.ddptop_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source),
-                                             f"/attempt_{rdv.attempt}" if rdv.agent_store else ""), rdv.rank)
+    def connect():
+        return stores.ddptop_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source), prefix)
+
+    publisher = Publisher(connect(), rdv.rank)
     publisher.emit(RankJoined(rank=rdv.rank, world_size=rdv.world_size, host=me["host"], pid=me["pid"],
                               device=me["device"], backend=backend, threads=threads,
                               torch_version=torch.__version__, ddptop_version=ddptop.__version__,
@@ -92,14 +97,18 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, echo=None)
         gpus = [device.index] if device.type == "cuda" else []
         sampler = SystemSampler(rdv.rank, me["host"], iface, publisher.emit, gpu_indices=gpus)
         sampler.start()
+    agent = None
     try:
         trainer = Trainer(cfg, rdv.rank, rdv.world_size, device, emit, make_probe(cfg, rdv.rank, device))
-        return trainer.run()
+        agent = ControlAgent(rdv.rank, rdv.world_size, options.token, connect, emit, trainer.check, cfg.sync)
+        return trainer.run(agent)
     except RuntimeError as exc:
         if _is_peer_failure(exc):
             raise PeerLost(f"rank {rdv.rank}: a peer left the job ({_first_line(exc)})") from None
         raise
     finally:
+        if agent is not None:
+            agent.close()
         if sampler is not None:
             sampler.stop()
         publisher.close()

@@ -1,0 +1,74 @@
+"""Step time of ddptop vs a plain torch script (issue 2: ≤1.02×) and `--probes all` vs `--probes off` (issue 3: ≤1.01×).
+
+VGG-11, batch 64 per rank, 2 local gloo ranks, each strategy; all measured in this one run, interleaved, on
+the same machine. Prints a markdown table (medians of the measured steps, warm-up steps dropped).
+
+    .venv/bin/python benchmarks/step_overhead.py [--steps 12] [--warmup 2] [--model vgg11] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from plain_torch import step_times as plain_step_times  # noqa: E402
+
+from ddptop.config import RunConfig, SyncConfig  # noqa: E402
+from ddptop.events import StepDone  # noqa: E402
+from ddptop.train.launch import run_front  # noqa: E402
+from ddptop.train.rendezvous import Rendezvous  # noqa: E402
+from ddptop.train.worker import WorkerOptions  # noqa: E402
+
+CASES = [("single", False), ("gather-scatter", False), ("allreduce", False), ("allreduce", True), ("ddp", False)]
+
+
+def ddptop_step_times(strategy, async_op, probes, model, batch, steps, world=2):
+    cfg = RunConfig(model=model, sync=SyncConfig(strategy=strategy, async_op=async_op, batch_size=batch),
+                    steps=steps, probes=probes, eval=False, synthetic_size=max(12800, batch * world * steps))
+    done: list[StepDone] = []
+
+    def consumer(source, job):
+        while job.alive():
+            done.extend(e for e in source.poll() if isinstance(e, StepDone) and e.rank == 0)
+            time.sleep(0.2)
+        source.close()
+        done.extend(e for e in source.poll() if isinstance(e, StepDone) and e.rank == 0)
+
+    code = run_front(cfg, Rendezvous("127.0.0.1", 0, 0, world, 0, world, "local"), WorkerOptions(), consumer)
+    if code != 0:
+        raise SystemExit(f"ddptop run failed with exit code {code}")
+    return [d.iter_s for d in sorted(done, key=lambda d: d.step)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--model", default="vgg11")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    med = lambda xs: statistics.median(xs[args.warmup:])  # noqa: E731
+    print(f"{args.model}, batch {args.batch}/rank, 2 local gloo ranks, {os.cpu_count()} cores, "
+          f"{args.steps - args.warmup} measured steps x {args.rounds} round(s), median s/step\n")
+    print("| strategy | plain torch | ddptop --probes off | ddptop --probes all | all / plain | all / off |")
+    print("|---|---|---|---|---|---|")
+    for strategy, async_op in CASES:
+        plain, off, on = [], [], []
+        for _ in range(args.rounds):  # interleaved, so drift in machine load hits all three alike
+            plain.append(med(plain_step_times(strategy, async_op, args.model, args.batch, args.steps)))
+            off.append(med(ddptop_step_times(strategy, async_op, "off", args.model, args.batch, args.steps)))
+            on.append(med(ddptop_step_times(strategy, async_op, "all", args.model, args.batch, args.steps)))
+        p, o, a = statistics.median(plain), statistics.median(off), statistics.median(on)
+        name = strategy + (" async" if async_op else "")
+        print(f"| {name} | {p:.3f} | {o:.3f} | {a:.3f} | {a / p:.3f}× | {a / o:.3f}× |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The rank side of the control plane: rank 0 takes requests, every rank learns them at the same step boundary.
+
+Agreement: at every step boundary rank 0 broadcasts three integers (newest accepted request, paused,
+stop) over a small gloo group. Every rank therefore sees a request at the same boundary k and applies
+it before step k, whatever the strategy (even `single`, whose ranks otherwise drift apart) — no step
+ever mixes two configurations. It costs one 24-byte broadcast per step, which the overhead benchmark
+includes; rank 0's control thread does all store polling, so the broadcast never waits on the store.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from ddptop.config import SyncConfig
+from ddptop.control import keys
+from ddptop.control.commands import ControlRefused, RunState, apply_changes, read_request
+from ddptop.errors import DdptopError
+from ddptop.events import Event
+
+POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
+STATUS_EVERY_S = 0.5
+HEARTBEAT_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    request_id: int
+    config: SyncConfig
+    who: str
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What the training thread does at a step boundary."""
+
+    decision: Decision | None
+    stop: bool
+
+
+class ControlAgent:
+    def __init__(self, rank: int, world_size: int, token: str, connect: Callable[[], dist.Store],
+                 emit: Callable[[Event], None], check: Callable[[SyncConfig], None], initial: SyncConfig):
+        self.rank = rank
+        self.world_size = world_size
+        self.token = token
+        self.emit = emit
+        self.check = check  # extra checks rank 0 makes against its data (e.g. a batch larger than a shard)
+        self.store = connect()  # the training thread's own client: read decisions at switches
+        self.group = dist.new_group(backend="gloo") if world_size > 1 else None
+        self.step = 0
+        self.segment = 0
+        self.config = initial
+        self._applied_id = 0
+        self._lock = threading.Lock()
+        self._pending: deque[Decision] = deque()  # rank 0: accepted, not yet broadcast
+        self._latest = initial  # rank 0: the config the newest accepted request leads to
+        self._paused = False
+        self._stop_requested = False
+        self._was_paused = False
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(connect,), name=f"ddptop-control-{rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- training thread -------------------------------------------------------------------------------
+    def boundary(self, step: int) -> Boundary:
+        self.step = step
+        while True:
+            request_id, paused, stop = self._exchange()
+            if paused != self._was_paused:
+                self._was_paused = bool(paused)
+                self.emit(RunState(self.rank, step, bool(paused), time.time()))
+            if stop or not paused:
+                break
+            time.sleep(POLL_S)
+        decision = None
+        if request_id > self._applied_id:
+            decision = self._decision(request_id)
+            self._applied_id = request_id
+        return Boundary(decision, bool(stop))
+
+    def applied(self, decision: Decision, step: int, segment: int) -> None:
+        self.config, self.segment = decision.config, segment
+        if self.rank == 0:
+            self.store.set(keys.ctl_response(decision.request_id),
+                           json.dumps({"ok": True, "state": "applied", "step": step, "segment": segment}))
+
+    def _exchange(self) -> tuple[int, int, int]:
+        if self.rank == 0:
+            with self._lock:
+                if self._pending:
+                    self._next = self._pending.popleft()
+                    pending_id = self._next.request_id
+                else:
+                    pending_id = self._applied_id
+                state = [pending_id, int(self._paused), int(self._stop_requested)]
+        else:
+            state = [0, 0, 0]
+        if self.group is None:
+            return state[0], state[1], state[2]
+        flags = torch.tensor(state, dtype=torch.int64)
+        dist.broadcast(flags, src=0, group=self.group)
+        return tuple(int(x) for x in flags.tolist())
+
+    def _decision(self, request_id: int) -> Decision:
+        if self.rank == 0:
+            return self._next
+        raw = json.loads(self.store.get(keys.ctl_decision(request_id)))
+        return Decision(request_id, SyncConfig(**raw["config"]), raw["who"])
+
+    def close(self) -> None:
+        self._halt.set()
+        self._thread.join(timeout=5)
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+
+    # -- control thread ---------------------------------------------------------------------------------
+    def _run(self, connect: Callable[[], dist.Store]) -> None:
+        try:
+            store = connect()
+        except DdptopError as exc:
+            print(f"ddptop rank {self.rank}: control thread cannot reach the store: {exc}", file=sys.stderr)
+            return
+        next_status = next_beat = 0.0
+        beats = 0
+        seen = 0
+        while not self._halt.wait(POLL_S):
+            now = time.monotonic()
+            try:
+                if now >= next_beat:
+                    beats += 1
+                    store.set(keys.heartbeat(self.rank), json.dumps({"step": self.step, "beat": beats,
+                                                                     "paused": self._was_paused}))
+                    next_beat = now + HEARTBEAT_EVERY_S
+                if self.rank != 0:
+                    continue
+                seen = self._take_requests(store, seen)
+                if now >= next_status:
+                    store.set(keys.STATUS, json.dumps(self._status()))
+                    next_status = now + STATUS_EVERY_S
+            except Exception as exc:  # the store went away: the job is ending; training finds out by itself
+                print(f"ddptop rank {self.rank}: control stopped: {str(exc).splitlines()[0]}", file=sys.stderr)
+                return
+
+    def _status(self) -> dict:
+        return {"step": self.step, "segment": self.segment, "config": self.config.to_dict(),
+                "paused": self._was_paused, "world_size": self.world_size, "t": time.time()}
+
+    def _take_requests(self, store: dist.Store, seen: int) -> int:
+        newest = store.add(keys.CTL_SEQ, 0)
+        for request_id in range(seen + 1, newest + 1):
+            self._take(store, request_id)
+        return max(seen, newest)
+
+    def _take(self, store: dist.Store, request_id: int) -> None:
+        try:
+            store.wait([keys.ctl_request(request_id)], timedelta(seconds=2))
+            request = read_request(self.token, store.get(keys.ctl_request(request_id)))
+            response = self._accept(store, request_id, request)
+        except (ValueError, DdptopError) as exc:
+            reason = str(exc)
+            self.emit(ControlRefused(request_id, reason, time.time()))
+            response = {"ok": False, "error": reason}
+        except Exception:  # the client vanished before writing its request
+            return
+        store.set(keys.ctl_response(request_id), json.dumps(response))
+
+    def _accept(self, store: dist.Store, request_id: int, request: dict) -> dict:
+        op = request["op"]
+        with self._lock:
+            if op == "pause":
+                self._paused = True
+            elif op == "resume":
+                self._paused = False
+            elif op == "stop":
+                self._stop_requested = True
+            if op != "set":
+                return {"ok": True, "state": "accepted"}
+            config = apply_changes(self._latest, request["changes"])
+            self.check(config)
+            self._latest = config
+            decision = Decision(request_id, config, request["who"])
+        store.set(keys.ctl_decision(request_id), json.dumps({"config": config.to_dict(), "who": decision.who}))
+        with self._lock:
+            self._pending.append(decision)
+        return {"ok": True, "state": "pending", "step": self.step}

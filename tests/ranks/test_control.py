@@ -1,0 +1,106 @@
+"""Live reconfiguration on 3 real ranks: every strategy to every other, buckets, batch, async; same step everywhere."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from ddptop.config import RunConfig, SyncConfig
+from ddptop.control.client import ControlClient, ControlError
+from ddptop.control.commands import ConfigApplied, ControlRefused
+from ddptop.control.store import free_port
+from ddptop.events import RunFinished
+from jobs import run_job, steps_of
+
+TOKEN = "test-token-123"
+# an Euler circuit of the complete digraph on the four strategies: every ordered pair exactly once
+PATH = ["gather-scatter", "single", "allreduce", "single", "ddp", "gather-scatter", "allreduce", "gather-scatter",
+        "ddp", "allreduce", "ddp", "single"]
+EXTRA = [{"strategy": "ddp", "bucket_mb": 0.01}, {"bucket_mb": 25.0}, {"batch_size": 8, "scale_lr": True},
+         {"strategy": "allreduce", "async_op": True}, {"async_op": False}, {"batch_size": 16}]
+WORLD = 3
+
+
+@pytest.fixture(scope="module")
+def switched():
+    port = free_port()
+    answers, refused = [], []
+
+    def script(collected):
+        client = _connect(port)
+        for changes in [{"strategy": s} for s in PATH] + EXTRA:
+            answers.append((changes, client.send("set", changes, timeout_s=60)))
+        try:
+            ControlClient("127.0.0.1", port, "not-the-token").send("set", {"strategy": "ddp"})
+        except ControlError as exc:
+            refused.append(str(exc))
+        time.sleep(0.5)
+        client.send("stop")
+
+    cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="single", batch_size=16, lr=0.05), steps=100000,
+                    synthetic_size=960, span_every=5, eval=False)
+    code, events = run_job(cfg, world_size=WORLD, port=port, token=TOKEN, script=script, timeout_s=60)
+    return code, events, answers, refused
+
+
+def _connect(port: int) -> ControlClient:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client = ControlClient("127.0.0.1", port, TOKEN)
+            client.status()
+            return client
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_every_switch_lands_on_the_same_step_on_every_rank(switched):
+    code, events, answers, _ = switched
+    assert code == 0
+    assert len(answers) == len(PATH) + len(EXTRA)
+    per_rank = {r: [(e.step, e.segment, e.config) for e in events if isinstance(e, ConfigApplied) and e.rank == r]
+                for r in range(WORLD)}
+    assert len(per_rank[0]) == len(answers)
+    assert per_rank[0] == per_rank[1] == per_rank[2]
+    assert [a["step"] for _, a in answers] == [step for step, _, _ in per_rank[0]]
+    strategies = [config["strategy"] for _, _, config in per_rank[0]]
+    assert strategies[:len(PATH)] == PATH
+    last = per_rank[0][-1][2]
+    assert last == {"strategy": "allreduce", "bucket_mb": 25.0, "async_op": False, "batch_size": 16, "lr": 0.025}
+    scaled = next(config for _, _, config in per_rank[0] if config["batch_size"] == 8)
+    assert scaled["lr"] == pytest.approx(0.025)  # linear scaling: half the batch, half the rate
+
+
+def test_switches_are_applied_within_two_steps_of_being_accepted(switched):
+    _, _, answers, _ = switched
+    for _, answer in answers:
+        assert answer["state"] == "applied"
+        assert 0 <= answer["step"] - answer["accepted_step"] <= 2
+
+
+def test_each_step_of_each_rank_arrives_once_with_its_segment(switched):
+    _, events, _, _ = switched
+    boundaries = [(e.step, e.segment) for e in events if isinstance(e, ConfigApplied) and e.rank == 0]
+    for rank in range(WORLD):
+        steps = steps_of(events, rank)
+        numbers = [d.step for d in steps]
+        assert numbers == list(range(len(numbers))) and len(numbers) > len(boundaries)
+        for done in steps:
+            expected = max((seg for step, seg in boundaries if step <= done.step), default=0)
+            assert done.segment == expected
+            assert math.isfinite(done.loss)
+        batch_8 = [d for d in steps if d.batch_size == 8]
+        assert batch_8, "the batch size change reached the data loader"
+    assert [e.reason for e in events if isinstance(e, RunFinished)] == ["stopped"] * WORLD
+
+
+def test_a_wrong_token_changes_nothing(switched):
+    _, events, answers, refused = switched
+    assert refused and "bad MAC" in refused[0]
+    refusals = [e for e in events if isinstance(e, ControlRefused)]
+    assert len(refusals) == 1 and "bad MAC" in refusals[0].reason
+    assert len([e for e in events if isinstance(e, ConfigApplied) and e.rank == 0]) == len(answers)
