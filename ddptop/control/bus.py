@@ -73,12 +73,15 @@ class Collector:
         self.store = store
         self.world_size = world_size
         self.next_seq = [1] * world_size
+        self.present: set[int] = set()  # ranks whose head key exists: checked once, not every poll
         self.on_bad = on_bad or (lambda rank, why: print(f"ddptop: rank {rank} sent bad telemetry: {why}",
                                                          file=sys.stderr))
 
     def poll(self) -> list[Event]:
         head_keys = [keys.tel_head(r) for r in range(self.world_size)]
-        present = [r for r, k in enumerate(head_keys) if self.store.check([k])]
+        if len(self.present) < self.world_size:
+            self.present.update(r for r, k in enumerate(head_keys) if r not in self.present and self.store.check([k]))
+        present = sorted(self.present)
         if not present:
             return []
         heads = self.store.multi_get([head_keys[r] for r in present])
