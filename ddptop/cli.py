@@ -62,22 +62,39 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--probes", choices=PROBE_LEVELS, default="all")
     look.add_argument("--span-every", type=int, default=10, metavar="N", help="record spans every Nth step (10)")
     where.add_argument("--token", help="job token for control messages (default: DDPTOP_TOKEN, else generated)")
+    look.add_argument("--profile", metavar="NAME", help="load profiles/NAME.toml (flags you type override it)")
     look.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
+def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None]:
+    """Parse run flags; with --profile, the profile's values become the defaults, so typed flags still win."""
+    parser = run_parser()
+    args = parser.parse_args(argv)
+    if not args.profile:
+        return args, None
+    from ddptop.profiles import load_profile
+
+    profile = load_profile(args.profile, {a.dest for a in parser._actions})
+    parser.set_defaults(**profile["run"])
+    return parser.parse_args(argv), profile
+
+
+def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> RunConfig:
     sync = SyncConfig(strategy=args.strategy, bucket_mb=args.bucket_mb, async_op=args.async_op,
                       batch_size=args.batch_size, lr=args.lr)
-    return RunConfig(model=args.model, dataset=args.dataset, data_dir=os.path.abspath(args.data_dir), sync=sync,
-                     epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend, probes=args.probes,
+    sweep = tuple(sync.replace(**changes) for changes in profile["sweep"]) if profile else ()
+    extra = {"sweep": sweep, "sweep_warmup": profile["warmup"], "sweep_measure": profile["measure"],
+             "profile": profile["name"]} if profile else {}
+    return RunConfig(**extra, model=args.model, dataset=args.dataset, data_dir=os.path.abspath(args.data_dir),
+                     sync=sync, epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend, probes=args.probes,
                      span_every=args.span_every, iface=args.iface, threads=args.threads,
                      synthetic_size=args.synthetic_size, eval=not args.no_eval)
 
 
 def cmd_run(argv: Sequence[str]) -> int:
-    args = run_parser().parse_args(argv)
-    cfg = config_from_args(args)
+    args, profile = parse_run_args(argv)
+    cfg = config_from_args(args, profile)
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     from ddptop.train import rendezvous
@@ -142,13 +159,32 @@ def format_status(status: dict, client) -> str:
     return "\n".join(lines)
 
 
+def _lazy(module: str, name: str):
+    """Subcommands import their modules only when used, so `ddptop info` never loads torch or textual."""
+    def load():
+        import importlib
+
+        return getattr(importlib.import_module(module), name)
+
+    return load
+
+
+SUBCOMMANDS = {
+    "ctl": lambda: cmd_ctl,
+    "info": _lazy("ddptop.record.commands", "cmd_info"),
+    "export": _lazy("ddptop.record.commands", "cmd_export"),
+    "replay": _lazy("ddptop.record.commands", "cmd_replay"),
+    "report": _lazy("ddptop.report.commands", "cmd_report"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # c10d logs lost store connections as multi-line C++ stack traces; ddptop reports them in one line instead
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
-        if argv and argv[0] == "ctl":
-            return cmd_ctl(argv[1:])
+        if argv and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]]()(argv[1:])
         return cmd_run(argv)
     except DdptopError as exc:
         print(f"ddptop: {exc}", file=sys.stderr)

@@ -84,6 +84,11 @@ class RunConfig:
     threads: int = 0  # 0: cores / local ranks
     synthetic_size: int = 12800  # training images of the synthetic set (test split: a fifth of that)
     eval: bool = True
+    # a sweep runs these sync configs one after another in one job, as segments: warm-up steps, then measured ones
+    sweep: tuple[SyncConfig, ...] = ()
+    sweep_warmup: int = 5
+    sweep_measure: int = 20
+    profile: str = ""
 
     def __post_init__(self) -> None:
         _check_choice("model", self.model, MODELS)
@@ -100,6 +105,12 @@ class RunConfig:
             raise UsageError("--span-every must be at least 1")
         if self.synthetic_size < 1:
             raise UsageError("--synthetic-size must be at least 1")
+        if self.sweep and (self.sweep_measure < 1 or self.sweep_warmup < 0):
+            raise UsageError("a sweep needs at least 1 measured step per configuration")
+
+    def sweep_steps(self) -> int:
+        """Steps per sweep segment."""
+        return self.sweep_warmup + self.sweep_measure
 
     def replace(self, **changes: Any) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -111,5 +122,6 @@ class RunConfig:
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
         data = dict(data)
         data["sync"] = SyncConfig(**data.get("sync", {}))
+        data["sweep"] = tuple(SyncConfig(**item) for item in data.get("sweep", ()))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})

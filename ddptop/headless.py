@@ -86,13 +86,18 @@ class HeadlessPrinter:
         return f"finished: {steps} steps on {len(self.finished)} ranks ({', '.join(reasons)})"
 
 
-def consume(printer: HeadlessPrinter, source, job, poll_s: float = 0.2) -> None:
-    """Feed the printer until every local rank has exited, then take the last events."""
+def consume(printer: HeadlessPrinter, source, job, sinks: list | None = None, poll_s: float = 0.2) -> None:
+    """Feed the printer (and every other sink, e.g. a recording) until every local rank has exited."""
+    sinks = [printer, *(sinks or [])]
     while job.alive():
-        printer.handle(source.poll())
+        events = source.poll()
+        for sink in sinks:
+            sink.handle(events)
         job.check()
         time.sleep(poll_s)
     source.close()
-    printer.handle(source.poll())
+    events = source.poll()
+    for sink in sinks:
+        sink.handle(events)
     if printer.finished:
         printer._print(printer.summary())

@@ -13,6 +13,8 @@ from ddptop.train.worker import WorkerOptions
 
 
 def expected_total_steps(cfg: RunConfig, world_size: int) -> int:
+    if cfg.sweep:
+        return len(cfg.sweep) * cfg.sweep_steps()
     if cfg.steps:
         return cfg.steps
     if cfg.dataset == "synthetic":

@@ -91,7 +91,10 @@ class ControlAgent:
 
     def applied(self, decision: Decision, step: int, segment: int) -> None:
         self.config, self.segment = decision.config, segment
-        if self.rank == 0:
+        with self._lock:
+            if decision.request_id == 0:  # a sweep step: later requests change what the sweep set
+                self._latest = decision.config
+        if self.rank == 0 and decision.request_id > 0:
             self.store.set(keys.ctl_response(decision.request_id),
                            json.dumps({"ok": True, "state": "applied", "step": step, "segment": segment}))
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddptop.config import RunConfig, SyncConfig
+from ddptop.control.agent import Decision
 from ddptop.control.commands import ConfigApplied
 from ddptop.errors import UsageError
 from ddptop.events import EpochDone, Event, RunFinished, RunStarted
@@ -67,18 +68,32 @@ class Trainer:
 
     # -- the run ----------------------------------------------------------------------------------------
     def total_steps(self) -> int:
+        if self.cfg.sweep:
+            return len(self.cfg.sweep) * self.cfg.sweep_steps()
         return self.cfg.steps or len(self.loader) * self.cfg.epochs
+
+    def _sweep_decision(self):
+        """The sweep's next configuration when this step starts a new sweep segment (the same on every rank)."""
+        per = self.cfg.sweep_steps()
+        if not self.cfg.sweep or self.step == 0 or self.step % per:
+            return None
+        return Decision(0, self.cfg.sweep[self.step // per], f"sweep {self.cfg.profile}".strip())
 
     def run(self, agent=None) -> int:
         """Train until the step budget is spent or a stop arrives; `agent` is the control plane (None: no control)."""
-        self.start_segment(self.cfg.sync)
+        first = self.cfg.sweep[0] if self.cfg.sweep else self.cfg.sync
+        self.start_segment(first)
         if self.rank == 0:
             self.emit(self._run_started())
+        self.emit(ConfigApplied(self.rank, 0, 0, first.to_dict(), 0, "start", time.time()))
         criterion = nn.CrossEntropyLoss()
         total = self.total_steps()
         evaluated_at = -1
         iterator = self._epoch_iterator()
         while self.step < total:
+            sweep = self._sweep_decision()
+            if sweep is not None and self._switch(sweep, agent):
+                iterator = self._epoch_iterator()
             if agent is not None:
                 boundary = agent.boundary(self.step)
                 if boundary.stop:
@@ -113,7 +128,8 @@ class Trainer:
         """Apply an agreed configuration before this step; True when the data loader was rebuilt."""
         rebuilt = decision.config.batch_size != self.sync.batch_size
         self.start_segment(decision.config)
-        agent.applied(decision, self.step, self.segment)
+        if agent is not None:
+            agent.applied(decision, self.step, self.segment)
         self.emit(ConfigApplied(self.rank, self.step, self.segment, decision.config.to_dict(), decision.request_id,
                                 decision.who, time.time()))
         # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)

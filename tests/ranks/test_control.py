@@ -62,7 +62,8 @@ def test_every_switch_lands_on_the_same_step_on_every_rank(switched):
     code, events, answers, _ = switched
     assert code == 0
     assert len(answers) == len(PATH) + len(EXTRA)
-    per_rank = {r: [(e.step, e.segment, e.config) for e in events if isinstance(e, ConfigApplied) and e.rank == r]
+    per_rank = {r: [(e.step, e.segment, e.config) for e in events
+                    if isinstance(e, ConfigApplied) and e.rank == r and e.request_id > 0]
                 for r in range(WORLD)}
     assert len(per_rank[0]) == len(answers)
     assert per_rank[0] == per_rank[1] == per_rank[2]
@@ -85,6 +86,7 @@ def test_switches_are_applied_within_two_steps_of_being_accepted(switched):
 def test_each_step_of_each_rank_arrives_once_with_its_segment(switched):
     _, events, _, _ = switched
     boundaries = [(e.step, e.segment) for e in events if isinstance(e, ConfigApplied) and e.rank == 0]
+    assert boundaries[0] == (0, 0)  # the configuration the run started with is segment 0
     for rank in range(WORLD):
         steps = steps_of(events, rank)
         numbers = [d.step for d in steps]
@@ -103,4 +105,4 @@ def test_a_wrong_token_changes_nothing(switched):
     assert refused and "bad MAC" in refused[0]
     refusals = [e for e in events if isinstance(e, ControlRefused)]
     assert len(refusals) == 1 and "bad MAC" in refusals[0].reason
-    assert len([e for e in events if isinstance(e, ConfigApplied) and e.rank == 0]) == len(answers)
+    assert len([e for e in events if isinstance(e, ConfigApplied) and e.rank == 0 and e.request_id]) == len(answers)
