@@ -64,6 +64,7 @@ def run_parser() -> argparse.ArgumentParser:
     where.add_argument("--token", help="job token for control messages (default: DDPTOP_TOKEN, else generated)")
     look.add_argument("--profile", metavar="NAME", help="load profiles/NAME.toml (flags you type override it)")
     look.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
+    look.add_argument("--record", metavar="FILE", help="record the run to FILE (SQLite; FILE must not exist)")
     return p
 
 
@@ -108,7 +109,7 @@ def cmd_run(argv: Sequence[str]) -> int:
         print("ddptop: the live screen is not available yet; running headless", file=sys.stderr)
     from ddptop.run import run
 
-    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token)
+    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=args.record)
 
 
 def ctl_parser() -> argparse.ArgumentParser:

@@ -38,6 +38,7 @@ class HeadlessPrinter:
         self.out = out or sys.stdout
         self.latest: dict[int, StepDone] = {}
         self.finished: dict[int, RunFinished] = {}
+        self.lost: dict[int, RankLost] = {}
 
     def handle(self, events: list[Event]) -> None:
         for event in events:
@@ -56,14 +57,16 @@ class HeadlessPrinter:
             elif isinstance(event, RunFinished):
                 self.finished[event.rank] = event
             elif isinstance(event, ConfigApplied):
-                if event.rank == 0:
+                if event.rank == 0 and event.who != "start":
                     config = SyncConfig(**event.config)
                     self._print(f"step {event.step}: now {config.describe()} lr {config.lr:g} "
                                 f"(segment {event.segment}, asked by {event.who})")
             elif isinstance(event, ControlRefused):
                 self._print(f"control request {event.request_id} ignored: {event.reason}")
             elif isinstance(event, RankLost):
-                self._print(f"rank {event.rank} lost after step {event.last_step}: {event.reason}")
+                self.lost[event.rank] = event
+                last = self.latest[event.rank].step if event.rank in self.latest else event.last_step
+                self._print(f"rank {event.rank} lost after step {last}: {event.reason}")
             elif isinstance(event, RunState) and event.rank == 0:
                 self._print(f"step {event.step}: {'paused' if event.paused else 'resumed'}")
             elif isinstance(event, LogLine):
@@ -86,18 +89,35 @@ class HeadlessPrinter:
         return f"finished: {steps} steps on {len(self.finished)} ranks ({', '.join(reasons)})"
 
 
-def consume(printer: HeadlessPrinter, source, job, sinks: list | None = None, poll_s: float = 0.2) -> None:
-    """Feed the printer (and every other sink, e.g. a recording) until every local rank has exited."""
-    sinks = [printer, *(sinks or [])]
-    while job.alive():
-        events = source.poll()
-        for sink in sinks:
+class HeadlessConsumer:
+    """Feeds the printer (and every other sink, e.g. a recording) until every local rank has exited.
+
+    When the user interrupts, the front stops the ranks and then calls `finish`, so the last steps and
+    the summary are still printed and recorded.
+    """
+
+    def __init__(self, printer: HeadlessPrinter, sinks: list | None = None, poll_s: float = 0.2):
+        self.printer = printer
+        self.sinks = [printer, *(sinks or [])]
+        self.poll_s = poll_s
+
+    def _feed(self, events: list[Event]) -> None:
+        for sink in self.sinks:
             sink.handle(events)
-        job.check()
-        time.sleep(poll_s)
-    source.close()
-    events = source.poll()
-    for sink in sinks:
-        sink.handle(events)
-    if printer.finished:
-        printer._print(printer.summary())
+
+    def __call__(self, source, job) -> None:
+        while job.alive():
+            self._feed(source.poll() + job.lost_events())
+            job.check()
+            time.sleep(self.poll_s)
+        self.finish(source, job)
+
+    def finish(self, source, job) -> None:
+        source.close()
+        self._feed(source.poll() + job.lost_events())
+        if self.printer.finished:
+            self.printer._print(self.printer.summary())
+
+
+def consume(printer: HeadlessPrinter, source, job, sinks: list | None = None, poll_s: float = 0.2) -> None:
+    HeadlessConsumer(printer, sinks, poll_s)(source, job)

@@ -10,7 +10,6 @@ includes; rank 0's control thread does all store polling, so the broadcast never
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from collections import deque
@@ -24,7 +23,7 @@ import torch.distributed as dist
 from ddptop.config import SyncConfig
 from ddptop.control import keys
 from ddptop.control.commands import ControlRefused, RunState, apply_changes, read_request
-from ddptop.errors import DdptopError
+from ddptop.errors import DdptopError, PeerLost
 from ddptop.events import Event
 
 POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
@@ -68,6 +67,7 @@ class ControlAgent:
         self._stop_requested = False
         self._was_paused = False
         self._halt = threading.Event()
+        self.master_lost = ""  # set by the control thread when the store stops answering
         self._thread = threading.Thread(target=self._run, args=(connect,), name=f"ddptop-control-{rank}",
                                         daemon=True)
         self._thread.start()
@@ -75,6 +75,8 @@ class ControlAgent:
     # -- training thread -------------------------------------------------------------------------------
     def boundary(self, step: int) -> Boundary:
         self.step = step
+        if self.master_lost:
+            raise PeerLost(f"rank {self.rank}: lost the job's master ({self.master_lost}); stopping")
         while True:
             request_id, paused, stop = self._exchange()
             if paused != self._was_paused:
@@ -132,7 +134,7 @@ class ControlAgent:
         try:
             store = connect()
         except DdptopError as exc:
-            print(f"ddptop rank {self.rank}: control thread cannot reach the store: {exc}", file=sys.stderr)
+            self.master_lost = str(exc)
             return
         next_status = next_beat = 0.0
         beats = 0
@@ -151,8 +153,8 @@ class ControlAgent:
                 if now >= next_status:
                     store.set(keys.STATUS, json.dumps(self._status()))
                     next_status = now + STATUS_EVERY_S
-            except Exception as exc:  # the store went away: the job is ending; training finds out by itself
-                print(f"ddptop rank {self.rank}: control stopped: {str(exc).splitlines()[0]}", file=sys.stderr)
+            except Exception as exc:  # the store (on the master) went away: the next step boundary stops this rank
+                self.master_lost = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
                 return
 
     def _status(self) -> dict:

@@ -10,6 +10,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddptop.control import keys
+from ddptop.control.token import mac, verify
 from ddptop.errors import RendezvousError
 
 # Fields that must be equal on every rank, with how to say it when they are not.
@@ -48,15 +49,26 @@ def mismatch(hellos: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def join(store: dist.Store, rank: int, world_size: int, hello: dict[str, Any], timeout_s: float) -> list[dict]:
-    """Register this rank and wait for rank 0's verdict. Returns every rank's hello (rank 0) or [] (others)."""
+def _proof_payload(hello: dict[str, Any]) -> dict[str, Any]:
+    return {"join": hello.get("rank"), "host": hello.get("host"), "pid": hello.get("pid")}
+
+
+def join(store: dist.Store, rank: int, world_size: int, hello: dict[str, Any], timeout_s: float,
+         token: str = "", check_token: bool = False) -> list[dict]:
+    """Register this rank and wait for rank 0's verdict. Returns every rank's hello (rank 0) or [] (others).
+
+    A rank that has a token signs its hello with it; rank 0 refuses a wrong or missing signature when
+    `check_token` (the token was given by the user, or every rank was started by this machine's front).
+    """
+    if token:
+        hello = {**hello, "token_mac": mac(token, _proof_payload(hello))}
     mine = json.dumps(hello, sort_keys=True)
     current = store.compare_set(keys.join(rank), "", mine)
     if current.decode() != mine:
         other = _load(current, f"rank {rank}'s hello")
         raise RendezvousError(f"rank {rank} is already taken by {other.get('host')} pid {other.get('pid')}")
     if rank == 0:
-        return _judge(store, world_size, timeout_s)
+        return _judge(store, world_size, timeout_s, token if check_token else "")
     try:
         store.wait([keys.VERDICT], timedelta(seconds=timeout_s))
     except Exception:
@@ -69,7 +81,7 @@ def join(store: dist.Store, rank: int, world_size: int, hello: dict[str, Any], t
     return []
 
 
-def _judge(store: dist.Store, world_size: int, timeout_s: float) -> list[dict]:
+def _judge(store: dist.Store, world_size: int, timeout_s: float, token: str) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     waiting = [keys.join(r) for r in range(world_size)]
     while True:
@@ -84,6 +96,11 @@ def _judge(store: dist.Store, world_size: int, timeout_s: float) -> list[dict]:
         time.sleep(0.05)
     hellos = [_load(raw, f"rank {r}'s hello") for r, raw in enumerate(store.multi_get(waiting))]
     error = mismatch(hellos)
+    if error is None and token:
+        wrong = [h.get("rank") for h in hellos[1:] if not verify(token, _proof_payload(h), h.get("token_mac"))]
+        if wrong:
+            error = (f"rank {wrong[0]} presented a wrong or no job token: give every rank the same --token "
+                     "(or DDPTOP_TOKEN)")
     store.set(keys.VERDICT, json.dumps({"ok": error is None, "error": error, "world_size": world_size}))
     if error:
         raise RendezvousError(error)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import sys
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -12,15 +14,51 @@ from ddptop.control import keys
 from ddptop.errors import RendezvousError
 
 
-def serve(port: int, host: str = "0.0.0.0") -> dist.TCPStore:
-    """Host the job's store. TCPStore listens on every interface; `host` only names it in messages."""
+def serve(port: int, host: str = "127.0.0.1") -> dist.TCPStore:
+    """Host the job's store, listening on `host`'s address only (TCPStore alone would listen on every interface).
+
+    We bind the socket ourselves and hand it to TCPStore (torch allows that with its non-libuv server).
+    A master name that is not an address of this machine (NAT, a cluster alias) falls back to all interfaces.
+    """
     try:
-        return dist.TCPStore(host, port, None, True, timedelta(seconds=30), wait_for_workers=False)
-    except Exception as exc:  # c10d raises DistNetworkError / RuntimeError with multi-line text
-        text = str(exc)
-        if "EADDRINUSE" in text or "address already in use" in text.lower() or f"errno: {errno.EADDRINUSE}" in text:
+        sock = _listen(host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
             raise RendezvousError(f"port {port} is already in use on this machine: pick another with --port") from None
-        raise RendezvousError(f"cannot listen on port {port}: {text.splitlines()[0]}") from None
+        if exc.errno not in (errno.EADDRNOTAVAIL, errno.EINVAL) and not isinstance(exc, socket.gaierror):
+            raise RendezvousError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        print(f"ddptop: {host} is not an address of this machine; the store listens on every interface",
+              file=sys.stderr)
+        try:
+            sock = _listen("0.0.0.0", port)
+        except OSError as again:
+            raise RendezvousError(f"cannot listen on port {port}: {again.strerror or again}") from None
+    fd = sock.detach()  # the store's daemon owns the socket from now on and closes it
+    try:
+        return dist.TCPStore(host, sock_port(fd), None, True, timedelta(seconds=30), wait_for_workers=False,
+                             master_listen_fd=fd, use_libuv=False)
+    except Exception as exc:  # c10d errors are multi-line
+        os.close(fd)
+        raise RendezvousError(f"cannot start the store on port {port}: {str(exc).splitlines()[0]}") from None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port is free again right after a run
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def sock_port(fd: int) -> int:
+    with socket.socket(fileno=os.dup(fd)) as s:
+        return s.getsockname()[1]
 
 
 def connect(host: str, port: int, timeout_s: float, source: str = "flags") -> dist.TCPStore:

@@ -12,6 +12,7 @@ from ddptop.config import RunConfig
 from ddptop.control import store as stores
 from ddptop.control.bus import Collector, LiveSource, Liveness
 from ddptop.control.client import ControlClient
+from ddptop.control.commands import RankLost
 from ddptop.control.token import remove_job_file, resolve_token, write_job_file
 from ddptop.events import Source
 from ddptop.train.rendezvous import Rendezvous
@@ -34,6 +35,17 @@ class LocalJob:
         self.procs = procs
         self.ranks = ranks
         self._first_failure: float | None = None
+        self._reported: set[int] = set()
+
+    def lost_events(self) -> list:
+        """A RankLost for each local rank process that ended with a failure since the last call."""
+        out = []
+        for rank, p in zip(self.ranks, self.procs):
+            if p.exitcode not in (None, 0) and rank not in self._reported:
+                self._reported.add(rank)
+                how = f"killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
+                out.append(RankLost(rank, -1, f"process {p.pid} {how}", time.time()))
+        return out
 
     def alive(self) -> bool:
         return any(p.is_alive() for p in self.procs)
@@ -62,11 +74,11 @@ class LocalJob:
 
 def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer: Callable) -> int:
     """Host the store, start local ranks (all of them for --local, rank 0 for --master/--rank 0), watch them."""
-    port = rdv.port or stores.free_port()
+    server = stores.serve(rdv.port, rdv.master)  # port 0: the system picks a free one
+    port = server.port
     rdv = replace(rdv, port=port)
-    server = stores.serve(port)
     token = options.token or resolve_token(None)[0]
-    options = replace(options, token=token)
+    options = replace(options, token=token, check_token=options.check_token or rdv.source == "local")
     write_job_file(rdv.master, port, token, rdv.world_size)
     ranks = list(range(rdv.world_size)) if rdv.source == "local" else [rdv.rank]
     ctx = multiprocessing.get_context("spawn")
@@ -75,15 +87,18 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
     for p in procs:
         p.start()
     job = LocalJob(procs, ranks)
-    client = stores.ddptop_view(stores.connect("127.0.0.1", port, options.timeout_s, "local"))
-    liveness = Liveness(stores.ddptop_view(stores.connect("127.0.0.1", port, options.timeout_s, "local")),
+    client = stores.ddptop_view(stores.connect(rdv.master, port, options.timeout_s, rdv.source))
+    liveness = Liveness(stores.ddptop_view(stores.connect(rdv.master, port, options.timeout_s, rdv.source)),
                         rdv.world_size)
     source = LiveSource(Collector(client, rdv.world_size), liveness=liveness)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         consumer(source, job)
     except KeyboardInterrupt:
-        _stop_gracefully(job, "127.0.0.1", port, token)
+        _stop_gracefully(job, rdv.master, port, token)
+        finish = getattr(consumer, "finish", None)
+        if finish is not None:
+            finish(source, job)
     finally:
         signal.signal(signal.SIGTERM, previous)
         job.terminate()

@@ -36,7 +36,8 @@ class WorkerOptions:
     timeout_s: float = 60.0  # give up on an unreachable master / missing ranks after this long
     pg_timeout_s: float = 300.0  # a collective that waits longer than this means a peer is gone
     host_store: bool = False  # this process hosts the store (rank 0 without a front process)
-    token: str = ""  # the job token: rank 0 checks control messages with it
+    token: str = ""  # the job token: rank 0 checks control messages and (with check_token) joining ranks
+    check_token: bool = False  # every rank must know the token: it was typed, or the front started all ranks
 
 
 def pick_device(cfg: RunConfig, rdv: Rendezvous) -> tuple[torch.device, str]:
@@ -74,12 +75,12 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, echo=None)
     iface = job_interface(rdv.master, cfg.iface)
     if backend == "gloo":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
-    server = stores.serve(rdv.port) if options.host_store and not rdv.agent_store else None
+    server = stores.serve(rdv.port, rdv.master) if options.host_store and not rdv.agent_store else None
     base = stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)
     prefix = f"/attempt_{rdv.attempt}" if rdv.agent_store else ""
     view = stores.ddptop_view(base, prefix)
     me = hello(cfg, rdv, device, backend, threads)
-    handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s)
+    handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, options.token, options.check_token)
     pg_store = dist.PrefixStore(keys.PG_PREFIX + (f"/attempt_{rdv.attempt}" if rdv.agent_store else ""), base)
     dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
                             timeout=timedelta(seconds=options.pg_timeout_s))
@@ -103,8 +104,9 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, echo=None)
         agent = ControlAgent(rdv.rank, rdv.world_size, options.token, connect, emit, trainer.check, cfg.sync)
         return trainer.run(agent)
     except RuntimeError as exc:
-        if _is_peer_failure(exc):
-            raise PeerLost(f"rank {rdv.rank}: a peer left the job ({_first_line(exc)})") from None
+        reason = _peer_failure(exc)
+        if reason:
+            raise PeerLost(f"lost contact with another rank ({reason}); stopping") from None
         raise
     finally:
         if agent is not None:
@@ -122,9 +124,14 @@ def make_probe(cfg: RunConfig, rank: int, device: torch.device):
     return StepProbe(rank, clock, CommRecorder(clock), cfg.span_every, spans=True)
 
 
-def _is_peer_failure(exc: Exception) -> bool:
+PEER_FAILURES = ("connection closed by peer", "connection reset by peer", "timed out", "broken pipe",
+                 "connection refused")
+
+
+def _peer_failure(exc: Exception) -> str:
+    """The short reason when a collective failed because a peer went away, else ''."""
     text = str(exc).lower()
-    return any(s in text for s in ("connection closed by peer", "connection reset", "timed out", "broken pipe"))
+    return next((s for s in PEER_FAILURES if s in text), "")
 
 
 def _first_line(exc: Exception) -> str:
@@ -139,9 +146,23 @@ def _leave(server) -> None:
             pass
 
 
+def _die_with_parent() -> None:
+    """A local rank must not outlive a front that was killed (-9): Linux delivers SIGKILL to it then."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the front died before prctl took effect
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
 def rank_entry(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> None:
     """multiprocessing target for a local rank: one line on failure, an exit code, never a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the front decides
+    _die_with_parent()
     try:
         run_rank(cfg, rdv, options)
     except DdptopError as exc:

@@ -16,9 +16,9 @@ DDPTOP = [sys.executable, "-m", "ddptop"]
 TINY = ["--headless", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval"]
 
 
-def ddptop(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+def ddptop(*args: str, timeout: float = 120, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(DDPTOP + list(args), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> None:

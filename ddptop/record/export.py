@@ -1,0 +1,196 @@
+"""Exports of a recording: Chrome trace JSON (Perfetto, chrome://tracing) and CSV tables."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import os
+from typing import Any, Iterable, Iterator
+
+from ddptop.errors import UsageError
+from ddptop.events import SPAN_KINDS, StepDone, StepSpans, SystemSample
+from ddptop.record.reader import Recording
+
+# Lanes (Chrome trace threads) of each rank, top to bottom; span kinds map onto them.
+LANES = ("step", "data", "compute", "wait", "comm", "optimizer")
+LANE_OF_KIND = {"data": "data", "fwd": "compute", "bwd": "compute", "wait": "wait", "comm": "comm", "opt": "optimizer"}
+SUBLANES = 100  # tid = lane index * SUBLANES + sub-lane: overlapping collectives (async_op) get their own rows
+assert set(LANE_OF_KIND) == set(SPAN_KINDS)
+
+STEP_COLUMNS = ("rank", "step", "time", "iter_s", "data_s", "compute_s", "comm_s", "exposed_comm_s", "overlap", "loss",
+                "strategy", "bucket_mb", "async_op", "batch_size", "segment", "epoch", "comm_bytes", "tx_bytes",
+                "rx_bytes", "images_per_s", "sampled", "wall_time")
+SYSTEM_COLUMNS = ("rank", "time", "host", "cpu_percent", "node_cpu_percent", "mem_rss_bytes", "node_mem_used_bytes",
+                  "gpu_util", "gpu_mem_used_bytes", "net_iface", "net_rx_bytes", "net_tx_bytes", "net_rx_rate",
+                  "net_tx_rate", "wall_time")
+
+
+def parse_steps(text: str | None) -> tuple[int | None, int | None]:
+    """`A:B` → steps A ≤ step < B (like a Python slice; either side may be left out)."""
+    if not text:
+        return None, None
+    first, sep, stop = text.partition(":")
+    try:
+        lo = int(first) if first.strip() else None
+        hi = int(stop) if stop.strip() else None
+    except ValueError:
+        lo = hi = -1
+        sep = ""
+    if not sep or (lo is not None and lo < 0) or (hi is not None and hi < 0) or (None not in (lo, hi) and hi <= lo):
+        raise UsageError(f"--steps {text!r}: expected A:B with 0 ≤ A < B (A or B may be left out)")
+    return lo, hi
+
+
+# -- Chrome trace -------------------------------------------------------------------------------------------
+
+def trace_events(rec: Recording, first: int | None = None, stop: int | None = None) -> Iterator[dict]:
+    """`ph: X` events in µs from the recording's start; pid = rank, one thread per lane; metadata last."""
+    origin = rec.start
+    ranks: set[int] = set()
+    for done in rec.step_events(first, stop):
+        ranks.add(done.rank)
+        yield _x(done.rank, 0, f"step {done.step}", (done.t - done.iter_s - origin), done.iter_s,
+                 {"loss": done.loss, "segment": done.segment, "comm_s": done.comm_s,
+                  "exposed_comm_s": done.exposed_comm_s, "overlap": done.overlap})
+    used: set[tuple[int, int]] = set()
+    for spans in rec.step_events(first, stop, table="spans"):
+        ranks.add(spans.rank)
+        yield from _span_events(spans, origin, used)
+    yield from _segment_marks(rec, first, stop)
+    yield from _metadata(rec, ranks, used)
+
+
+def write_trace(path: str, rec: Recording, first: int | None = None, stop: int | None = None) -> int:
+    """Stream the Chrome trace to `path` (a full hour of 8 ranks never sits in memory); returns the event count."""
+    count = 0
+    other = {"ddptop_recording": os.path.basename(rec.path), "config": rec.config}
+    with _replacing(path) as f:
+        f.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(other) + ',"traceEvents":[\n')
+        for event in trace_events(rec, first, stop):
+            f.write((",\n" if count else "") + json.dumps(event, separators=(",", ":")))
+            count += 1
+        f.write("\n]}\n")
+    return count
+
+
+def _x(pid: int, tid: int, name: str, start_s: float, dur_s: float, args: dict | None = None,
+       cat: str = "step") -> dict:
+    ts, dur = _finite(start_s * 1e6), _finite(max(0.0, dur_s) * 1e6)
+    event = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": round(ts or 0.0, 3),
+             "dur": round(dur or 0.0, 3)}
+    if args:
+        event["args"] = {k: _finite(v) if isinstance(v, float) else v for k, v in args.items()}
+    return event
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN (a diverged loss) or infinity: those become null."""
+    return x if math.isfinite(x) else None
+
+
+def _span_events(spans: StepSpans, origin: float, used: set[tuple[int, int]]) -> Iterator[dict]:
+    """Spans of one step; spans of a lane that overlap without nesting go to the next free sub-lane."""
+    ends: dict[str, list[float]] = {}
+    for span in sorted(spans.spans, key=lambda s: s.start_s):
+        lane = LANE_OF_KIND.get(span.kind, "compute")
+        rows = ends.setdefault(lane, [])
+        sub = next((i for i, end in enumerate(rows) if end <= span.start_s + 1e-9), len(rows))
+        if sub == len(rows):
+            rows.append(0.0)
+        rows[sub] = span.end_s
+        tid = LANES.index(lane) * SUBLANES + min(sub, SUBLANES - 1)
+        used.add((spans.rank, tid))
+        args = {"step": spans.step, "segment": spans.segment}
+        if span.nbytes:
+            args.update(bytes=span.nbytes, tx_bytes=span.tx_bytes, rx_bytes=span.rx_bytes)
+        yield _x(spans.rank, tid, span.name, spans.t0 + span.start_s - origin, span.dur_s, args, span.kind)
+
+
+def _segment_marks(rec: Recording, first: int | None, stop: int | None) -> list[dict]:
+    marks = []
+    for seg in rec.segments():
+        if (first is None or seg["step"] >= first) and (stop is None or seg["step"] < stop):
+            config = ", ".join(f"{k}={v}" for k, v in seg["config"].items())
+            marks.append({"ph": "i", "s": "g", "pid": 0, "tid": 0, "ts": round(seg["t"] * 1e6, 3),
+                          "name": f"segment {seg['index']} from step {seg['step']}: {config}"})
+    return marks
+
+
+def _metadata(rec: Recording, ranks: set[int], used: set[tuple[int, int]]) -> list[dict]:
+    ranks_meta = rec.meta.get("ranks") if isinstance(rec.meta.get("ranks"), dict) else {}
+    out = []
+    for rank in sorted(ranks):
+        info = ranks_meta.get(str(rank)) if isinstance(ranks_meta.get(str(rank)), dict) else {}
+        where = f" ({info['host']}, {info.get('device', '?')})" if isinstance(info.get("host"), str) else ""
+        out.append({"ph": "M", "pid": rank, "name": "process_name", "args": {"name": f"rank {rank}{where}"}})
+        out.append({"ph": "M", "pid": rank, "name": "process_sort_index", "args": {"sort_index": rank}})
+        for tid in sorted({0} | {tid for r, tid in used if r == rank}):
+            lane, sub = LANES[tid // SUBLANES], tid % SUBLANES
+            name = lane if sub == 0 else f"{lane} #{sub + 1}"
+            out.append({"ph": "M", "pid": rank, "tid": tid, "name": "thread_name", "args": {"name": name}})
+            out.append({"ph": "M", "pid": rank, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+    return out
+
+
+# -- CSV ----------------------------------------------------------------------------------------------------
+
+def step_rows(rec: Recording, first: int | None = None, stop: int | None = None) -> Iterator[dict]:
+    configs = {seg["index"]: seg["config"] for seg in rec.segments()}
+    for d in rec.step_events(first, stop):
+        assert isinstance(d, StepDone)
+        config = configs.get(d.segment, {})
+        yield {"rank": d.rank, "step": d.step, "time": _r(d.t - rec.start), "iter_s": d.iter_s, "data_s": d.data_s,
+               "compute_s": d.compute_s, "comm_s": d.comm_s, "exposed_comm_s": d.exposed_comm_s,
+               "overlap": d.overlap, "loss": d.loss, "strategy": config.get("strategy", ""),
+               "bucket_mb": config.get("bucket_mb", ""), "async_op": config.get("async_op", ""),
+               "batch_size": d.batch_size, "segment": d.segment, "epoch": d.epoch, "comm_bytes": d.comm_bytes,
+               "tx_bytes": d.tx_bytes, "rx_bytes": d.rx_bytes, "images_per_s": _r(d.images_per_s),
+               "sampled": int(d.sampled), "wall_time": d.t}
+
+
+def system_rows(rec: Recording) -> Iterator[dict]:
+    """One row per sample; network bytes are the job interface's totals since the run started."""
+    for s in rec.system_events():
+        assert isinstance(s, SystemSample)
+        nic = s.nic()
+        gpu = s.gpus[0] if s.gpus else None
+        yield {"rank": s.rank, "time": _r(s.t - rec.start), "host": s.host, "cpu_percent": s.proc_cpu_percent,
+               "node_cpu_percent": s.node_cpu_percent, "mem_rss_bytes": s.proc_rss_bytes,
+               "node_mem_used_bytes": s.node_mem_used_bytes,
+               "gpu_util": "" if gpu is None or gpu.util_percent is None else gpu.util_percent,
+               "gpu_mem_used_bytes": "" if gpu is None or gpu.mem_used_bytes is None else gpu.mem_used_bytes,
+               "net_iface": s.job_iface, "net_rx_bytes": nic.rx_bytes if nic else "",
+               "net_tx_bytes": nic.tx_bytes if nic else "", "net_rx_rate": _r(nic.rx_rate) if nic else "",
+               "net_tx_rate": _r(nic.tx_rate) if nic else "", "wall_time": s.t}
+
+
+def _r(x: float) -> float:
+    return round(x, 6)
+
+
+def write_csv(path: str, columns: tuple[str, ...], rows: Iterable[dict]) -> int:
+    count = 0
+    with _replacing(path) as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row)
+            count += 1
+    return count
+
+
+@contextlib.contextmanager
+def _replacing(path: str):
+    """Write to PATH.part and rename it to PATH only when complete: a failed export leaves no half file."""
+    part = path + ".part"
+    try:
+        with open(part, "w", newline="") as f:
+            yield f
+        os.replace(part, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if os.path.exists(part):
+            os.remove(part)

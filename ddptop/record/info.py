@@ -1,0 +1,142 @@
+"""`ddptop info`: what ran, where, how long, and each segment with its config and mean step time."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+from ddptop.errors import DdptopError
+from ddptop.events import LogLine, RunFinished
+from ddptop.record.reader import Recording, damaged
+
+
+def check_integrity(rec: Recording) -> None:
+    """SQLite's own page-level check: finds damage that no query of ours happens to touch."""
+    rows = rec.query("PRAGMA quick_check(1)")
+    if not rows or rows[0][0] != "ok":
+        raise damaged(rec.path, ValueError(str(rows[0][0]) if rows else "integrity check returned nothing"))
+
+
+def summary(rec: Recording) -> dict[str, Any]:
+    config = rec.config
+    model = rec.meta.get("model") if isinstance(rec.meta.get("model"), dict) else {}
+    ranks = rec.meta.get("ranks") if isinstance(rec.meta.get("ranks"), dict) else {}
+    kinds = dict(rec.query("SELECT kind, count(*) FROM events GROUP BY kind"))
+    notable = [e for (blob,) in rec.query("SELECT data FROM events WHERE kind IN ('run_finished', 'log') ORDER BY seq")
+               for e in [_decode(rec, blob)]]
+    errors = [e for e in notable if (isinstance(e, RunFinished) and e.reason.startswith("error"))
+              or (isinstance(e, LogLine) and e.level == "error")]
+    return {
+        "file": rec.path, "size_bytes": os.path.getsize(rec.path), "schema_version": rec.schema_version,
+        "complete": rec.complete, "model": model.get("model", config.get("model", "?")),
+        "dataset": model.get("dataset", config.get("dataset", "?")), "params": model.get("param_count"),
+        "tensors": model.get("param_tensors"), "layers": model.get("layers", []), "world_size": rec.world_size,
+        "profile": config.get("profile", ""), "ranks": ranks, "hosts": rec.meta.get("hosts", []),
+        "versions": rec.meta.get("versions", {}), "created": rec.meta.get("created"), "start": rec.start,
+        "duration_s": rec.duration, "first_step": rec.first_step, "last_step": rec.last_step,
+        "counts": {table: rec.count(table) for table in ("steps", "spans", "system", "events")},
+        "segments": segment_stats(rec), "switches": max(0, len(rec.segments()) - 1),
+        "ranks_lost": kinds.get("rank_lost", 0), "errors": [_error_text(e) for e in errors],
+        "finished": sorted({f"{e.reason} on rank {e.rank} after {e.steps} steps" for e in notable
+                            if isinstance(e, RunFinished)}),
+    }
+
+
+def _decode(rec: Recording, blob: Any):
+    return rec._decode("events", (0, 0.0, blob))
+
+
+def _error_text(e) -> str:
+    return f"rank {e.rank}: {e.reason}" if isinstance(e, RunFinished) else f"rank {e.rank}: {e.message}"
+
+
+def segment_stats(rec: Recording) -> list[dict[str, Any]]:
+    """Per segment: steps, ranks, mean s/it and img/s (for a sweep, after its warm-up steps)."""
+    warmup = rec.config.get("sweep_warmup", 0) if rec.config.get("sweep") else 0
+    warmup = warmup if isinstance(warmup, int) else 0
+    rows = {seg: (lo, hi, n) for seg, lo, hi, n in
+            rec.query("SELECT segment, min(step), max(step), count(DISTINCT rank) FROM steps GROUP BY segment")}
+    out = []
+    for seg in rec.segments():
+        lo, hi, ranks = rows.get(seg["index"], (None, None, 0))
+        mean_iter, mean_batch = (None, None) if lo is None else rec.query(
+            "SELECT avg(iter_s), avg(batch_size) FROM steps WHERE segment = ? AND step >= ?",
+            (seg["index"], lo + warmup if hi - lo >= warmup else lo))[0]
+        rate = ranks * mean_batch / mean_iter if mean_iter and mean_batch else None
+        out.append({**seg, "first_step": lo, "last_step": hi, "ranks": ranks, "mean_iter_s": mean_iter,
+                    "images_per_s": rate, "warmup_skipped": warmup})
+    return out
+
+
+def describe(config: dict) -> str:
+    from ddptop.config import SyncConfig
+
+    try:
+        return f"{SyncConfig(**config).describe()} lr={config.get('lr', '?'):g}"
+    except (DdptopError, TypeError, ValueError):
+        return " ".join(f"{k}={v}" for k, v in config.items()) or "(unknown)"
+
+
+def render(s: dict[str, Any]) -> str:
+    size = s["size_bytes"] / 1e6
+    state = "complete" if s["complete"] else "incomplete: the recorder did not close it (killed?); data up to its last commit"
+    params = f"{s['params'] / 1e6:.2f}M parameters in {s['tensors']} tensors, " if s["params"] else ""
+    profile = f", profile {s['profile']}" if s["profile"] else ""
+    when = datetime.datetime.fromtimestamp(s["start"]).strftime("%Y-%m-%d %H:%M:%S") if s["start"] else "?"
+    steps = "no steps" if s["first_step"] is None else f"steps {s['first_step']}-{s['last_step']}"
+    versions = ", ".join(f"{k} {v}" for k, v in s["versions"].items() if k != "sqlite")
+    lines = [
+        f"recording  {s['file']} ({size:.2f} MB, schema {s['schema_version']}, {state})",
+        f"ran        {s['model']} ({params}{len(s['layers'])} layers) on {s['dataset']}, {s['world_size']} ranks{profile}",
+        f"where      {_where(s['ranks']) or ', '.join(s['hosts']) or '?'}",
+        f"when       {when} for {_duration(s['duration_s'])}, {steps}",
+        f"versions   {versions}",
+        f"recorded   {s['counts']['steps']} step summaries, {s['counts']['spans']} sampled steps with spans, "
+        f"{s['counts']['system']} system samples, {s['counts']['events']} other events",
+        f"events     {s['switches']} config switches, {s['ranks_lost']} ranks lost, {len(s['errors'])} errors",
+        "segments   #  steps        at      config                                 mean s/it    img/s",
+    ]
+    for seg in s["segments"]:
+        span = "-" if seg["first_step"] is None else f"{seg['first_step']}-{seg['last_step']}"
+        mean = "-" if seg["mean_iter_s"] is None else f"{seg['mean_iter_s']:.3f}"
+        rate = "-" if seg["images_per_s"] is None else f"{seg['images_per_s']:.0f}"
+        lines.append(f"           {seg['index']:<2} {span:<12} {_clock(seg['t']):>6}  {describe(seg['config']):<38} "
+                     f"{mean:>9} {rate:>8}")
+        if seg.get("buckets"):
+            sizes = " ".join(f"{b[1] / 1e6:.1f}" for b in seg["buckets"] if isinstance(b, list) and len(b) == 2
+                             and isinstance(b[1], (int, float)))
+            lines.append(f"              DDP buckets (MB, in launch order): {sizes}")
+    if s["segments"] and s["segments"][0]["warmup_skipped"]:
+        lines.append(f"           (mean over each segment's steps after its {s['segments'][0]['warmup_skipped']} "
+                     f"warm-up steps, all ranks)")
+    lines += [f"error      {e}" for e in s["errors"][:10]]
+    lines += [f"finished   {f}" for f in s["finished"]]
+    return "\n".join(lines)
+
+
+def _where(ranks: dict) -> str:
+    by_host: dict[str, list[str]] = {}
+    for rank, info in ranks.items():
+        if isinstance(info, dict):
+            by_host.setdefault(str(info.get("host", "?")), []).append(rank)
+    parts = []
+    for host, members in by_host.items():
+        members.sort(key=lambda r: int(r) if r.isdigit() else 0)
+        first = ranks[members[0]]
+        threads = first.get("threads", "?")
+        parts.append(f"{host}: ranks {', '.join(members)} ({first.get('device', '?')}, {first.get('backend', '?')}, "
+                     f"{threads} thread{'' if threads == 1 else 's'} each)")
+    return "; ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h} h {m:02d} min" if h else (f"{m} min {s:02d} s" if m else f"{s} s")
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m}:{s:02d}"

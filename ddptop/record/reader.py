@@ -1,0 +1,264 @@
+"""Recording: a read-only view of a recording file with indexed queries by step and time; never imports torch.
+
+Every failure to read (a missing, empty, truncated, damaged or foreign file, a newer schema) is a
+RecordingError with one line; nothing in a file is executed or unpickled (typed columns and JSON).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterator
+
+from ddptop.errors import RecordingError
+from ddptop.events import Event, EventDecodeError
+from ddptop.record import schema
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# what reading a damaged file can raise, from SQLite, JSON or our own checks
+DAMAGE = (sqlite3.Error, ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError, EventDecodeError)
+
+
+def check_file(path: str) -> None:
+    """Refuse what is plainly not a recording before SQLite sees it."""
+    if not os.path.lexists(path):
+        raise RecordingError(f"no such recording: {path}")
+    if os.path.isdir(path):
+        raise RecordingError(f"{path} is a directory, not a recording")
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except OSError as exc:
+        raise RecordingError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not header:
+        raise RecordingError(f"{path} is empty: not a ddptop recording")
+    if not header.startswith(SQLITE_MAGIC) or len(header) < 100:
+        raise RecordingError(f"{path} is not a ddptop recording (not an SQLite file)")
+    _check_length(path, header)
+
+
+def _check_length(path: str, header: bytes) -> None:
+    """A file shorter than its header says was cut short (copied while written, truncated on disk)."""
+    wal = path + "-wal"
+    if os.path.exists(wal) and os.path.getsize(wal) > 0:
+        return  # pages may still live in the WAL; SQLite checks those itself
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    size_is_valid = header[24:28] == header[92:96] and pages > 0  # SQLite's own rule for trusting the field
+    if size_is_valid and os.path.getsize(path) < pages * page_size:
+        raise RecordingError(f"{path} is truncated: {os.path.getsize(path)} bytes of {pages * page_size}")
+
+
+class Recording:
+    """Open with `Recording.open(path)`; use as a context manager or call `close()`."""
+
+    def __init__(self, path: str, db: sqlite3.Connection, meta: dict[str, Any]):
+        self.path = path
+        self.db = db
+        self.meta = meta
+        self.start, self.end = self._span()
+        first, last = self._one("SELECT min(step), max(step) FROM steps")
+        self.first_step, self.last_step = (None, None) if first is None else (_int(first), _int(last))
+
+    @classmethod
+    def open(cls, path: str) -> "Recording":
+        check_file(path)
+        try:
+            db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise RecordingError(f"cannot open {path}: {exc}") from None
+        try:
+            return cls(path, db, _read_meta(db, path))
+        except RecordingError:
+            db.close()
+            raise
+        except DAMAGE as exc:
+            db.close()
+            raise damaged(path, exc) from None
+
+    def __enter__(self) -> "Recording":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- what the file says about the run -------------------------------------------------------------------
+    @property
+    def schema_version(self) -> int:
+        return self.meta["schema_version"]
+
+    @property
+    def complete(self) -> bool:
+        """The recorder closed the file (False: the run or the recorder was killed; data up to then is there)."""
+        return "closed" in self.meta
+
+    @property
+    def config(self) -> dict[str, Any]:
+        config = self.meta.get("config")
+        return config if isinstance(config, dict) else {}
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def world_size(self) -> int:
+        size = self.meta.get("rendezvous", {}).get("world_size") if isinstance(self.meta.get("rendezvous"), dict) else None
+        if isinstance(size, int) and size > 0:
+            return size
+        ranks = self._one("SELECT count(DISTINCT rank) FROM steps")[0]
+        return max(1, ranks or 1)
+
+    def segments(self) -> list[dict[str, Any]]:
+        """[{index, step, t (s from the start), config, buckets}] from the switches the ranks reported."""
+        try:
+            return self._segments()
+        except RecordingError:
+            raise
+        except DAMAGE as exc:
+            raise damaged(self.path, exc) from None
+
+    def _segments(self) -> list[dict[str, Any]]:
+        buckets = self.meta.get("ddp_buckets") if isinstance(self.meta.get("ddp_buckets"), dict) else {}
+        out = []
+        for segment, step, at, config in self.query("SELECT segment, step, at, config FROM segments ORDER BY segment"):
+            config = json.loads(config) if isinstance(config, str) else None
+            out.append({"index": _int(segment), "step": _int(step), "t": max(0.0, _num(at) - self.start),
+                        "config": config if isinstance(config, dict) else {}, "buckets": buckets.get(str(segment))})
+        if not out and self.first_step is not None:  # a file without switch events: one segment, the run's config
+            sync = self.config.get("sync") if isinstance(self.config.get("sync"), dict) else {}
+            out.append({"index": 0, "step": self.first_step, "t": 0.0, "config": sync, "buckets": buckets.get("0")})
+        return out
+
+    def count(self, table: str) -> int:
+        return self._one(f"SELECT count(*) FROM {table}")[0]
+
+    # -- queries --------------------------------------------------------------------------------------------
+    def query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except DAMAGE as exc:
+            raise damaged(self.path, exc) from None
+
+    def _one(self, sql: str, args: tuple = ()) -> tuple:
+        rows = self.query(sql, args)
+        return rows[0] if rows else (None,)
+
+    def events(self) -> Iterator[Event]:
+        """Every event in the order it was recorded."""
+        streams = [self._stream(table, f"{schema.SELECT[table]} ORDER BY seq") for table in schema.TABLES]
+        for _seq, table, row in heapq.merge(*streams):
+            yield self._decode(table, row)
+
+    def between(self, lo: float, hi: float) -> list[Event]:
+        """Events with lo < at ≤ hi (playback clock), in recorded order."""
+        return self._merged({table: (f"{schema.SELECT[table]} WHERE at > ? AND at <= ?", (lo, hi))
+                             for table in schema.TABLES})
+
+    def history(self, at: float, steps: int = 200, seconds: float = 30.0, spans_per_rank: int = 2) -> list[Event]:
+        """What a screen needs to redraw at `at`: every rare event (joins, starts, switches, epochs, logs) up to
+        there, the last `steps` steps of every rank, the last sampled spans of each rank, `seconds` of samples."""
+        step = self.step_at_time(at)
+        low = -1 if step is None else step - steps
+        high = -1 if step is None else step + 1  # ranks may be one step apart
+        return self._merged({
+            "events": (f"{schema.SELECT['events']} WHERE at <= ?", (at,)),
+            # `+at` keeps SQLite on the step index: the at-range would cover the whole file
+            "steps": (f"{schema.SELECT['steps']} WHERE step > ? AND step <= ? AND +at <= ?", (low, high, at)),
+            "spans": (f"{schema.SELECT['spans']} WHERE at <= ? ORDER BY at DESC LIMIT ?",
+                      (at, spans_per_rank * self.world_size)),
+            "system": (f"{schema.SELECT['system']} WHERE at > ? AND at <= ?", (at - seconds, at)),
+        })
+
+    def step_at_time(self, at: float) -> int | None:
+        """The newest step any rank had finished by playback time `at`."""
+        return self._one("SELECT step FROM steps WHERE at <= ? ORDER BY at DESC, seq DESC LIMIT 1", (at,))[0]
+
+    def time_of_step(self, step: int) -> float | None:
+        """Playback time at which every rank had finished `step`."""
+        return self._one("SELECT max(at) FROM steps WHERE step = ?", (step,))[0]
+
+    def step_events(self, first: int | None = None, stop: int | None = None, table: str = "steps") -> Iterator[Event]:
+        """StepDone (or StepSpans with table="spans") of steps first ≤ step < stop, in recorded order."""
+        lo, hi = -(1 << 62) if first is None else first, (1 << 62) if stop is None else stop
+        sql = f"{schema.SELECT[table]} WHERE step >= ? AND step < ? ORDER BY seq"
+        return (self._decode(table, row) for _seq, table, row in self._stream(table, sql, (lo, hi)))
+
+    def system_events(self) -> Iterator[Event]:
+        sql = f"{schema.SELECT['system']} ORDER BY seq"
+        return (self._decode(t, row) for _seq, t, row in self._stream("system", sql))
+
+    def _merged(self, queries: dict[str, tuple[str, tuple]]) -> list[Event]:
+        rows = [(row[0], table, row) for table, (sql, args) in queries.items() for row in self.query(sql, args)]
+        rows.sort(key=lambda r: r[0])
+        return [self._decode(table, row) for _seq, table, row in rows]
+
+    def _stream(self, table: str, sql: str, args: tuple = ()) -> Iterator[tuple]:
+        try:
+            for row in self.db.execute(sql, args):
+                yield row[0], table, row
+        except DAMAGE as exc:
+            raise damaged(self.path, exc) from None
+
+    def _decode(self, table: str, row: tuple) -> Event:
+        try:
+            return schema.decode_row(table, row)
+        except DAMAGE as exc:
+            raise damaged(self.path, exc) from None
+
+    def _span(self) -> tuple[float, float]:
+        lows, highs = [], []
+        for table in schema.TABLES:
+            lo, hi = self._one(f"SELECT min(at), max(at) FROM {table}")
+            if lo is not None:
+                lows.append(_num(lo))
+                highs.append(_num(hi))
+        return (min(lows), max(highs)) if lows else (0.0, 0.0)
+
+
+def damaged(path: str, exc: BaseException) -> RecordingError:
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, sqlite3.DatabaseError) and "not a database" in detail:
+        return RecordingError(f"{path} is not a ddptop recording (not an SQLite database)")
+    return RecordingError(f"{path} is damaged: {detail[:200]}")
+
+
+def _read_meta(db: sqlite3.Connection, path: str) -> dict[str, Any]:
+    try:
+        rows = db.execute("SELECT key, value FROM meta").fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            raise RecordingError(f"{path} is not a ddptop recording (an SQLite database of another kind)") from None
+        raise
+    meta = {key: json.loads(value) for key, value in rows}
+    if meta.get("format") != schema.FORMAT:
+        raise RecordingError(f"{path} is not a ddptop recording (an SQLite database of another kind)")
+    version = meta.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise RecordingError(f"{path} is damaged: bad schema version {version!r}")
+    if version > schema.SCHEMA_VERSION:
+        raise RecordingError(f"{path} was written by a newer ddptop (recording schema {version}; this ddptop reads "
+                             f"up to {schema.SCHEMA_VERSION}): upgrade ddptop to open it")
+    for table in schema.TABLES:  # a file with our meta but missing tables is damaged, not empty
+        db.execute(f"SELECT seq, at FROM {table} LIMIT 0")
+    return meta
+
+
+def _num(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise EventDecodeError(f"expected a finite number, found {value!r}")
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise EventDecodeError(f"expected a whole number, found {value!r}")

@@ -1,0 +1,191 @@
+"""The recording's tables and the codec between events and rows (typed columns, JSON, never pickle).
+
+Every row carries `seq`, the order the recorder received it in (one counter across tables), and `at`,
+the playback clock: the running maximum of event times in that order, so it never goes backwards and
+replaying by `at` keeps the recorded order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Callable
+
+from ddptop.events import (Event, EventDecodeError, GpuStat, NicStat, Span, StepDone, StepSpans, SystemSample,
+                           event_from_dict)
+
+FORMAT = "ddptop-recording"
+SCHEMA_VERSION = 1  # of the file layout; events inside carry their own events.SCHEMA_VERSION
+
+STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepDone))
+SYSTEM_FIELDS = tuple(f.name for f in dataclasses.fields(SystemSample))
+_SQL_TYPES = {"int": "INTEGER", "bool": "INTEGER", "float": "REAL", "str": "TEXT"}
+
+
+def _columns(cls: type) -> str:
+    return ", ".join(f"{f.name} {_SQL_TYPES.get(f.type, 'TEXT')}" for f in dataclasses.fields(cls))
+
+
+DDL = f"""
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE segments (segment INTEGER PRIMARY KEY, step INTEGER, t REAL, at REAL, config TEXT);
+CREATE TABLE steps (seq INTEGER PRIMARY KEY, at REAL, {_columns(StepDone)});
+CREATE TABLE spans (seq INTEGER PRIMARY KEY, at REAL, rank INTEGER, step INTEGER, segment INTEGER, t0 REAL,
+                    spans TEXT);
+CREATE TABLE system (seq INTEGER PRIMARY KEY, at REAL, {_columns(SystemSample)});
+CREATE TABLE events (seq INTEGER PRIMARY KEY, at REAL, kind TEXT, rank INTEGER, step INTEGER, t REAL, data TEXT);
+CREATE INDEX steps_rank_step ON steps (rank, step);
+CREATE INDEX steps_step ON steps (step);
+CREATE INDEX steps_at ON steps (at);
+CREATE INDEX spans_rank_step ON spans (rank, step);
+CREATE INDEX spans_at ON spans (at);
+CREATE INDEX system_at ON system (at);
+CREATE INDEX events_at ON events (at);
+"""
+
+TABLES = ("steps", "spans", "system", "events")
+INSERT = {
+    "steps": f"INSERT INTO steps VALUES (?, ?, {', '.join('?' * len(STEP_FIELDS))})",
+    "spans": "INSERT INTO spans VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "system": f"INSERT INTO system VALUES (?, ?, {', '.join('?' * len(SYSTEM_FIELDS))})",
+    "events": "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def event_time(event: Event) -> float | None:
+    t = getattr(event, "t", getattr(event, "t0", None))
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) else None
+
+
+def encode(event: Event, seq: int, at: float) -> tuple[str, tuple]:
+    """(table, row) for one event."""
+    if isinstance(event, StepDone):
+        return "steps", (seq, at, *(getattr(event, name) for name in STEP_FIELDS))
+    if isinstance(event, StepSpans):
+        spans = [[s.kind, s.name, s.start_s, s.dur_s, s.nbytes, s.tx_bytes, s.rx_bytes] for s in event.spans]
+        return "spans", (seq, at, event.rank, event.step, event.segment, event.t0, _dumps(spans))
+    if isinstance(event, SystemSample):
+        row = [getattr(event, name) for name in SYSTEM_FIELDS]
+        row[SYSTEM_FIELDS.index("nics")] = _dumps([list(dataclasses.astuple(n)) for n in event.nics])
+        row[SYSTEM_FIELDS.index("gpus")] = _dumps([list(dataclasses.astuple(g)) for g in event.gpus])
+        return "system", (seq, at, *row)
+    step = getattr(event, "step", None)
+    return "events", (seq, at, event.kind, getattr(event, "rank", None), step if isinstance(step, int) else None,
+                      event_time(event), _dumps(event.to_dict()))
+
+
+# -- decoding: every value is checked, since a file can come from anyone and may be damaged --------------
+
+def _float(v: Any) -> float:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v) if isinstance(v, int) else v
+    raise EventDecodeError(f"expected a number, found {type(v).__name__}")
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    raise EventDecodeError(f"expected a whole number, found {type(v).__name__}")
+
+
+def _bool(v: Any) -> bool:
+    if v in (0, 1) and not isinstance(v, float):
+        return bool(v)
+    raise EventDecodeError(f"expected 0 or 1, found {v!r}")
+
+
+def _str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise EventDecodeError(f"expected text, found {type(v).__name__}")
+
+
+def _opt(check: Callable) -> Callable:
+    return lambda v: None if v is None else check(v)
+
+
+_CHECKS = {"int": _int, "float": _float, "bool": _bool, "str": _str, "float | None": _opt(_float),
+           "int | None": _opt(_int), "str | None": _opt(_str)}
+# SQLite stores NaN as NULL, so a NULL in a REAL column reads back as NaN (a diverged loss stays NaN)
+_COLUMN = {**_CHECKS, "float": lambda v: math.nan if v is None else _float(v)}
+_STEP_CHECKS = [_COLUMN[f.type] for f in dataclasses.fields(StepDone)]
+_SPAN_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(Span)]
+_NIC_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(NicStat)]
+_GPU_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(GpuStat)]
+
+
+def _typed(checks: list[Callable], values: Any) -> list:
+    if not isinstance(values, (list, tuple)) or len(values) != len(checks):
+        raise EventDecodeError("a row has the wrong number of values")
+    return [check(v) for check, v in zip(checks, values)]
+
+
+def _json(text: Any) -> Any:
+    if not isinstance(text, str):
+        raise EventDecodeError(f"expected JSON text, found {type(text).__name__}")
+    return json.loads(text)
+
+
+def decode_step(row: tuple) -> StepDone:
+    return StepDone(*_typed(_STEP_CHECKS, row))
+
+
+def decode_spans(row: tuple) -> StepSpans:
+    rank, step, segment, t0, blob = row
+    items = _json(blob)
+    if not isinstance(items, list):
+        raise EventDecodeError("spans are not a list")
+    spans = tuple(Span(*_typed(_SPAN_CHECKS, s)) for s in items)
+    return StepSpans(_int(rank), _int(step), _int(segment), _COLUMN["float"](t0), spans)
+
+
+def decode_system(row: tuple) -> SystemSample:
+    values = dict(zip(SYSTEM_FIELDS, row))
+    nics, gpus = _json(values.pop("nics")), _json(values.pop("gpus"))
+    if not isinstance(nics, list) or not isinstance(gpus, list):
+        raise EventDecodeError("nics or gpus are not a list")
+    checks = {f.name: _COLUMN[f.type] for f in dataclasses.fields(SystemSample) if f.type in _COLUMN}
+    if len(values) != len(checks):
+        raise EventDecodeError("a system row has the wrong number of values")
+    typed = {name: checks[name](v) for name, v in values.items()}
+    return SystemSample(**typed, nics=tuple(NicStat(*_typed(_NIC_CHECKS, n)) for n in nics),
+                        gpus=tuple(GpuStat(*_typed(_GPU_CHECKS, g)) for g in gpus))
+
+
+def decode_event(blob: Any) -> Event:
+    event = event_from_dict(_json(blob))
+    for f in dataclasses.fields(event):  # event_from_dict trusts types; values here may be damaged
+        check = _CHECKS.get(f.type) or {"dict": _kind(dict), "tuple": _kind(tuple)}.get(f.type)
+        if check is not None:
+            check(getattr(event, f.name))
+    return event
+
+
+def _kind(cls: type) -> Callable:
+    def check(v: Any) -> Any:
+        if not isinstance(v, cls):
+            raise EventDecodeError(f"expected {cls.__name__}, found {type(v).__name__}")
+        return v
+
+    return check
+
+
+DECODE = {"steps": decode_step, "spans": decode_spans, "system": decode_system}
+SELECT = {
+    "steps": f"SELECT seq, at, {', '.join(STEP_FIELDS)} FROM steps",
+    "spans": "SELECT seq, at, rank, step, segment, t0, spans FROM spans",
+    "system": f"SELECT seq, at, {', '.join(SYSTEM_FIELDS)} FROM system",
+    "events": "SELECT seq, at, data FROM events",
+}
+
+
+def decode_row(table: str, row: tuple) -> Event:
+    """A row as SELECT[table] returns it, without seq and at."""
+    if table == "events":
+        return decode_event(row[2])
+    return DECODE[table](row[2:])

@@ -1,0 +1,197 @@
+"""RecordingWriter: a sink that writes the event stream to one SQLite file from its own thread, batched.
+
+The caller's `handle(events)` only appends to a queue; the writer thread commits a batch at least every
+`commit_every_s` (0.5 s), in WAL mode with synchronous=NORMAL, so killing any process at any moment leaves a
+file that opens with everything up to its last commit. `close()` folds the WAL back into the file and
+switches it to a rollback journal, so a finished recording is one self-contained file.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import queue
+import sqlite3
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import ddptop
+from ddptop.control.commands import ConfigApplied
+from ddptop.errors import RecordingError
+from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, Event, RankJoined, RunStarted, StepSpans
+from ddptop.record import schema
+from ddptop.record.reader import Recording
+
+MAX_BATCH = 20000  # rows per transaction when the queue runs ahead of the commit clock
+_STOP = object()
+
+
+def base_meta(config: dict, rendezvous: dict, argv: list[str] | None = None) -> dict[str, Any]:
+    """What a run knows before its ranks join; hosts, model and buckets are added as their events arrive."""
+    return {"config": config, "rendezvous": rendezvous, "argv": list(sys.argv if argv is None else argv),
+            "versions": {"ddptop": ddptop.__version__, "python": platform.python_version(),
+                         "torch": _version("torch"), "sqlite": sqlite3.sqlite_version},
+            "created": time.time()}
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+class RecordingWriter:
+    """`handle(events)` from any thread; `close()` once at the end (safe to call twice)."""
+
+    def __init__(self, path: str, meta: dict[str, Any], commit_every_s: float = 0.5):
+        self.path = path
+        self.commit_every_s = commit_every_s
+        self.error: str | None = None
+        self._db = _create(path)
+        self._meta = dict(meta)
+        self._seq = 0
+        self._at: float | None = None
+        self._buckets: dict[str, list] = {}
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        with _transaction(self._db):
+            self._db.executemany("INSERT INTO meta VALUES (?, ?)", [
+                ("format", schema._dumps(schema.FORMAT)), ("schema_version", str(schema.SCHEMA_VERSION)),
+                ("event_schema", str(EVENT_SCHEMA)), *((k, schema._dumps(v)) for k, v in self._meta.items())])
+        self._thread = threading.Thread(target=self._run, name="ddptop-recorder", daemon=True)
+        self._thread.start()
+
+    def handle(self, events: list[Event]) -> None:
+        if events and not self._closed:
+            self._queue.put(list(events))
+
+    def close(self, quiet: bool = False) -> None:
+        """Write what is queued, fold the WAL into the file, close it.
+
+        Raises RecordingError if writing failed, unless `quiet` (the thread already said so on stderr)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join()
+        try:
+            with _transaction(self._db):
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('closed', ?)", (schema._dumps(time.time()),))
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._db.execute("PRAGMA journal_mode=DELETE")
+        except sqlite3.Error as exc:
+            self.error = self.error or str(exc)
+        finally:
+            self._db.close()
+        if self.error and not quiet:
+            raise RecordingError(f"recording {self.path} is incomplete: {self.error}")
+
+    def _run(self) -> None:
+        pending: list[Event] = []
+        deadline = None
+        while True:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                item = None
+            if item is not None and item is not _STOP:
+                pending.extend(item)
+                deadline = deadline or time.monotonic() + self.commit_every_s
+            due = deadline is not None and time.monotonic() >= deadline
+            if pending and (due or item is _STOP or len(pending) >= MAX_BATCH):
+                self._write(pending)
+                pending, deadline = [], None
+            if item is _STOP:
+                return
+
+    def _write(self, events: list[Event]) -> None:
+        if self.error:
+            return
+        try:
+            rows, meta, segments = self._encode(events)
+            with _transaction(self._db):
+                for table, table_rows in rows.items():
+                    if table_rows:
+                        self._db.executemany(schema.INSERT[table], table_rows)
+                self._db.executemany("INSERT OR IGNORE INTO segments VALUES (?, ?, ?, ?, ?)", segments)
+                self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                     [(k, schema._dumps(v)) for k, v in meta.items()])
+        except (sqlite3.Error, OverflowError, ValueError, TypeError) as exc:  # disk full, file removed: say so once
+            self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"ddptop: recording to {self.path} stopped: {self.error}", file=sys.stderr, flush=True)
+
+    def _encode(self, events: list[Event]) -> tuple[dict[str, list[tuple]], dict[str, Any], list[tuple]]:
+        rows: dict[str, list[tuple]] = {table: [] for table in schema.TABLES}
+        meta: dict[str, Any] = {}
+        segments = []
+        for event in events:
+            t = schema.event_time(event)
+            if t is not None:
+                self._at = t if self._at is None else max(self._at, t)
+            self._seq += 1
+            table, row = schema.encode(event, self._seq, self._at if self._at is not None else 0.0)
+            rows[table].append(row)
+            segments.extend(self._note(event, meta))
+        return rows, meta, segments
+
+    def _note(self, event: Event, meta: dict[str, Any]) -> list[tuple]:
+        """Run metadata carried by events: hosts and versions, the model, segments, DDP bucket layout."""
+        if isinstance(event, RankJoined):
+            ranks = self._meta.setdefault("ranks", {})
+            ranks[str(event.rank)] = {k: v for k, v in event.to_dict().items() if k not in ("kind", "v", "rank")}
+            meta["ranks"] = ranks
+            meta["hosts"] = sorted({r["host"] for r in ranks.values()})
+        elif isinstance(event, RunStarted):
+            meta["model"] = {k: v for k, v in event.to_dict().items() if k not in ("kind", "v")}
+        elif isinstance(event, ConfigApplied):
+            return [(event.segment, event.step, event.t, self._at, schema._dumps(event.config))]
+        elif isinstance(event, StepSpans) and str(event.segment) not in self._buckets:
+            buckets = [[s.name, s.nbytes] for s in event.spans if s.kind == "comm" and s.name.startswith("bucket ")]
+            if buckets:  # DDP: the first sampled step of a segment shows its bucket layout
+                self._buckets[str(event.segment)] = buckets
+                meta["ddp_buckets"] = self._buckets
+        return []
+
+
+def _create(path: str) -> sqlite3.Connection:
+    """A new, empty recording at `path`; an existing file is never overwritten (remove it first)."""
+    if os.path.lexists(path):
+        what = "a ddptop recording" if _is_recording(path) else "not a ddptop recording"
+        raise RecordingError(f"{path} already exists ({what}): remove it or record to another file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise RecordingError(f"cannot record to {path}: no folder {folder}")
+    try:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable against any process crash, not power loss
+        db.executescript("BEGIN;" + schema.DDL + "COMMIT;")
+    except sqlite3.Error as exc:
+        raise RecordingError(f"cannot record to {path}: {exc}") from None
+    return db
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection):
+    """One explicit transaction (the connection is in autocommit mode, so nothing commits behind our back)."""
+    db.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _is_recording(path: str) -> bool:
+    try:
+        Recording.open(path).close()
+        return True
+    except RecordingError:
+        return False

@@ -1,0 +1,1 @@
+"""Provides the session state: events reduced to frozen snapshots for the screens (no textual, no torch)."""

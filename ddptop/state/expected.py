@@ -1,0 +1,33 @@
+"""Provides the bytes a strategy should put on the wire per step, from the wire formulas (ring, gather, scatter)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from ddptop.events import RunStarted
+from ddptop.probes.wire import gather, ring_allreduce, scatter
+
+
+def expected_bytes(run: RunStarted | None, config: Mapping, rank: int) -> tuple[int, int]:
+    """(sent, received) per step by `rank` under `config`, for gradients of `run.param_bytes` bytes.
+
+    single sends nothing; allreduce and ddp move 2(N−1)/N·S each way (ring); gather-scatter moves
+    (N−1)·S in and out at rank 0 and S each way at the others.
+    """
+    if run is None:
+        return 0, 0
+    size, world = run.param_bytes, run.world_size
+    strategy = config.get("strategy", run.strategy)
+    if strategy in ("allreduce", "ddp"):
+        return ring_allreduce(size, world)
+    if strategy == "gather-scatter":
+        g_tx, g_rx = gather(size, world, rank == 0)
+        s_tx, s_rx = scatter(size, world, rank == 0)
+        return g_tx + s_tx, g_rx + s_rx
+    return 0, 0
+
+
+def formula(strategy: str) -> str:
+    """The formula behind `expected_bytes`, for the screen."""
+    return {"allreduce": "ring 2(N−1)/N·S each way", "ddp": "ring 2(N−1)/N·S each way",
+            "gather-scatter": "rank 0: (N−1)·S each way, others S", "single": "nothing"}.get(strategy, "?")

@@ -1,0 +1,35 @@
+"""Provides the key table, defined once: the help screen and the README list it, the bindings follow it."""
+
+from __future__ import annotations
+
+GLOBAL_KEYS = (
+    ("q", "quit: stop the ranks this ddptop started, flush the recording, leave"),
+    ("?", "this help"),
+    ("space", "pause / resume training (replay: play / pause)"),
+    ("1 … 6", "panels: ranks, network, utilization, timeline, loss, controls"),
+    ("tab / shift+tab", "next / previous panel (in the controls: next / previous field)"),
+)
+PANEL_KEYS = (
+    ("ranks", "↑ ↓ pick a rank · enter: its timeline"),
+    ("network", "↑ ↓ node · ← → interface"),
+    ("timeline", "← → previous / next sampled step · ↑ ↓ rank · home / end: first / latest step"),
+    ("controls", "↑ ↓ or tab between fields · enter on Apply sends (live only)"),
+)
+REPLAY_KEYS = (
+    ("space", "play / pause"),
+    ("+ / -", "faster / slower (0.5× … 16×)"),
+    (", / .", "seek 10 steps back / forward"),
+    ("[ / ]", "previous / next segment (config change)"),
+    ("g", "seek to a step: type it in the transport bar"),
+)
+MOUSE = "Mouse: click a tab, a rank row, a node or interface, a button; the wheel scrolls long panels."
+
+
+def help_text(replay: bool) -> str:
+    lines = ["Keys", ""]
+    lines += [f"  {k:<17} {v}" for k, v in GLOBAL_KEYS]
+    lines += ["", "Inside panels", ""] + [f"  {k:<17} {v}" for k, v in PANEL_KEYS]
+    lines += ["", "Replay" + ("" if replay else " (ddptop replay FILE)"), ""]
+    lines += [f"  {k:<17} {v}" for k, v in REPLAY_KEYS]
+    lines += ["", MOUSE, "", "esc, q or ? closes this help."]
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""Provides the terminal Gantt chart of one sampled step: compute, comm and overlap lanes, then one row per layer
+and per collective."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.text import Text
+
+from ddptop.events import Span
+from ddptop.probes.timeline import intersection
+from ddptop.tui.render.breakdown import STYLES
+from ddptop.tui.render.units import ellipsize, fmt_s
+
+LABEL = 18  # columns for the row names
+
+
+def _cells(span_start: float, span_end: float, total: float, cols: int) -> range:
+    a = int(span_start / total * cols)
+    b = max(a + 1, int(span_end / total * cols + 0.999))
+    return range(max(0, a), min(cols, b))
+
+
+def _lane(name: str, spans: Sequence[Span], total: float, cols: int, char: str = "█") -> Text:
+    cells: list[tuple[str, str] | None] = [None] * cols
+    for s in spans:
+        for c in _cells(s.start_s, s.end_s, total, cols):
+            cells[c] = (char, STYLES.get(s.kind, ""))
+    out = Text(ellipsize(name, LABEL - 1).ljust(LABEL), style="bold" if not name.startswith(" ") else "")
+    for cell in cells:
+        out.append(*(cell or ("·", "grey23")))
+    return out
+
+
+def _overlap_lane(spans: Sequence[Span], total: float, cols: int) -> Text:
+    compute = [(s.start_s, s.end_s) for s in spans if s.kind in ("fwd", "bwd", "opt")]
+    comm = [(s.start_s, s.end_s) for s in spans if s.kind in ("comm", "wait")]
+    hidden = [Span("overlap", "", a, b - a) for a, b in intersection(compute, comm)]
+    out = _lane("overlap", hidden, total, cols, "▀")
+    out.stylize("green", LABEL)
+    return out
+
+
+def _axis(total: float, cols: int) -> Text:
+    ticks = [" "] * cols
+    for i in range(0, 5):
+        pos = int(i / 4 * (cols - 1))
+        label = fmt_s(total * i / 4) if i else "0"
+        start = min(max(0, pos - (len(label) // 2 if i else 0)), cols - len(label))
+        ticks[start:start + len(label)] = list(label)
+    return Text(" " * LABEL + "".join(ticks[:cols]), style="dim")
+
+
+def gantt(spans: Sequence[Span], width: int, height: int, iter_s: float | None = None) -> Text:
+    """Rows: time axis, compute, comm, overlap, then per-layer fwd/bwd rows and per-collective rows until
+    `height` is used; what does not fit is counted on the last row."""
+    cols = max(8, width - LABEL)
+    total = max([iter_s or 0.0] + [s.end_s for s in spans]) or 1.0
+    lines = [_axis(total, cols),
+             _lane("compute", [s for s in spans if s.kind in ("data", "fwd", "bwd", "opt")], total, cols),
+             _lane("comm", [s for s in spans if s.kind in ("comm", "wait")], total, cols),
+             _overlap_lane(spans, total, cols)]
+    layers = list(dict.fromkeys(s.name for s in spans if s.kind in ("fwd", "bwd")))
+    comms = [s for s in spans if s.kind in ("comm", "wait")]
+    rows = [(f" {name}", [s for s in spans if s.name == name and s.kind in ("fwd", "bwd")]) for name in layers]
+    rows += [(f" {s.name}", [s]) for s in comms]
+    room = max(0, height - len(lines))
+    if len(rows) > room:
+        shown = rows[: max(0, room - 1)]
+        lines += [_lane(name, row, total, cols) for name, row in shown]
+        if room:
+            lines.append(Text(f" … {len(rows) - len(shown)} more rows (taller terminal shows them)", style="dim"))
+    else:
+        lines += [_lane(name, row, total, cols) for name, row in rows]
+    return Text("\n").join(lines[: max(1, height)])

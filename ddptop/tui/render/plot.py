@@ -1,0 +1,128 @@
+"""Provides a braille line plot with several series, point marks and labelled vertical markers (config changes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from rich.text import Text
+
+# braille dot bits by (column within the cell, row within the cell)
+_DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+AXIS = 8  # columns for the y labels and the axis line
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    style: str
+    points: Sequence[tuple[float, float]]  # (x, y), x ascending
+    dots_only: bool = False  # eval points: marks, no lines
+
+
+@dataclass(frozen=True)
+class Marker:
+    x: float
+    label: str
+
+
+class _Canvas:
+    def __init__(self, cols: int, rows: int):
+        self.cols, self.rows = cols, rows
+        self.bits = [[0] * cols for _ in range(rows)]
+        self.style: list[list[str | None]] = [[None] * cols for _ in range(rows)]
+
+    def dot(self, x: int, y: int, style: str) -> None:
+        if 0 <= x < self.cols * 2 and 0 <= y < self.rows * 4:
+            col, row = x // 2, y // 4
+            self.bits[row][col] |= _DOTS[x % 2][y % 4]
+            self.style[row][col] = style
+
+    def line(self, a: tuple[int, int], b: tuple[int, int], style: str) -> None:
+        (x0, y0), (x1, y1) = a, b
+        steps = max(abs(x1 - x0), abs(y1 - y0), 1)
+        for i in range(steps + 1):
+            self.dot(round(x0 + (x1 - x0) * i / steps), round(y0 + (y1 - y0) * i / steps), style)
+
+
+def _downsample(points: Sequence[tuple[float, float]], to_x: Callable[[float], int]) -> list[tuple[int, float]]:
+    """One point per dot column (the mean of the points that fall in it), so 2000 steps cost 2·width dots."""
+    buckets: dict[int, list[float]] = {}
+    for x, y in points:
+        buckets.setdefault(to_x(x), []).append(y)
+    return [(x, sum(v) / len(v)) for x, v in sorted(buckets.items())]
+
+
+def line_plot(series: Sequence[Series], markers: Sequence[Marker], width: int, height: int,
+              fmt: Callable[[float], str] = lambda v: f"{v:.3g}", x_range: tuple[float, float] | None = None,
+              y_range: tuple[float, float] | None = None) -> Text:
+    """A plot `width`×`height` cells: y labels on the left, step labels on the last row, markers as `┊`."""
+    cols, rows = max(4, width - AXIS), max(2, height - 1)
+    xs = [x for s in series for x, _ in s.points] + [m.x for m in markers]
+    ys = [y for s in series for _, y in s.points]
+    if not xs or not ys:
+        return Text("no data yet".center(width), style="dim")
+    x0, x1 = x_range or (min(xs), max(xs))
+    y0, y1 = y_range or (min(ys), max(ys))
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + abs(y0) * 0.1 + 1e-9)
+    to_x = lambda x: int((x - x0) / (x1 - x0) * (cols * 2 - 1) + 0.5)  # noqa: E731
+    to_y = lambda y: int((y1 - y) / (y1 - y0) * (rows * 4 - 1) + 0.5)  # noqa: E731
+    canvas = _Canvas(cols, rows)
+    for s in series:
+        pts = [(x, to_y(y)) for x, y in _downsample(s.points, to_x)]
+        for i, p in enumerate(pts):
+            if s.dots_only or i == 0:
+                canvas.dot(*p, s.style)
+            else:
+                canvas.line(pts[i - 1], p, s.style)
+    marker_cols = {min(cols - 1, to_x(m.x) // 2): m for m in markers if x0 <= m.x <= x1}
+    lines = [_row(canvas, r, marker_cols, _y_label(r, rows, y0, y1, fmt)) for r in range(rows)]
+    _label_markers(lines[0], marker_cols, cols)
+    lines.append(_x_axis(x0, x1, cols))
+    return Text("\n").join(lines)
+
+
+def _y_label(row: int, rows: int, y0: float, y1: float, fmt: Callable[[float], str]) -> str:
+    if row == 0:
+        return fmt(y1)
+    if row == rows - 1:
+        return fmt(y0)
+    if rows > 4 and row == rows // 2:
+        return fmt((y0 + y1) / 2)
+    return ""
+
+
+def _row(canvas: _Canvas, r: int, marker_cols: dict, label: str) -> Text:
+    out = Text(label[: AXIS - 1].rjust(AXIS - 1) + "┤", style="dim")
+    for c in range(canvas.cols):
+        bits = canvas.bits[r][c]
+        if bits:
+            out.append(chr(0x2800 + bits), style=canvas.style[r][c] or "")
+        elif c in marker_cols:
+            out.append("┊", style="yellow")
+        else:
+            out.append(" ")
+    return out
+
+
+def _label_markers(top: Text, marker_cols: dict, cols: int) -> None:
+    """Write each marker's label on the top row, right of its line, where it does not run into the next one."""
+    starts = sorted(marker_cols)
+    for i, col in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else cols
+        room = end - col - 1
+        if room >= 3:
+            label = marker_cols[col].label[:room]
+            top.stylize("bold yellow", AXIS + col + 1, AXIS + col + 1 + len(label))
+            plain = top.plain
+            top.plain = plain[: AXIS + col + 1] + label + plain[AXIS + col + 1 + len(label):]
+
+
+def _x_axis(x0: float, x1: float, cols: int) -> Text:
+    left, mid, right = f"{x0:.0f}", f"{(x0 + x1) / 2:.0f}", f"{x1:.0f}"
+    axis = [" "] * cols
+    for pos, text in ((0, left), (cols // 2 - len(mid) // 2, mid), (cols - len(right), right)):
+        for i, ch in enumerate(text):
+            if 0 <= pos + i < cols:
+                axis[pos + i] = ch
+    return Text(" " * AXIS + "".join(axis), style="dim")

@@ -1,0 +1,70 @@
+"""Provides the slurm-style network graph (RX columns of `X` growing up, TX growing down) and its stats block."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.text import Text
+
+from ddptop.events import NicStat
+from ddptop.tui.render.units import fmt_count, fmt_rate
+
+RX_STYLE, TX_STYLE = "green", "red"
+
+
+def _heights(values: Sequence[float], top: float, rows: int) -> list[int]:
+    """Rows of `X` per column: any traffic shows at least one, like slurm's idle line."""
+    if top <= 0:
+        return [0] * len(values)
+    return [min(rows, max(1 if v > 0 else 0, int(round(v / top * rows)))) for v in values]
+
+
+def slurm_graph(rx: Sequence[float], tx: Sequence[float], width: int, height: int) -> Text:
+    """RX above the middle line, TX below it; one column per sample, newest on the right.
+
+    Each half is scaled to its own graph top (the largest rate in view), as slurm does.
+    """
+    width, height = max(1, width), max(3, height)
+    rx, tx = list(rx)[-width:], list(tx)[-width:]
+    up, down = (height - 1) // 2, height - 1 - (height - 1) // 2
+    rx_h = _heights(rx, max(rx, default=0.0), up)
+    tx_h = _heights(tx, max(tx, default=0.0), down)
+    pad_rx, pad_tx = width - len(rx_h), width - len(tx_h)
+    lines = []
+    for row in range(up):  # row 0 is the top: a column reaches it when its height is `up`
+        need = up - row
+        lines.append(Text(" " * pad_rx + "".join("X" if h >= need else " " for h in rx_h), style=RX_STYLE))
+    lines.append(Text("─" * width, style="dim"))
+    for row in range(down):
+        need = row + 1
+        lines.append(Text(" " * pad_tx + "".join("X" if h >= need else " " for h in tx_h), style=TX_STYLE))
+    return Text("\n").join(lines)
+
+
+def slurm_stats(nic: NicStat, rx: Sequence[float], tx: Sequence[float], width: int = 80) -> Text:
+    """slurm's seven lines: interface, current / graph-top / overall-top speeds, packets, GB, errors."""
+    rows = [
+        (f"Active Interface: {nic.iface}", "Interface Speed: unknown"),
+        (f"Current RX Speed: {fmt_rate(nic.rx_rate)}", f"Current TX Speed: {fmt_rate(nic.tx_rate)}"),
+        (f"Graph Top RX Speed: {fmt_rate(max(rx, default=0.0))}", f"Graph Top TX Speed: {fmt_rate(max(tx, default=0.0))}"),
+        (f"Overall Top RX Speed: {fmt_rate(nic.peak_rx_rate)}", f"Overall Top TX Speed: {fmt_rate(nic.peak_tx_rate)}"),
+        (f"Received Packets: {nic.rx_packets}", f"Transmitted Packets: {nic.tx_packets}"),
+        (f"GBytes Received: {nic.rx_bytes / 1e9:.3f} GB", f"GBytes Transmitted: {nic.tx_bytes / 1e9:.3f} GB"),
+        (f"Errors on Receiving: {nic.rx_errors}", f"Errors on Transmission: {nic.tx_errors}"),
+    ]
+    left = min(max(len(a) for a, _ in rows) + 2, max(10, width // 2))
+    out = Text()
+    for i, (a, b) in enumerate(rows):
+        if i:
+            out.append("\n")
+        out.append(a.ljust(left)[:left], style=RX_STYLE if "RX" in a or "Received" in a else "")
+        out.append(b[: max(0, width - left)], style=TX_STYLE if "TX" in b or "Transmi" in b else "")
+    return out
+
+
+def nic_summary_line(host: str, nic: NicStat, width: int) -> str:
+    """One node in the all-nodes table: host, interface, rates, totals, packets, errors."""
+    text = (f"{host:<14.14} {nic.iface:<6.6} RX {fmt_rate(nic.rx_rate):>12} TX {fmt_rate(nic.tx_rate):>12}  "
+            f"in {nic.rx_bytes / 1e9:8.3f} GB out {nic.tx_bytes / 1e9:8.3f} GB  "
+            f"pkts {fmt_count(nic.rx_packets)}/{fmt_count(nic.tx_packets)}  err {nic.rx_errors + nic.tx_errors}")
+    return text[:width]

@@ -1,0 +1,1 @@
+"""Provides the widgets, one per module: thin shells (reactives, CSS, messages) over the pure renderables."""

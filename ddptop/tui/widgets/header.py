@@ -1,0 +1,61 @@
+"""Provides the status header: model, data, ranks, hosts, config in force, step, img/s, recording, rank source."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from ddptop.state.session import Snapshot
+from ddptop.tui.render.units import fmt_bytes
+
+
+def _config_text(config) -> str:
+    if not config:
+        return "config: -"
+    return (f"{config.get('strategy')}  bucket {config.get('bucket_mb', 0):g} MB  "
+            f"async_op {'on' if config.get('async_op') else 'off'}  batch {config.get('batch_size')}/rank  "
+            f"lr {config.get('lr', 0):g}")
+
+
+class StatusHeader(Widget):
+    """Three lines: what runs where, the config in force and progress, and the newest notice or action."""
+
+    DEFAULT_CSS = """
+    StatusHeader { height: 3; background: $panel; padding: 0 1; }
+    """
+
+    snapshot: reactive[Snapshot | None] = reactive(None)
+    """The session as of the last tick."""
+    action: reactive[str] = reactive("")
+    """What the app is doing on the user's behalf (stopping, a control answer)."""
+
+    def __init__(self, mode: str, recording: str | None, total_steps: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.mode, self.recording, self.total_steps = mode, recording, total_steps
+
+    def render(self) -> Text:
+        snap = self.snapshot or Snapshot()
+        out = Text(no_wrap=True, overflow="ellipsis")
+        out.append(" LIVE " if self.mode == "live" else " REPLAY ", style="bold reverse green" if self.mode == "live"
+                   else "bold reverse cyan")
+        run = snap.run
+        what = (f" {run.model} ({run.param_count / 1e3:.0f}k params, {fmt_bytes(run.param_bytes)} of gradients) "
+                f"on {run.dataset}") if run else " waiting for rank 0 to describe the run"
+        out.append(what, style="bold")
+        hosts = snap.hosts
+        out.append(f" · {snap.world_size} ranks on {len(hosts)} host{'s' if len(hosts) != 1 else ''}"
+                   f" ({', '.join(hosts[:4])}{'…' if len(hosts) > 4 else ''}) · found by {snap.rank_source}")
+        out.append(" · rec ")
+        out.append("● " + self.recording if self.recording else "off", style="red" if self.recording else "dim")
+        out.append("\n")
+        out.append(_config_text(snap.config), style="yellow")
+        total = f"/{self.total_steps}" if self.total_steps else ""
+        out.append(f" · segment {snap.segments[-1].index if snap.segments else 0} · step {snap.step}{total}"
+                   f" epoch {snap.epoch} · {snap.images_per_s:,.0f} img/s · ")
+        state = "finished" if snap.finished else "paused" if snap.paused else "running" if snap.ranks else "starting"
+        out.append(state, style={"running": "green", "paused": "yellow", "finished": "cyan"}.get(state, "dim"))
+        out.append("\n")
+        last = self.action or (snap.notices[-1] if snap.notices else "")
+        out.append(last, style="bold" if self.action else "dim")
+        return out

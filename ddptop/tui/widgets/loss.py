@@ -1,0 +1,63 @@
+"""Provides the loss panel: loss per rank and mean, test accuracy, iteration time; a marker at every config change."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from ddptop.state.session import Snapshot
+from ddptop.tui.render.plot import Marker, Series, line_plot
+from ddptop.tui.render.units import fmt_s
+
+RANK_STYLES = ("cyan", "green", "magenta", "blue", "bright_cyan", "bright_green", "bright_magenta", "bright_blue")
+
+
+def _markers(snap: Snapshot) -> list[Marker]:
+    return [Marker(s.step, s.label()) for s in snap.segments if s.who != "start" or s.index > 0]
+
+
+class LossPanel(Widget, can_focus=True):
+    DEFAULT_CSS = """
+    LossPanel { height: 1fr; min-height: 14; padding: 0 1; }
+    """
+
+    snapshot: reactive[Snapshot | None] = reactive(None)
+    """The session as of the last tick."""
+
+    def render(self) -> Text:
+        snap = self.snapshot or Snapshot()
+        width, height = max(30, self.size.width), max(12, self.size.height)
+        if not snap.history:
+            return Text("no steps yet", style="dim")
+        x_range = (min(d.step for h in snap.history.values() for d in h[:1]), max(1, snap.step - 1))
+        markers = _markers(snap)
+        loss_h = max(4, (height - 3) * 5 // 10)
+        iter_h = max(3, (height - 3) * 3 // 10)
+        acc_h = max(3, height - 3 - loss_h - iter_h)
+        ranks = [Series(f"r{r}", RANK_STYLES[r % len(RANK_STYLES)], [(d.step, d.loss) for d in h])
+                 for r, h in snap.history.items()]
+        mean = Series("mean", "bold white", snap.mean_loss())
+        out = self._title("loss", [(s.label, s.style) for s in ranks] + [("mean", "bold white")])
+        out.append_text(line_plot(ranks + [mean], markers, width, loss_h, x_range=x_range))
+        iters = [Series(f"r{r}", RANK_STYLES[r % len(RANK_STYLES)], [(d.step, d.iter_s) for d in h])
+                 for r, h in snap.history.items()]
+        out.append("\n")
+        out.append_text(self._title("iteration time", [(s.label, s.style) for s in iters]))
+        out.append_text(line_plot(iters, markers, width, iter_h, fmt=fmt_s, x_range=x_range, y_range=(0.0, max(
+            (y for s in iters for _, y in s.points), default=1.0))))
+        out.append("\n")
+        acc = Series("accuracy", "bold green", [(p.step, p.accuracy * 100) for p in snap.evals], dots_only=True)
+        last = f" (last {snap.evals[-1].accuracy:.0%}, loss {snap.evals[-1].test_loss:.4f})" if snap.evals else ""
+        out.append_text(self._title(f"test accuracy %{last}", []))
+        out.append_text(line_plot([acc], markers, width, acc_h, fmt=lambda v: f"{v:.0f}%", x_range=x_range,
+                                  y_range=(0.0, 100.0)) if snap.evals else Text("no evaluation yet", style="dim"))
+        return out
+
+    def _title(self, name: str, legend: list[tuple[str, str]]) -> Text:
+        out = Text(name, style="bold")
+        for label, style in legend:
+            out.append("  ━ ", style=style)
+            out.append(label)
+        out.append("   ┊ config change\n", style="yellow")
+        return out

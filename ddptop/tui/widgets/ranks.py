@@ -1,0 +1,67 @@
+"""Provides the ranks panel: the ranks table (slowest rank marked), each rank's latest step breakdown, notices."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from ddptop.state.session import Snapshot
+from ddptop.tui.messages import RankChosen
+from ddptop.tui.render.breakdown import breakdown_bar, breakdown_legend, step_parts
+from ddptop.tui.render.tables import ranks_table
+from ddptop.tui.render.units import fmt_s
+
+
+class RanksPanel(Widget, can_focus=True):
+    DEFAULT_CSS = """
+    RanksPanel { height: auto; min-height: 6; padding: 0 1; }
+    """
+    BINDINGS = [Binding("up", "move(-1)", "Rank ↑", show=False), Binding("down", "move(1)", "Rank ↓", show=False),
+                Binding("enter", "choose", "Timeline of rank", show=False)]
+
+    snapshot: reactive[Snapshot | None] = reactive(None, layout=True)
+    """The session as of the last tick."""
+    selected: reactive[int] = reactive(0)
+    """The rank the arrows and clicks pick."""
+
+    def render(self) -> Group:
+        snap = self.snapshot or Snapshot()
+        width = self.size.width or 80
+        parts = [ranks_table(snap, self.selected, width), Text("")]
+        bar_width = max(10, width - 16)
+        scale = max((r.last.iter_s for r in snap.ranks if r.last), default=0.0)
+        if snap.ranks:
+            parts.append(Text("latest step of each rank: data · compute · exposed comm · other", style="bold"))
+        for r in snap.ranks:
+            if r.last:
+                line = Text(f"r{r.rank:<3}", style="bold")
+                line.append_text(breakdown_bar(step_parts(r.last), bar_width, legend=False, scale=scale))
+                line.append(f" {fmt_s(r.last.iter_s)}")
+                parts.append(line)
+        latest = next((r.last for r in snap.ranks if r.last), None)
+        if latest:
+            parts.append(Text("    ").append_text(breakdown_legend(step_parts(latest))))
+        if snap.notices:
+            parts += [Text(""), Text("events", style="bold")] + [Text(n, style="dim") for n in snap.notices[-6:]]
+        return Group(*parts)
+
+    def action_move(self, delta: int) -> None:
+        ranks = [r.rank for r in (self.snapshot.ranks if self.snapshot else ())]
+        if ranks:
+            i = ranks.index(self.selected) if self.selected in ranks else 0
+            self.selected = ranks[max(0, min(len(ranks) - 1, i + delta))]
+
+    def action_choose(self) -> None:
+        self.post_message(RankChosen(self.selected))
+
+    def on_click(self, event: events.Click) -> None:
+        ranks = [r.rank for r in (self.snapshot.ranks if self.snapshot else ())]
+        row = event.y - 1  # the table's header takes the first row
+        if 0 <= row < len(ranks):
+            self.selected = ranks[row]
+            if event.chain > 1:
+                self.action_choose()

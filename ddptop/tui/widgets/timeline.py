@@ -1,0 +1,77 @@
+"""Provides the timeline panel: one sampled step of one rank as a Gantt chart, its breakdown and overlap."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from ddptop.state.session import Snapshot
+from ddptop.tui.render.breakdown import breakdown_bar, span_parts
+from ddptop.tui.render.gantt import gantt
+from ddptop.tui.render.units import fmt_s
+
+
+class TimelinePanel(Widget, can_focus=True):
+    DEFAULT_CSS = """
+    TimelinePanel { height: 1fr; padding: 0 1; }
+    """
+    BINDINGS = [Binding("left", "step(-1)", "Step ←", show=False), Binding("right", "step(1)", "Step →", show=False),
+                Binding("up", "rank(-1)", "Rank ↑", show=False), Binding("down", "rank(1)", "Rank ↓", show=False),
+                Binding("home", "first", "First step", show=False), Binding("end", "latest", "Latest", show=False)]
+
+    snapshot: reactive[Snapshot | None] = reactive(None)
+    """The session as of the last tick."""
+    rank: reactive[int] = reactive(0)
+    """The rank shown."""
+    step: reactive[int | None] = reactive(None)
+    """The sampled step shown; None follows the latest."""
+
+    def _steps(self) -> list[int]:
+        return self.snapshot.spans.steps(self.rank) if self.snapshot else []
+
+    def shown_step(self) -> int | None:
+        steps = self._steps()
+        if not steps:
+            return None
+        return self.step if self.step in steps else steps[-1]
+
+    def render(self) -> Text:
+        step, width, height = self.shown_step(), max(30, self.size.width), max(8, self.size.height)
+        if step is None:
+            return Text(f"rank {self.rank}: no sampled step yet (per-layer spans come every --span-every steps)",
+                        style="dim")
+        spans = self.snapshot.spans.get(self.rank, step)
+        done = next((d for d in self.snapshot.history.get(self.rank, ()) if d.step == step), None)
+        iter_s = done.iter_s if done else None
+        parts, overlap = span_parts(spans.spans, iter_s)
+        steps = self._steps()
+        out = Text(f"rank {self.rank} · step {step} · segment {spans.segment}", style="bold")
+        out.append(f" · iter {fmt_s(iter_s)} · overlap {overlap:.0%}")
+        follow = " (following the latest)" if self.step is None else ""
+        out.append(f" · sampled steps {steps[0]}…{steps[-1]}{follow}   ←→ step ↑↓ rank home/end", style="dim")
+        out.append("\n")
+        out.append_text(breakdown_bar(parts, width))
+        out.append("\n")
+        out.append_text(gantt(spans.spans, width, height - 4, iter_s))
+        return out
+
+    def action_step(self, delta: int) -> None:
+        steps = self._steps()
+        current = self.shown_step()
+        if current is not None:
+            self.step = steps[max(0, min(len(steps) - 1, steps.index(current) + delta))]
+
+    def action_rank(self, delta: int) -> None:
+        ranks = [r.rank for r in (self.snapshot.ranks if self.snapshot else ())]
+        if ranks:
+            i = ranks.index(self.rank) if self.rank in ranks else 0
+            self.rank = ranks[max(0, min(len(ranks) - 1, i + delta))]
+
+    def action_first(self) -> None:
+        steps = self._steps()
+        self.step = steps[0] if steps else None
+
+    def action_latest(self) -> None:
+        self.step = None

@@ -1,0 +1,66 @@
+"""Provides the replay transport bar: play/pause, speed, seek by step, jump to a segment."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.reactive import reactive
+from textual.widgets import Button, Input, Static
+
+from ddptop.tui.messages import TransportCommand
+
+SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def next_speed(speed: float, delta: int) -> float:
+    i = min(range(len(SPEEDS)), key=lambda k: abs(SPEEDS[k] - speed))
+    return SPEEDS[max(0, min(len(SPEEDS) - 1, i + delta))]
+
+
+def status_line(status: dict) -> str:
+    """`▶ 2× step 120/400  t 3.1/7.2 s  segment 2/4`."""
+    if not status:
+        return ""
+    mark = "▶" if status.get("playing") else "⏸"
+    segments = status.get("segments") or []
+    step = status.get("step", 0)
+    current = max((s["index"] for s in segments if s.get("step", 0) <= step), default=0)
+    return (f"{mark} {status.get('speed', 1):g}×  step {step}/{status.get('step_end', 0)}  "
+            f"t {status.get('t', 0):.1f}/{status.get('t_end', 0):.1f} s  segment {current + 1 if segments else 0}"
+            f"/{len(segments)}")
+
+
+class TransportBar(Horizontal):
+    DEFAULT_CSS = """
+    TransportBar { height: 1; background: $panel; padding: 0 1; }
+    TransportBar Button { min-width: 5; width: auto; margin: 0 1 0 0; }
+    TransportBar Input { width: 12; }
+    TransportBar #transport-status { width: 1fr; padding: 0 1; }
+    """
+
+    status: reactive[dict] = reactive(dict, always_update=True)
+    """The replay source's status(): playing, speed, t, t_end, step, step_end, segments."""
+
+    def compose(self) -> ComposeResult:
+        yield Button("⏯", id="toggle", compact=True, tooltip="play / pause (space)")
+        yield Button("-", id="slower", compact=True, tooltip="slower (-)")
+        yield Button("+", id="faster", compact=True, tooltip="faster (+)")
+        yield Button("⏮ seg", id="seg-prev", compact=True, tooltip="previous segment ([)")
+        yield Button("seg ⏭", id="seg-next", compact=True, tooltip="next segment (])")
+        yield Input(placeholder="step ⏎", id="seek", type="integer", compact=True)
+        yield Static("", id="transport-status")
+
+    def watch_status(self, status: dict) -> None:
+        self.query_one("#transport-status", Static).update(status_line(status))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        op = {"toggle": "toggle", "slower": "slower", "faster": "faster", "seg-prev": "segment_prev",
+              "seg-next": "segment_next"}[event.button.id]
+        self.post_message(TransportCommand(op))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if event.value.strip().lstrip("-").isdigit():
+            self.post_message(TransportCommand("seek_step", int(event.value)))
+        event.input.value = ""
