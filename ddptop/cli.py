@@ -105,11 +105,10 @@ def cmd_run(argv: Sequence[str]) -> int:
     if args.local is not None and args.world_size not in (None, args.local):
         raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
     ensure_dataset(cfg)
-    if not args.headless:
-        print("ddptop: the live screen is not available yet; running headless", file=sys.stderr)
     from ddptop.run import run
 
-    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=args.record)
+    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=args.record,
+               headless=args.headless)
 
 
 def ctl_parser() -> argparse.ArgumentParser:
@@ -193,3 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddptop: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, or a failure ddptop did not foresee: still one line
+        if os.environ.get("DDPTOP_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        print(f"ddptop: internal error: {type(exc).__name__}: {first} (DDPTOP_DEBUG=1 shows where)", file=sys.stderr)
+        return 70

@@ -226,15 +226,58 @@ class LogLine(Event):
     t: float
 
 
+# -- control events -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConfigApplied(Event):
+    """A rank switched to a new sync configuration at `step`; every later event carries `segment`."""
+
+    kind: ClassVar[str] = "config_applied"
+    rank: int
+    step: int
+    segment: int
+    config: dict
+    request_id: int
+    who: str
+    t: float
+
+
+@dataclass(frozen=True)
+class ControlRefused(Event):
+    """Rank 0 ignored a control message: bad MAC, malformed, or a value out of range."""
+
+    kind: ClassVar[str] = "control_refused"
+    request_id: int
+    reason: str
+    t: float
+
+
+@dataclass(frozen=True)
+class RankLost(Event):
+    """The front stopped hearing from a rank: its heartbeat went stale or its process ended badly."""
+
+    kind: ClassVar[str] = "rank_lost"
+    rank: int
+    last_step: int
+    reason: str
+    t: float
+
+
+@dataclass(frozen=True)
+class RunState(Event):
+    """Pause and resume as every rank saw them, at a step boundary."""
+
+    kind: ClassVar[str] = "run_state"
+    rank: int
+    step: int
+    paused: bool
+    t: float
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine)
+    cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
+                              ConfigApplied, ControlRefused, RankLost, RunState)
 }
-
-
-def register(cls: type[Event]) -> type[Event]:
-    """Add an event type defined elsewhere (control events) to the vocabulary."""
-    EVENT_TYPES[cls.kind] = cls
-    return cls
 
 
 class EventDecodeError(ValueError):

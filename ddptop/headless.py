@@ -7,8 +7,9 @@ import time
 from typing import TextIO
 
 from ddptop.config import SyncConfig
-from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
-from ddptop.events import EpochDone, Event, LogLine, RankJoined, RunFinished, RunStarted, StepDone
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, RankJoined, RankLost, RunFinished,
+                           RunStarted, RunState, StepDone, SystemSample)
+from ddptop.traffic import measured_vs_expected
 
 MB = 1e6
 
@@ -39,11 +40,16 @@ class HeadlessPrinter:
         self.latest: dict[int, StepDone] = {}
         self.finished: dict[int, RunFinished] = {}
         self.lost: dict[int, RankLost] = {}
+        self.samples: dict[int, list[SystemSample]] = {}
+        self.steps: dict[int, list[StepDone]] = {}
 
     def handle(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, StepDone):
+                self.steps.setdefault(event.rank, []).append(event)
                 self._step(event)
+            elif isinstance(event, SystemSample):
+                self.samples.setdefault(event.rank, []).append(event)
             elif isinstance(event, EpochDone):
                 self._print(evaluation_line(event))
             elif isinstance(event, RankJoined):
@@ -83,6 +89,22 @@ class HeadlessPrinter:
     def _print(self, line: str) -> None:
         print(line, file=self.out, flush=True)
 
+    def traffic_lines(self) -> list[str]:
+        """Per rank: bytes the NIC counted against the ring/gather formulas (ranks that sent nothing skipped)."""
+        out, shared = [], False
+        for rank in sorted(self.steps):
+            traffic = measured_vs_expected(self.samples.get(rank, []), self.steps[rank])
+            if traffic is None or traffic.expected_tx == 0:
+                continue
+            if traffic.iface in ("lo", "lo0"):
+                shared = True  # every local rank (and anything else on the machine) shares the loopback counters
+                continue
+            out.append(traffic.describe())
+        if shared:
+            out.append("ranks on one machine talk over lo, whose counters mix every process: "
+                       "no per-rank NIC comparison (see README for the namespace cluster)")
+        return out
+
     def summary(self) -> str:
         steps = max((f.steps for f in self.finished.values()), default=0)
         reasons = sorted({f.reason for f in self.finished.values()}) or ["no rank finished"]
@@ -116,6 +138,8 @@ class HeadlessConsumer:
         source.close()
         self._feed(source.poll() + job.lost_events())
         if self.printer.finished:
+            for line in self.printer.traffic_lines():
+                self.printer._print(line)
             self.printer._print(self.printer.summary())
 
 

@@ -34,10 +34,10 @@ def open_recording(path: str | None, cfg: RunConfig, rdv: Rendezvous):
 
 
 def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None,
-        record: str | None = None) -> int:
+        record: str | None = None, headless: bool = True) -> int:
     recorder = open_recording(record, cfg, rdv)
     try:
-        code = _run(cfg, rdv, timeout_s, log_every, token, recorder)
+        code = _run(cfg, rdv, timeout_s, log_every, token, recorder, headless, record)
     except BaseException:
         if recorder is not None:  # errors and Ctrl-C: what was received is still written; the first error wins
             recorder.close(quiet=True)
@@ -47,7 +47,8 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
     return code
 
 
-def _run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None, recorder) -> int:
+def _run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None, recorder,
+         headless: bool = True, record: str | None = None) -> int:
     token_value, given = resolve_token(token)
     options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local")
     printer = HeadlessPrinter(expected_total_steps(cfg, rdv.world_size), every=log_every)
@@ -55,12 +56,27 @@ def _run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, toke
         from ddptop.train.launch import run_front
 
         print(f"ddptop: {rdv.world_size} ranks, master {rdv.master} (ranks found by {rdv.source})", file=sys.stderr)
-        code = run_front(cfg, rdv, options, HeadlessConsumer(printer, [recorder] if recorder else None))
+        sinks = [recorder] if recorder else []
+        if headless or not _terminal():
+            consumer = HeadlessConsumer(printer, sinks)
+        else:
+            from ddptop.tui.live import TuiConsumer
+
+            consumer = TuiConsumer(sinks, record, expected_total_steps(cfg, rdv.world_size))
+        code = run_front(cfg, rdv, options, consumer)
         if code != 0:
             lost = "; ".join(f"rank {e.rank} {e.reason}" for e in printer.lost.values())
             print(f"ddptop: the job failed{': ' + lost if lost else ''} (exit code {code})", file=sys.stderr)
         return code
     return run_direct(cfg, rdv, options, printer, recorder)
+
+
+def _terminal() -> bool:
+    """The live screen needs a terminal on both ends; without one (a pipe, CI) the run goes on headless."""
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return True
+    print("ddptop: no terminal for the live screen; running headless (--headless says so quietly)", file=sys.stderr)
+    return False
 
 
 def run_direct(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, printer: HeadlessPrinter,

@@ -7,67 +7,16 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from ddptop.config import SyncConfig
 from ddptop.control.token import mac, verify
 from ddptop.errors import UsageError
-from ddptop.events import Event, register
+from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState  # noqa: F401  (re-exported)
 
 OPS = ("set", "pause", "resume", "stop")
 SETTABLE = {"strategy": str, "bucket_mb": float, "async_op": bool, "batch_size": int, "lr": float, "scale_lr": bool}
 MAX_REQUEST_BYTES = 4096
-
-
-@register
-@dataclass(frozen=True)
-class ConfigApplied(Event):
-    """A rank switched to a new sync configuration at `step`; every later event carries `segment`."""
-
-    kind: ClassVar[str] = "config_applied"
-    rank: int
-    step: int
-    segment: int
-    config: dict
-    request_id: int
-    who: str
-    t: float
-
-
-@register
-@dataclass(frozen=True)
-class ControlRefused(Event):
-    """Rank 0 ignored a control message: bad MAC, malformed, or a value out of range."""
-
-    kind: ClassVar[str] = "control_refused"
-    request_id: int
-    reason: str
-    t: float
-
-
-@register
-@dataclass(frozen=True)
-class RankLost(Event):
-    """The front stopped hearing from a rank: its heartbeat went stale or its process ended badly."""
-
-    kind: ClassVar[str] = "rank_lost"
-    rank: int
-    last_step: int
-    reason: str
-    t: float
-
-
-@register
-@dataclass(frozen=True)
-class RunState(Event):
-    """Pause and resume as every rank saw them, at a step boundary."""
-
-    kind: ClassVar[str] = "run_state"
-    rank: int
-    step: int
-    paused: bool
-    t: float
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:

@@ -28,6 +28,8 @@ def reading(path: str, check: bool = True) -> Iterator[Recording]:
     except (RecordingError, UsageError):
         raise
     except DAMAGE as exc:
+        if os.environ.get("DDPTOP_DEBUG"):  # a bug in a consumer, not damage? show the traceback
+            raise
         raise damaged(path, exc) from None
     finally:
         rec.close()
@@ -60,7 +62,7 @@ def cmd_export(argv: Sequence[str]) -> int:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--chrome-trace", metavar="OUT.json", help="write a Chrome trace: one process per rank")
     p.add_argument("--csv", metavar="DIR", help="write DIR/steps.csv and DIR/system.csv")
-    p.add_argument("--steps", metavar="A:B", help="only steps A ≤ step < B (trace and steps.csv)")
+    p.add_argument("--steps", metavar="A:B", help="only steps A ≤ step < B (and the samples taken meanwhile)")
     args = p.parse_args(argv)
     from ddptop.record import export
 
@@ -79,7 +81,7 @@ def cmd_export(argv: Sequence[str]) -> int:
             steps = export.write_csv(os.path.join(args.csv, "steps.csv"), export.STEP_COLUMNS,
                                      export.step_rows(rec, first, stop))
             system = export.write_csv(os.path.join(args.csv, "system.csv"), export.SYSTEM_COLUMNS,
-                                      export.system_rows(rec))
+                                      export.system_rows(rec, first, stop))
             print(f"wrote {os.path.join(args.csv, 'steps.csv')} ({steps} rows), "
                   f"{os.path.join(args.csv, 'system.csv')} ({system} rows)")
     return 0

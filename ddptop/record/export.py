@@ -150,9 +150,9 @@ def step_rows(rec: Recording, first: int | None = None, stop: int | None = None)
                "sampled": int(d.sampled), "wall_time": d.t}
 
 
-def system_rows(rec: Recording) -> Iterator[dict]:
+def system_rows(rec: Recording, first: int | None = None, stop: int | None = None) -> Iterator[dict]:
     """One row per sample; network bytes are the job interface's totals since the run started."""
-    for s in rec.system_events():
+    for s in rec.system_events(first, stop):
         assert isinstance(s, SystemSample)
         nic = s.nic()
         gpu = s.gpus[0] if s.gpus else None

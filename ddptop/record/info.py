@@ -38,9 +38,17 @@ def summary(rec: Recording) -> dict[str, Any]:
         "counts": {table: rec.count(table) for table in ("steps", "spans", "system", "events")},
         "segments": segment_stats(rec), "switches": max(0, len(rec.segments()) - 1),
         "ranks_lost": kinds.get("rank_lost", 0), "errors": [_error_text(e) for e in errors],
-        "finished": sorted({f"{e.reason} on rank {e.rank} after {e.steps} steps" for e in notable
-                            if isinstance(e, RunFinished)}),
+        "finished": _finished([e for e in notable if isinstance(e, RunFinished)]),
     }
+
+
+def _finished(events: list[RunFinished]) -> list[str]:
+    """`done after 7200 steps: ranks 0, 1, 2, 3` (ranks that ended alike share a line)."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for e in events:
+        groups.setdefault((e.reason, e.steps), []).append(e.rank)
+    return [f"{reason} after {steps} steps: rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
+            for (reason, steps), ranks in sorted(groups.items())]
 
 
 def _decode(rec: Recording, blob: Any):
@@ -88,7 +96,7 @@ def render(s: dict[str, Any]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in s["versions"].items() if k != "sqlite")
     lines = [
         f"recording  {s['file']} ({size:.2f} MB, schema {s['schema_version']}, {state})",
-        f"ran        {s['model']} ({params}{len(s['layers'])} layers) on {s['dataset']}, {s['world_size']} ranks{profile}",
+        f"ran        {s['model']} ({params}{len(s['layers'])} layers with parameters) on {s['dataset']}, {s['world_size']} ranks{profile}",
         f"where      {_where(s['ranks']) or ', '.join(s['hosts']) or '?'}",
         f"when       {when} for {_duration(s['duration_s'])}, {steps}",
         f"versions   {versions}",

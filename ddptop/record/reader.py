@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ddptop.errors import RecordingError
-from ddptop.events import Event, EventDecodeError
+from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, Event, EventDecodeError
 from ddptop.record import schema
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -192,9 +192,15 @@ class Recording:
         sql = f"{schema.SELECT[table]} WHERE step >= ? AND step < ? ORDER BY seq"
         return (self._decode(table, row) for _seq, table, row in self._stream(table, sql, (lo, hi)))
 
-    def system_events(self) -> Iterator[Event]:
-        sql = f"{schema.SELECT['system']} ORDER BY seq"
-        return (self._decode(t, row) for _seq, t, row in self._stream("system", sql))
+    def system_events(self, first: int | None = None, stop: int | None = None) -> Iterator[Event]:
+        """System samples, all or those taken while steps first ≤ step < stop ran."""
+        lo, hi = -math.inf, math.inf
+        if first is not None or stop is not None:
+            window = self._one("SELECT min(at - iter_s), max(at) FROM steps WHERE step >= ? AND step < ?",
+                               (-(1 << 62) if first is None else first, (1 << 62) if stop is None else stop))
+            lo, hi = (0.0, -1.0) if window[0] is None else window
+        sql = f"{schema.SELECT['system']} WHERE at >= ? AND at <= ? ORDER BY seq"
+        return (self._decode(t, row) for _seq, t, row in self._stream("system", sql, (lo, hi)))
 
     def _merged(self, queries: dict[str, tuple[str, tuple]]) -> list[Event]:
         rows = [(row[0], table, row) for table, (sql, args) in queries.items() for row in self.query(sql, args)]
@@ -247,6 +253,10 @@ def _read_meta(db: sqlite3.Connection, path: str) -> dict[str, Any]:
     if version > schema.SCHEMA_VERSION:
         raise RecordingError(f"{path} was written by a newer ddptop (recording schema {version}; this ddptop reads "
                              f"up to {schema.SCHEMA_VERSION}): upgrade ddptop to open it")
+    events = meta.get("event_schema", 1)
+    if isinstance(events, int) and events > EVENT_SCHEMA:
+        raise RecordingError(f"{path} was written by a newer ddptop (event schema {events}; this ddptop reads up "
+                             f"to {EVENT_SCHEMA}): upgrade ddptop to open it")
     for table in schema.TABLES:  # a file with our meta but missing tables is damaged, not empty
         db.execute(f"SELECT seq, at FROM {table} LIMIT 0")
     return meta

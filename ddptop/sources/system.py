@@ -36,8 +36,11 @@ def job_interface(master_addr: str, iface: str | None = None) -> str:
     local = {_bare(a.address): name for name, entries in addrs.items() for a in entries}
     for family, _, _, _, sockaddr in infos:
         master_ip = _bare(sockaddr[0])
-        if _is_loopback(master_ip) or master_ip in local:
-            return loopback  # the kernel sends to its own addresses over lo, whatever NIC holds them
+        if _is_loopback(master_ip):
+            return loopback
+        if master_ip in local:
+            # this host is the master: the other nodes' traffic arrives on the NIC holding that address
+            return local[master_ip]
         source = _source_address(family, sockaddr)
         if source in local:
             return local[source]

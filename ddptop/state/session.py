@@ -59,7 +59,7 @@ class Snapshot:
 
     @property
     def images_per_s(self) -> float:
-        return sum(r.last.images_per_s for r in self.ranks if r.last and r.state == "running")
+        return sum(r.last.images_per_s for r in self.ranks if r.last and r.state != "lost")
 
     @property
     def hosts(self) -> tuple[str, ...]:

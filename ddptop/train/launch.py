@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 from ddptop.config import RunConfig
@@ -28,12 +28,22 @@ class Consumer(Protocol):
     def __call__(self, source: Source, job: "LocalJob") -> None: ...
 
 
+@dataclass(frozen=True)
+class FrontInfo:
+    """Where a consumer reaches the job's control plane (the TUI's controls): the store this front hosts."""
+
+    master: str
+    port: int
+    token: str
+
+
 class LocalJob:
     """The rank processes this machine started, as the consumer sees them."""
 
     def __init__(self, procs: list[multiprocessing.Process], ranks: list[int]):
         self.procs = procs
         self.ranks = ranks
+        self.front: FrontInfo | None = None  # set by run_front once the store's port and the token are known
         self._first_failure: float | None = None
         self._reported: set[int] = set()
 
@@ -87,6 +97,7 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
     for p in procs:
         p.start()
     job = LocalJob(procs, ranks)
+    job.front = FrontInfo(rdv.master, port, token)
     client = stores.ddptop_view(stores.connect(rdv.master, port, options.timeout_s, rdv.source))
     liveness = Liveness(stores.ddptop_view(stores.connect(rdv.master, port, options.timeout_s, rdv.source)),
                         rdv.world_size)

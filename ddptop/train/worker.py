@@ -19,7 +19,7 @@ from ddptop.control import handshake, keys
 from ddptop.control.agent import ControlAgent
 from ddptop.control import store as stores
 from ddptop.control.bus import Publisher
-from ddptop.errors import DdptopError, PeerLost
+from ddptop.errors import DdptopError, PeerLost, RendezvousError
 from ddptop.events import RankJoined
 from ddptop.probes.clock import clock_for
 from ddptop.probes.comm import CommRecorder
@@ -82,8 +82,13 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, echo=None)
     me = hello(cfg, rdv, device, backend, threads)
     handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, options.token, options.check_token)
     pg_store = dist.PrefixStore(keys.PG_PREFIX + (f"/attempt_{rdv.attempt}" if rdv.agent_store else ""), base)
-    dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
-                            timeout=timedelta(seconds=options.pg_timeout_s))
+    try:
+        dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
+                                timeout=timedelta(seconds=options.pg_timeout_s))
+    except RuntimeError as exc:  # gloo/nccl could not connect the ranks to each other
+        detail = _peer_failure(exc) or _first_line(exc)
+        raise RendezvousError(f"the ranks found each other but could not connect ({backend}: {detail}); "
+                              f"check that every node can reach the others (--iface picks the interface)") from None
     def connect():
         return stores.ddptop_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source), prefix)
 

@@ -126,11 +126,16 @@ class DdptopApp(App):
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         self.push(force=True)
-        panel = self.query_one(f"#{event.pane.id}-panel")
+        self.focus_panel()
+
+    def focus_panel(self) -> None:
+        """Focus the active panel (or its first field), so arrows act on what is shown."""
+        panel = self.query_one(f"#{self.query_one(TabbedContent).active}-panel")
         if panel.can_focus:
             panel.focus()
-        elif self.focused is None or not panel in self.focused.ancestors:
-            self.screen.focus_next()
+        else:
+            fields = [w for w in panel.query("Select, Input, Switch, Button") if w.focusable]
+            self.set_focus(fields[0] if fields else None)
 
     # -- keys --------------------------------------------------------------------------------------------------
     def action_panel(self, pid: str) -> None:
@@ -209,6 +214,7 @@ class DdptopApp(App):
             source.seek_step(max(0, step + (10 if op == "forward" else -10)))
         elif op == "seek_step":
             source.seek_step(int(message.value))
+            self.focus_panel()  # out of the step box, so keys act on the screen again
         elif op in ("segment_prev", "segment_next"):
             count = len(status.get("segments", []))
             if count:
@@ -222,9 +228,6 @@ class DdptopApp(App):
 
 
 def run_replay(source: Source) -> int:
-    """`ddptop replay FILE`: the same screens over a recording; returns the exit code."""
-    try:
-        DdptopApp(source, mode="replay").run()
-    finally:
-        source.close()
+    """`ddptop replay FILE`: the same screens over a recording; returns the exit code. The caller closes `source`."""
+    DdptopApp(source, mode="replay").run()
     return 0

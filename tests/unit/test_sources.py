@@ -133,10 +133,12 @@ def test_loopback_master_gives_loopback_interface():
     assert job_interface("localhost") == lo
 
 
-def test_address_of_this_host_gives_loopback_interface():
-    own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family.name == "AF_INET"]
-    for address in own:
-        assert job_interface(address) == loopback_interface()
+def test_address_of_this_host_gives_the_interface_holding_it():
+    """On the master node the other nodes' traffic arrives on the NIC that holds the master address."""
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family.name == "AF_INET":
+                assert job_interface(a.address) == name
 
 
 def test_unresolvable_master_falls_back_to_loopback():
@@ -205,8 +207,8 @@ def test_job_interface_in_network_namespaces(netns_pair):
         "print(json.dumps([j('192.0.2.1'), j('192.0.2.2'), j('198.51.100.7'), j('127.0.0.1')]))"
     )
     routed, own, unroutable, loop = run_in_netns(ns_b, code)
-    assert routed == veth_b
-    assert own == loop == "lo"
+    assert routed == own == veth_b
+    assert loop == "lo"
     assert unroutable == "lo"  # no default route inside the namespace: fall back, never raise
 
 

@@ -3,6 +3,7 @@ and per collective."""
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from rich.text import Text
@@ -16,8 +17,8 @@ LABEL = 18  # columns for the row names
 
 
 def _cells(span_start: float, span_end: float, total: float, cols: int) -> range:
-    a = int(span_start / total * cols)
-    b = max(a + 1, int(span_end / total * cols + 0.999))
+    a = int(span_start / total * cols + 1e-6)  # 1e-6: 0.04/0.1·10 is 3.999… in floating point
+    b = max(a + 1, math.ceil(span_end / total * cols - 1e-6))
     return range(max(0, a), min(cols, b))
 
 

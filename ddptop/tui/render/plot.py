@@ -53,8 +53,14 @@ def _downsample(points: Sequence[tuple[float, float]], to_x: Callable[[float], i
     return [(x, sum(v) / len(v)) for x, v in sorted(buckets.items())]
 
 
+def short_number(v: float) -> str:
+    """At most 7 characters: `2.48`, `0.0312`, `2.4e-04`."""
+    text = f"{v:.3g}"
+    return text if len(text) <= 7 else f"{v:.1e}"
+
+
 def line_plot(series: Sequence[Series], markers: Sequence[Marker], width: int, height: int,
-              fmt: Callable[[float], str] = lambda v: f"{v:.3g}", x_range: tuple[float, float] | None = None,
+              fmt: Callable[[float], str] = short_number, x_range: tuple[float, float] | None = None,
               y_range: tuple[float, float] | None = None) -> Text:
     """A plot `width`×`height` cells: y labels on the left, step labels on the last row, markers as `┊`."""
     cols, rows = max(4, width - AXIS), max(2, height - 1)
@@ -71,7 +77,10 @@ def line_plot(series: Sequence[Series], markers: Sequence[Marker], width: int, h
     for s in series:
         pts = [(x, to_y(y)) for x, y in _downsample(s.points, to_x)]
         for i, p in enumerate(pts):
-            if s.dots_only or i == 0:
+            if s.dots_only:  # a 2×2 block of dots: one braille dot is too small to see
+                for dx, dy in ((0, 0), (1, 0), (0, 1), (1, 1)):
+                    canvas.dot(p[0] - (p[0] % 2) + dx, min(p[1], rows * 4 - 2) + dy, s.style)
+            elif i == 0:
                 canvas.dot(*p, s.style)
             else:
                 canvas.line(pts[i - 1], p, s.style)

@@ -43,9 +43,12 @@ def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: 
 class ControlsPanel(VerticalScroll, can_focus=False):
     DEFAULT_CSS = """
     ControlsPanel { height: 1fr; padding: 0 1; }
-    ControlsPanel Horizontal { height: auto; margin-bottom: 0; }
-    ControlsPanel Label { width: 14; padding: 1 1 0 0; }
+    ControlsPanel Horizontal { height: auto; margin-bottom: 1; }
+    ControlsPanel #intro { margin-bottom: 1; }
+    ControlsPanel Label { width: 14; }
     ControlsPanel Input { width: 16; }
+    ControlsPanel Switch { border: none; height: 1; padding: 0; }
+    ControlsPanel #async-text { width: 4; margin-left: 1; }
     ControlsPanel Select { width: 24; }
     ControlsPanel #status { height: auto; margin-top: 1; }
     ControlsPanel #status.error { color: $error; }
@@ -72,17 +75,18 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         with Horizontal():
             yield Label("strategy")
             yield Select([(s, s) for s in STRATEGIES], allow_blank=False, value="ddp", id="strategy",
-                         disabled=disabled)
+                         disabled=disabled, compact=True)
         with Horizontal():
             yield Label("bucket MB")
-            yield Input("25", id="bucket", disabled=disabled)
+            yield Input("25", id="bucket", disabled=disabled, compact=True)
         with Horizontal():
             yield Label("async_op")
-            yield Switch(False, id="async", disabled=disabled)
+            yield Switch(False, id="async", disabled=disabled, animate=False)
+            yield Static("off", id="async-text")
         with Horizontal():
             yield Label("batch size")
-            yield Input("64", id="batch", disabled=disabled)
-        yield Button("Apply", id="apply", variant="primary", disabled=disabled)
+            yield Input("64", id="batch", disabled=disabled, compact=True)
+        yield Button("Apply", id="apply", variant="primary", disabled=disabled, compact=True)
         yield Static("", id="status")
 
     def show_config(self, config: Mapping, segment: int) -> None:
@@ -107,6 +111,9 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         status = self.query_one("#status", Static)
         status.set_class(kind == "error", "error")
         status.set_class(kind == "ok", "ok")
+
+    def on_switch_changed(self, event: Switch.Changed) -> None:
+        self.query_one("#async-text", Static).update("on" if event.value else "off")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "apply":

@@ -10,9 +10,12 @@ from ddptop.state.session import Snapshot
 from ddptop.tui.render.units import fmt_bytes
 
 
-def _config_text(config) -> str:
+def _config_text(config, wide: bool) -> str:
     if not config:
         return "config: -"
+    if not wide:
+        return (f"{config.get('strategy')} {config.get('bucket_mb', 0):g}MB async {'on' if config.get('async_op') else 'off'}"
+                f" b{config.get('batch_size')} lr {config.get('lr', 0):g}")
     return (f"{config.get('strategy')}  bucket {config.get('bucket_mb', 0):g} MB  "
             f"async_op {'on' if config.get('async_op') else 'off'}  batch {config.get('batch_size')}/rank  "
             f"lr {config.get('lr', 0):g}")
@@ -22,7 +25,7 @@ class StatusHeader(Widget):
     """Three lines: what runs where, the config in force and progress, and the newest notice or action."""
 
     DEFAULT_CSS = """
-    StatusHeader { height: 3; background: $panel; padding: 0 1; }
+    StatusHeader { height: 3; background: $panel; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
     snapshot: reactive[Snapshot | None] = reactive(None)
@@ -36,23 +39,27 @@ class StatusHeader(Widget):
 
     def render(self) -> Text:
         snap = self.snapshot or Snapshot()
+        wide = self.size.width >= 120
         out = Text(no_wrap=True, overflow="ellipsis")
         out.append(" LIVE " if self.mode == "live" else " REPLAY ", style="bold reverse green" if self.mode == "live"
                    else "bold reverse cyan")
         run = snap.run
-        what = (f" {run.model} ({run.param_count / 1e3:.0f}k params, {fmt_bytes(run.param_bytes)} of gradients) "
-                f"on {run.dataset}") if run else " waiting for rank 0 to describe the run"
+        params = f"{run.param_count / 1e6:.2f}M" if run and run.param_count >= 1e6 else f"{(run.param_count if run else 0) / 1e3:.0f}k"
+        what = ((f" {run.model} ({params} params, {fmt_bytes(run.param_bytes)} of gradients) on {run.dataset}" if wide
+                 else f" {run.model} {params} on {run.dataset}") if run else " waiting for rank 0 to describe the run")
         out.append(what, style="bold")
         hosts = snap.hosts
         out.append(f" · {snap.world_size} ranks on {len(hosts)} host{'s' if len(hosts) != 1 else ''}"
-                   f" ({', '.join(hosts[:4])}{'…' if len(hosts) > 4 else ''}) · found by {snap.rank_source}")
+                   f" ({', '.join(hosts[:4])}{'…' if len(hosts) > 4 else ''}) · {'found by ' if wide else ''}"
+                   f"{snap.rank_source}")
         out.append(" · rec ")
         out.append("● " + self.recording if self.recording else "off", style="red" if self.recording else "dim")
         out.append("\n")
-        out.append(_config_text(snap.config), style="yellow")
+        out.append(_config_text(snap.config, wide), style="yellow")
         total = f"/{self.total_steps}" if self.total_steps else ""
-        out.append(f" · segment {snap.segments[-1].index if snap.segments else 0} · step {snap.step}{total}"
-                   f" epoch {snap.epoch} · {snap.images_per_s:,.0f} img/s · ")
+        segment = snap.segments[-1].index if snap.segments else 0
+        out.append(f" · {'segment' if wide else 'seg'} {segment} · step {snap.step}{total}"
+                   f" {'epoch' if wide else 'ep'} {snap.epoch} · {snap.images_per_s:,.0f} img/s · ")
         state = "finished" if snap.finished else "paused" if snap.paused else "running" if snap.ranks else "starting"
         out.append(state, style={"running": "green", "paused": "yellow", "finished": "cyan"}.get(state, "dim"))
         out.append("\n")

@@ -18,23 +18,23 @@ def next_speed(speed: float, delta: int) -> float:
 
 
 def status_line(status: dict) -> str:
-    """`▶ 2× step 120/400  t 3.1/7.2 s  segment 2/4`."""
+    """`▶ 2× step 120/400 t 3.1/7.2s seg 2/4`."""
     if not status:
         return ""
     mark = "▶" if status.get("playing") else "⏸"
     segments = status.get("segments") or []
     step = status.get("step", 0)
     current = max((s["index"] for s in segments if s.get("step", 0) <= step), default=0)
-    return (f"{mark} {status.get('speed', 1):g}×  step {step}/{status.get('step_end', 0)}  "
-            f"t {status.get('t', 0):.1f}/{status.get('t_end', 0):.1f} s  segment {current + 1 if segments else 0}"
+    return (f"{mark} {status.get('speed', 1):g}× step {step}/{status.get('step_end', 0)} "
+            f"t {status.get('t', 0):.1f}/{status.get('t_end', 0):.1f}s seg {current + 1 if segments else 0}"
             f"/{len(segments)}")
 
 
 class TransportBar(Horizontal):
     DEFAULT_CSS = """
     TransportBar { height: 1; background: $panel; padding: 0 1; }
-    TransportBar Button { min-width: 5; width: auto; margin: 0 1 0 0; }
-    TransportBar Input { width: 12; }
+    TransportBar Button { min-width: 3; width: auto; margin: 0 1 0 0; }
+    TransportBar Input { width: 10; }
     TransportBar #transport-status { width: 1fr; padding: 0 1; }
     """
 
@@ -45,13 +45,14 @@ class TransportBar(Horizontal):
         yield Button("⏯", id="toggle", compact=True, tooltip="play / pause (space)")
         yield Button("-", id="slower", compact=True, tooltip="slower (-)")
         yield Button("+", id="faster", compact=True, tooltip="faster (+)")
-        yield Button("⏮ seg", id="seg-prev", compact=True, tooltip="previous segment ([)")
-        yield Button("seg ⏭", id="seg-next", compact=True, tooltip="next segment (])")
+        yield Button("⏮", id="seg-prev", compact=True, tooltip="previous segment ([)")
+        yield Button("⏭", id="seg-next", compact=True, tooltip="next segment (])")
         yield Input(placeholder="step ⏎", id="seek", type="integer", compact=True)
         yield Static("", id="transport-status")
 
     def watch_status(self, status: dict) -> None:
-        self.query_one("#transport-status", Static).update(status_line(status))
+        for label in self.query("#transport-status").results(Static):  # none yet before compose
+            label.update(status_line(status))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

@@ -1,0 +1,143 @@
+"""Bad files (truncated, corrupt, empty, foreign, newer) get one line and exit 6 from info, export and replay.
+
+Fuzz-style: a real recording is cut, flipped, zeroed and replaced many ways; every command must either
+refuse it with one `ddptop:` line or (for a flip that lands in a value) read it, and never raise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from ddptop.cli import main
+
+PAGE = 4096
+
+
+def commands(path: str, tmp_path) -> list[list[str]]:
+    return [["info", path], ["export", path, "--chrome-trace", str(tmp_path / "t.json"), "--csv", str(tmp_path / "c")],
+            ["replay", path, "--headless", "--instant"]]
+
+
+def run_all(path: str, tmp_path, capsys) -> list[tuple[int, str]]:
+    """Each command in-process through cli.main: any exception escaping it fails the test (a traceback)."""
+    results = []
+    for argv in commands(path, tmp_path):
+        code = main(argv)
+        err = capsys.readouterr().err
+        results.append((code, err))
+    return results
+
+
+def assert_refused(results: list[tuple[int, str]], *words: str) -> None:
+    for code, err in results:
+        lines = [line for line in err.splitlines() if line.startswith("ddptop:") and "replaying" not in line]
+        assert code == 6, err
+        assert len(lines) == 1 and all(w in lines[0] for w in words), err
+
+
+def assert_refused_or_read(results: list[tuple[int, str]]) -> None:
+    for code, err in results:
+        assert code in (0, 6), err
+        if code == 6:
+            assert len([line for line in err.splitlines() if line.startswith("ddptop:")]) <= 2, err
+
+
+@pytest.fixture
+def original(recording) -> bytes:
+    with open(recording, "rb") as f:
+        return f.read()
+
+
+def mutated(tmp_path, data: bytes, name: str = "bad.db") -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_truncated_anywhere(original, tmp_path, capsys):
+    cuts = sorted({1, 15, 99, 100, PAGE - 1, PAGE, PAGE + 1, len(original) // 3, len(original) // 2,
+                   len(original) - PAGE, len(original) - 1} | set(random.Random(3).sample(range(1, len(original)), 8)))
+    for cut in cuts:
+        assert_refused(run_all(mutated(tmp_path, original[:cut]), tmp_path, capsys))
+
+
+def test_empty_random_and_foreign_files(tmp_path, capsys):
+    assert_refused(run_all(mutated(tmp_path, b""), tmp_path, capsys), "empty")
+    assert_refused(run_all(mutated(tmp_path, random.Random(1).randbytes(20000)), tmp_path, capsys), "not a ddptop")
+    assert_refused(run_all(mutated(tmp_path, json.dumps({"traceEvents": []}).encode()), tmp_path, capsys),
+                   "not a ddptop")
+    other = tmp_path / "other.db"
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY, name TEXT)")
+    db.execute("INSERT INTO photos VALUES (1, 'cat.jpg')")
+    db.commit()
+    db.close()
+    assert_refused(run_all(str(other), tmp_path, capsys), "not a ddptop recording", "another kind")
+    assert_refused(run_all(str(tmp_path / "missing.db"), tmp_path, capsys), "no such recording")
+    assert_refused(run_all(str(tmp_path), tmp_path, capsys), "is a directory")
+
+
+def with_sql(recording: str, tmp_path, sql: str) -> str:
+    path = tmp_path / "changed.db"
+    path.write_bytes(open(recording, "rb").read())
+    db = sqlite3.connect(path)
+    db.execute(sql)
+    db.commit()
+    db.close()
+    return str(path)
+
+
+@pytest.mark.parametrize("key,words", [("schema_version", ("recording schema 99",)),
+                                       ("event_schema", ("event schema 99",))])
+def test_newer_schema_is_refused_with_the_reason(recording, tmp_path, capsys, key, words):
+    path = with_sql(recording, tmp_path, f"UPDATE meta SET value = '99' WHERE key = '{key}'")
+    assert_refused(run_all(path, tmp_path, capsys), "newer ddptop", "upgrade", *words)
+
+
+def test_a_damaged_event_inside_is_refused_when_read(recording, tmp_path, capsys):
+    path = with_sql(recording, tmp_path, "UPDATE events SET data = json_set(data, '$.v', 99) WHERE kind = 'run_started'")
+    assert_refused(run_all(path, tmp_path, capsys)[2:], "damaged", "event schema 99 is newer")
+    path = with_sql(recording, tmp_path, "UPDATE steps SET loss = 'oops' WHERE step = 3")
+    assert_refused(run_all(path, tmp_path, capsys)[1:], "damaged", "expected a number")  # info reads no losses
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file")
+def test_unreadable_file(recording, tmp_path, capsys):
+    path = tmp_path / "secret.db"
+    path.write_bytes(open(recording, "rb").read())
+    path.chmod(0)
+    assert_refused(run_all(str(path), tmp_path, capsys), "cannot read")
+
+
+def test_zeroed_pages(original, tmp_path, capsys):
+    pages = len(original) // PAGE
+    for page in sorted(set(random.Random(5).sample(range(pages), min(8, pages))) | {0, 1, pages - 1}):
+        data = bytearray(original)
+        data[page * PAGE:(page + 1) * PAGE] = bytes(PAGE)
+        assert_refused(run_all(mutated(tmp_path, bytes(data)), tmp_path, capsys))
+
+
+def test_flipped_bytes(original, tmp_path, capsys):
+    """A flip inside a value cannot be noticed; a flip anywhere else must be refused. Never a traceback."""
+    rng = random.Random(7)
+    for _ in range(25):
+        data = bytearray(original)
+        for offset in rng.sample(range(len(data)), rng.choice((1, 4, 64))):
+            data[offset] ^= 1 << rng.randrange(8)
+        assert_refused_or_read(run_all(mutated(tmp_path, bytes(data)), tmp_path, capsys))
+
+
+def test_bad_files_from_a_real_process(original, tmp_path):
+    """The same through the `ddptop` command: one line on stderr, exit 6, no traceback."""
+    bad = mutated(tmp_path, original[:len(original) // 2], "cut.db")
+    for argv in commands(bad, tmp_path):
+        result = subprocess.run([sys.executable, "-m", "ddptop", *argv], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 6 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith(f"ddptop: {bad} is truncated")

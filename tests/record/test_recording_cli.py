@@ -1,0 +1,90 @@
+"""`--record FILE` on a real run, then `ddptop info`, `export` and `replay --headless` on it and on the shipped ones."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ddptop.cli import main
+from ddptop.record.reader import Recording
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHIPPED = sorted(glob.glob(os.path.join(ROOT, "recordings", "*.db")))
+TINY = ["--headless", "--local", "2", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval"]
+
+
+def ddptop(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddptop", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[str, subprocess.CompletedProcess]:
+    path = str(tmp_path_factory.mktemp("cli") / "run.db")
+    live = ddptop(*TINY, "--steps", "12", "--strategy", "allreduce", "--log-every", "4", "--record", path)
+    assert live.returncode == 0, live.stderr
+    return path, live
+
+
+def test_replay_headless_prints_what_the_live_run_printed(recorded):
+    path, live = recorded
+    replay = ddptop("replay", path, "--headless", "--instant", "--log-every", "4")
+    assert replay.returncode == 0, replay.stderr
+    assert replay.stdout == live.stdout
+    assert "step 12/12 loss" in replay.stdout and "finished: 12 steps on 2 ranks (done)" in replay.stdout
+    timed = ddptop("replay", path, "--headless", "--speed", "16", "--log-every", "4")
+    assert timed.returncode == 0 and timed.stdout == live.stdout, timed.stderr
+
+
+def test_info_says_what_ran_where_and_for_how_long(recorded, capsys):
+    path, _ = recorded
+    assert main(["info", path]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "2 ranks" in out and "complete" in out and "steps 0-11" in out
+    assert "allreduce batch=16" in out and "torch" in out
+    assert main(["info", path, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    (segment,) = info["segments"]
+    assert segment["config"]["strategy"] == "allreduce" and segment["mean_iter_s"] > 0 and info["world_size"] == 2
+    with Recording.open(path) as rec:
+        assert rec.meta["config"]["sync"]["strategy"] == "allreduce" and rec.meta["rendezvous"]["source"] == "local"
+        assert "--record" in rec.meta["argv"]
+
+
+def test_record_refuses_an_existing_file_before_starting(recorded):
+    path, _ = recorded
+    before = os.path.getmtime(path)
+    result = ddptop(*TINY, "--steps", "2", "--record", path)
+    assert result.returncode == 6 and "already exists" in result.stderr.splitlines()[-1]
+    assert "joined" not in result.stdout and os.path.getmtime(path) == before
+
+
+def test_bad_replay_flags(recorded, capsys):
+    path, _ = recorded
+    assert main(["replay", path, "--headless", "--speed", "40"]) == 2
+    assert "--speed must be between 0.5 and 16" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not SHIPPED, reason="no recordings/*.db in this checkout")
+@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+def test_shipped_recordings_open_export_and_replay(path, tmp_path, capsys):
+    assert os.path.getsize(path) < 8e6
+    assert main(["info", path]) == 0
+    assert "complete" in capsys.readouterr().out
+    trace = tmp_path / "t.json"
+    assert main(["export", path, "--chrome-trace", str(trace), "--csv", str(tmp_path / "csv")]) == 0
+    with Recording.open(path) as rec:
+        ranks = {d.rank for d in rec.step_events()}
+    assert {e["pid"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"} == ranks
+    assert main(["replay", path, "--headless", "--instant"]) == 0
+    assert "finished:" in capsys.readouterr().out
+
+
+def test_shipped_recordings_are_documented():
+    readme = open(os.path.join(ROOT, "recordings", "README.md")).read()
+    assert SHIPPED and all(os.path.basename(p) in readme for p in SHIPPED)

@@ -1,0 +1,108 @@
+"""Exports: a Chrome trace Perfetto opens (valid JSON, a process per rank, lanes that nest) and CSV tables."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+
+import pytest
+
+from ddptop.cli import main
+from ddptop.errors import UsageError
+from ddptop.events import Span, StepDone, StepSpans
+from ddptop.record.export import parse_steps
+from ddptop.record.sqlite import RecordingWriter, base_meta
+
+STEP_COLUMNS = {"rank", "step", "time", "iter_s", "compute_s", "comm_s", "exposed_comm_s", "overlap", "loss",
+                "strategy", "bucket_mb", "async_op", "batch_size", "segment", "comm_bytes"}
+SYSTEM_COLUMNS = {"rank", "time", "cpu_percent", "mem_rss_bytes", "gpu_util", "net_iface", "net_rx_bytes",
+                  "net_tx_bytes"}
+
+
+def export(*args: str) -> int:
+    return main(["export", *args])
+
+
+def slices(trace: dict) -> list[dict]:
+    return [e for e in trace["traceEvents"] if e["ph"] == "X"]
+
+
+def test_chrome_trace_has_every_rank_and_lane(recording, tmp_path, capsys):
+    out = tmp_path / "trace.json"
+    assert export(recording, "--chrome-trace", str(out)) == 0
+    assert "trace events" in capsys.readouterr().out
+    trace = json.loads(out.read_text())
+    xs = slices(trace)
+    assert {e["pid"] for e in xs} == {0, 1}
+    assert all(e["ts"] >= 0 and e["dur"] >= 0 and isinstance(e["name"], str) for e in xs)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"step", "data", "compute", "comm", "optimizer"} <= names
+    for rank in (0, 1):
+        mine = [e for e in xs if e["pid"] == rank]
+        assert sorted(e["name"] for e in mine if e["cat"] == "step") == sorted(f"step {i}" for i in range(8))
+        assert any(e["cat"] == "comm" and e["name"].startswith("bucket ") for e in mine)
+        assert any(e["cat"] == "fwd" for e in mine) and any(e["cat"] == "bwd" for e in mine)
+    process_names = [e for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"]
+    assert sorted(e["pid"] for e in process_names) == [0, 1]
+    assert all(e["args"]["name"].startswith(f"rank {e['pid']} (") for e in process_names)
+
+
+def test_steps_window_cuts_the_trace(recording, tmp_path):
+    out = tmp_path / "cut.json"
+    assert export(recording, "--chrome-trace", str(out), "--steps", "2:4") == 0
+    xs = slices(json.loads(out.read_text()))
+    assert sorted({e["name"] for e in xs if e["cat"] == "step"}) == ["step 2", "step 3"]
+    assert {e["args"]["step"] for e in xs if e["cat"] != "step"} == {2}  # spans were sampled on even steps
+
+
+def test_overlapping_collectives_get_their_own_rows(tmp_path):
+    """async_op launches every all_reduce at once: overlapping slices on one thread would not nest in Perfetto."""
+    path = str(tmp_path / "async.db")
+    writer = RecordingWriter(path, base_meta({}, {}))
+    comm = tuple(Span("comm", f"allreduce p{i}", 0.01 * i, 0.05, 100, 100, 100) for i in range(4))
+    writer.handle([StepDone(0, 0, 0, 0, 1.2, 0.2, 0, 0.1, 0.1, 0, 0, 1, 1.0, 0, 0, 0, True),
+                   StepSpans(0, 0, 0, 1.0, (Span("bwd", "a", 0.0, 0.1),) + comm)])
+    writer.close()
+    out = tmp_path / "async.json"
+    assert export(path, "--chrome-trace", str(out)) == 0
+    by_tid = defaultdict(list)
+    for e in slices(json.loads(out.read_text())):
+        by_tid[e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
+    comm_tids = {e["tid"] for e in slices(json.loads(out.read_text())) if e["cat"] == "comm"}
+    assert len(comm_tids) > 1
+    for intervals in by_tid.values():
+        intervals.sort()
+        assert all(a[1] <= b[0] + 1e-3 for a, b in zip(intervals, intervals[1:]))
+
+
+def test_csv_tables(recording, tmp_path, capsys):
+    folder = tmp_path / "csv"
+    assert export(recording, "--csv", str(folder)) == 0
+    with open(folder / "steps.csv") as f:
+        steps = list(csv.DictReader(f))
+    assert STEP_COLUMNS <= set(steps[0]) and len(steps) == 16
+    assert {(int(r["rank"]), int(r["step"])) for r in steps} == {(r, s) for r in (0, 1) for s in range(8)}
+    assert {r["strategy"] for r in steps} == {"ddp"} and all(float(r["iter_s"]) > 0 for r in steps)
+    with open(folder / "system.csv") as f:
+        system = list(csv.DictReader(f))
+    assert SYSTEM_COLUMNS <= set(system[0]) and {r["rank"] for r in system} == {"0", "1"}
+    for rank in ("0", "1"):
+        rx = [int(r["net_rx_bytes"]) for r in system if r["rank"] == rank]
+        assert rx == sorted(rx)  # totals since the run started never go down
+
+
+@pytest.mark.parametrize("text,expected", [("2:4", (2, 4)), (":4", (None, 4)), ("3:", (3, None)), ("", (None, None))])
+def test_parse_steps(text, expected):
+    assert parse_steps(text) == expected
+
+
+@pytest.mark.parametrize("text", ["4:2", "a:b", "3", "-1:2", "2:2"])
+def test_bad_steps_window(text):
+    with pytest.raises(UsageError, match="--steps"):
+        parse_steps(text)
+
+
+def test_export_needs_an_output(recording, capsys):
+    assert export(recording) == 2
+    assert "nothing to export" in capsys.readouterr().err

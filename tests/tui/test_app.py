@@ -1,0 +1,277 @@
+"""Pilot tests: every key, button and control of the app, over the fixed replay of a real 2-rank job."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Button, Input, Select, Switch, TabbedContent
+
+from ddptop.tui.app import DdptopApp
+from ddptop.tui.keys import GLOBAL_KEYS, REPLAY_KEYS
+from ddptop.tui.messages import ApplyRequested
+from ddptop.tui.widgets.controls import ControlsPanel
+from ddptop.tui.widgets.header import StatusHeader
+from ddptop.tui.widgets.help import HelpScreen
+from ddptop.tui.widgets.network import NetworkPanel
+from ddptop.tui.widgets.ranks import RanksPanel
+from ddptop.tui.widgets.timeline import TimelinePanel
+from fixed_replay import FixedReplaySource
+from screen_text import screen_text
+
+pytestmark = pytest.mark.asyncio
+BIG = (160, 48)
+
+
+def _active(app) -> str:
+    return app.query_one(TabbedContent).active
+
+
+async def test_number_keys_and_tab_move_between_panels(replay_at_end):
+    app = DdptopApp(replay_at_end)
+    async with app.run_test(size=BIG) as pilot:
+        for key, pid in zip("123456", ("ranks", "network", "util", "timeline", "loss", "controls")):
+            await pilot.press(key)
+            assert _active(app) == pid
+        await pilot.press("tab")  # the controls are disabled in a replay: tab goes straight on
+        assert _active(app) == "ranks"
+        await pilot.press("shift+tab", "shift+tab")
+        assert _active(app) == "loss"
+        await pilot.click("#--content-tab-network")
+        assert _active(app) == "network"
+
+
+async def test_help_lists_every_key_and_closes(replay_at_end):
+    app = DdptopApp(replay_at_end)
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        for key, _ in GLOBAL_KEYS + REPLAY_KEYS:
+            assert key in text
+        await pilot.press("q")  # closes the help, does not quit
+        assert not isinstance(app.screen, HelpScreen) and app.is_running
+        await pilot.press("question_mark", "escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_q_quits(replay_at_end):
+    app = DdptopApp(replay_at_end)
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+
+
+async def test_transport_keys_play_speed_seek_and_segments(events):
+    now = [0.0]
+    source = FixedReplaySource(events, clock=lambda: now[0])
+    app = DdptopApp(source)
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("space")
+        assert source.playing
+        now[0] += 3.0
+        await pilot.pause(0.3)
+        assert 0 < app.state.snapshot().step < 400
+        await pilot.press("plus", "plus")
+        assert source.speed == 4.0
+        await pilot.press("minus")
+        assert source.speed == 2.0
+        await pilot.press("space")
+        assert not source.playing
+        await pilot.press("g")
+        assert app.focused.id == "seek"
+        await pilot.press(*"200", "enter")
+        await pilot.pause(0.3)
+        assert source.status()["step"] == 200 and app.state.snapshot().step in (200, 201)
+        generation = source.generation
+        await pilot.press("full_stop")
+        assert source.status()["step"] == 210 and source.generation == generation + 1
+        await pilot.press("comma", "comma")
+        assert source.status()["step"] == 190
+        await pilot.press("right_square_bracket")  # step 190 is in segment 1 (ddp from 116): next is 2, at 219
+        assert source.status()["step"] == 219
+        await pilot.press("left_square_bracket")
+        assert source.status()["step"] == 116
+        await pilot.pause(0.3)
+        assert "seg 2/4" in screen_text(app)
+
+
+async def test_transport_buttons_work_with_the_mouse(events):
+    source = FixedReplaySource(events, clock=lambda: 0.0)
+    app = DdptopApp(source)
+    async with app.run_test(size=BIG) as pilot:
+
+        async def click(selector):
+            await pilot.click(selector)
+            await pilot.pause(0.6)  # two quick clicks would make one double click
+
+        await click("#toggle")
+        assert source.playing
+        await click("#faster")
+        assert source.speed == 2.0
+        await click("#slower")
+        await click("#slower")
+        assert source.speed == 0.5
+        await click("#seg-next")
+        assert source.status()["step"] == 116
+        await click("#seg-prev")
+        assert source.status()["step"] == 0
+
+
+async def test_ranks_panel_picks_a_rank_and_opens_its_timeline(replay_at_end):
+    app = DdptopApp(replay_at_end)
+    async with app.run_test(size=BIG) as pilot:
+        panel = app.query_one(RanksPanel)
+        assert app.focused is panel
+        await pilot.press("down")
+        assert panel.selected == 1
+        await pilot.press("up")
+        assert panel.selected == 0
+        await pilot.click(RanksPanel, offset=(5, 2))  # the second table row: rank 1
+        assert panel.selected == 1
+        await pilot.press("enter")
+        assert _active(app) == "timeline" and app.query_one(TimelinePanel).rank == 1
+
+
+async def test_network_panel_switches_interface_and_node(replay_at_end):
+    app = DdptopApp(replay_at_end)
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("2")
+        panel = app.query_one(NetworkPanel)
+        assert "Active Interface: lo" in screen_text(app)
+        await pilot.press("left")
+        assert panel.iface == "ifb1"
+        await pilot.pause()
+        assert "Active Interface: ifb1" in screen_text(app)
+        await pilot.press("right", "right")
+        assert panel.iface == "eth0"
+        await pilot.press("down")  # one node: stays, and goes back to the job's interface
+        assert panel.node == 0 and panel.iface is None
+        title = screen_text(app).split("\n")[5]
+        await pilot.click(NetworkPanel, offset=(title.index(" eth0") + 1, 0))
+        assert panel.iface == "eth0"
+
+
+async def test_timeline_moves_through_steps_and_ranks(replay_at_end):
+    app = DdptopApp(replay_at_end)
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("4")
+        panel = app.query_one(TimelinePanel)
+        assert panel.shown_step() == 390 and "rank 0 · step 390" in screen_text(app)
+        await pilot.press("left", "left")
+        assert panel.shown_step() == 370
+        await pilot.press("home")
+        assert panel.shown_step() == 80
+        await pilot.press("right")
+        assert panel.shown_step() == 90
+        await pilot.press("end", "down")
+        assert panel.step is None and panel.rank == 1
+        await pilot.pause()
+        text = screen_text(app)
+        assert "rank 1 · step 390" in text and "overlap" in text and "features.0" in text and "compute" in text
+
+
+async def test_loss_panel_marks_every_config_change(replay_at_end):
+    app = DdptopApp(replay_at_end)
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("5")
+        await pilot.pause()
+        text = screen_text(app)
+        for label in ("┊ddp 0.02MB b16", "┊gather-scatter b16", "┊allreduce async b16"):
+            assert label in text
+        assert "loss" in text and "iteration time" in text and "test accuracy" in text
+
+
+async def test_controls_are_disabled_in_a_replay(replay_at_end):
+    app = DdptopApp(replay_at_end)
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("6")
+        panel = app.query_one(ControlsPanel)
+        assert all(w.disabled for w in panel.query("Select, Input, Switch, Button"))
+        assert "disabled" in screen_text(app)
+        assert panel.query_one("#strategy", Select).value == "allreduce"  # the config in force at the end
+
+
+class _NoJob:
+    """A `connect` that records its calls and fails like an unreachable job (nothing else is faked)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        raise ConnectionError("connection refused")
+
+
+async def test_controls_check_input_inline_and_send_only_valid_changes(replay_at_end):
+    connect, posted = _NoJob(), []
+    app = DdptopApp(replay_at_end, mode="live", connect=connect)
+    async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
+        await pilot.press("6")
+        panel = app.query_one(ControlsPanel)
+        assert app.focused.id == "strategy"
+        batch = panel.query_one("#batch", Input)
+        batch.value = "x"
+        await pilot.click("#apply")
+        assert "batch size must be a whole number" in panel.status and panel.status_kind == "error"
+        batch.value = "16"
+        await pilot.pause(0.6)
+        await pilot.click("#apply")
+        assert "nothing to change" in panel.status and connect.calls == 0
+        panel.query_one("#bucket", Input).value = "-3"
+        await pilot.pause(0.6)
+        await pilot.click("#apply")
+        assert "bucket MB" in panel.status and connect.calls == 0
+        panel.query_one("#bucket", Input).value = "10"
+        panel.query_one("#strategy", Select).focus()
+        await pilot.press("tab", "tab", "tab", "tab")  # strategy → bucket → async → batch → Apply
+        assert app.focused.id == "apply"
+        await pilot.press("shift+tab", "shift+tab")
+        assert app.focused.id == "async"
+        await pilot.press("space")
+        assert panel.query_one("#async", Switch).value is False
+        await pilot.press("tab", "tab", "enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        sent = list({id(m): m.changes for m in posted if isinstance(m, ApplyRequested)}.values())  # one per hop
+        assert sent == [{"bucket_mb": 10.0, "async_op": False}] and connect.calls == 1
+        assert "cannot reach the job" in panel.status and panel.status_kind == "error"
+
+
+async def test_space_in_a_live_session_sends_pause(replay_at_end):
+    connect = _NoJob()
+    app = DdptopApp(replay_at_end, mode="live", connect=connect, job=_EndedJob())
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("space")
+        assert connect.calls == 0  # the job has ended: nothing to pause
+        app.job = _RunningJob()
+        await pilot.press("space")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert connect.calls == 1 and "pause: connection refused" in app.query_one(StatusHeader).action
+
+
+class _EndedJob:
+    def alive(self):
+        return False
+
+    def check(self):
+        pass
+
+    def lost_events(self):
+        return []
+
+
+class _RunningJob(_EndedJob):
+    def alive(self):
+        return True
+
+
+async def test_every_panel_fits_80x24(replay_at_end):
+    app = DdptopApp(replay_at_end)
+    async with app.run_test(size=(80, 24)) as pilot:
+        for key, words in zip("123456", ("MB/s", "Active Interface", "CPU [", "overlap", "loss", "strategy")):
+            await pilot.press(key)
+            await pilot.pause()
+            text = screen_text(app)
+            assert words in text, text
+            assert "Quit" in text.split("\n")[-1]

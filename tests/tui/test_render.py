@@ -1,0 +1,105 @@
+"""The pure renderables, read as text: slurm graph, Gantt chart, breakdown bar, sparklines, plots, tables."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from ddptop.events import NicStat, Span, StepSpans
+from ddptop.state.session import SessionState
+from ddptop.tui.render.breakdown import breakdown_bar, span_parts
+from ddptop.tui.render.gantt import gantt
+from ddptop.tui.render.plot import Marker, Series, line_plot
+from ddptop.tui.render.slurm import slurm_graph, slurm_stats
+from ddptop.tui.render.spark import pct_bar, sparkline
+from ddptop.tui.render.tables import ranks_table, util_rows
+from ddptop.tui.render.units import fmt_bytes, fmt_rate, fmt_s
+
+
+def _plain(renderable, width=160) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_units():
+    assert (fmt_bytes(83944), fmt_bytes(288.813e9, 3), fmt_bytes(None)) == ("83.9 KB", "288.813 GB", "-")
+    assert (fmt_rate(4700), fmt_rate(89.33e6), fmt_rate(0)) == ("4.70 KB/s", "89.33 MB/s", "0.00 KB/s")
+    assert (fmt_s(1.5), fmt_s(0.041), fmt_s(0.0031), fmt_s(0.00035)) == ("1.50 s", "41 ms", "3.1 ms", "350 µs")
+
+
+def test_slurm_graph_grows_rx_up_and_tx_down_newest_on_the_right():
+    lines = slurm_graph([0, 5, 10], [10, 0, 0], width=5, height=5).plain.split("\n")
+    assert lines == ["    X", "   XX", "─────", "  X  ", "  X  "]
+
+
+def test_slurm_graph_shows_any_traffic_as_at_least_one_x():
+    lines = slurm_graph([1, 1000], [0, 0], width=2, height=7).plain.split("\n")
+    assert lines[2] == "XX" and lines[0] == " X" and set("".join(lines[4:])) == {" "}
+
+
+def test_slurm_stats_has_slurms_seven_lines():
+    nic = NicStat("eth0", 4700, 630, 288_813_000_000, 287_709_000_000, 34538632, 8770909, 0, 2, 0, 0, 5790, 2060)
+    text = slurm_stats(nic, [1000, 5790], [630, 2060], width=100).plain.split("\n")
+    assert text[0].startswith("Active Interface: eth0") and "Current TX Speed: 0.63 KB/s" in text[1]
+    assert "Graph Top RX Speed: 5.79 KB/s" in text[2] and "Overall Top TX Speed: 2.06 KB/s" in text[3]
+    assert "Received Packets: 34538632" in text[4] and "GBytes Received: 288.813 GB" in text[5]
+    assert "Errors on Transmission: 2" in text[6]
+
+
+def _spans():
+    return (Span("data", "data", 0.0, 0.01), Span("fwd", "features.0", 0.01, 0.02), Span("bwd", "features.0", 0.03, 0.03),
+            Span("comm", "bucket 0", 0.04, 0.04), Span("opt", "optimizer", 0.08, 0.02))
+
+
+def test_gantt_draws_lanes_layers_and_collectives_on_one_time_axis():
+    lines = gantt(_spans(), width=18 + 10, height=10, iter_s=0.1).plain.split("\n")
+    names = [line[:18].strip() for line in lines[1:]]
+    assert names == ["compute", "comm", "overlap", "features.0", "bucket 0"]
+    cells = {name: line[18:] for name, line in zip(names, lines[1:])}
+    assert cells["comm"] == "····████··" and cells["compute"] == "██████··██"
+    assert cells["overlap"] == "····▀▀····"  # backward (0.03-0.06) under the bucket (0.04-0.08)
+    assert cells["features.0"] == "·█████····"
+
+
+def test_gantt_counts_rows_that_do_not_fit():
+    many = _spans() + tuple(Span("comm", f"allreduce p{i}", 0.05, 0.01) for i in range(20))
+    lines = gantt(many, width=40, height=8).plain.split("\n")
+    assert len(lines) == 8 and "more rows" in lines[-1]
+
+
+def test_breakdown_parts_and_bar():
+    parts, overlap = span_parts(_spans(), iter_s=0.1)
+    assert dict(parts) == pytest.approx({"data": 0.01, "fwd": 0.02, "bwd": 0.03, "comm": 0.02, "opt": 0.02})
+    assert overlap == pytest.approx(0.5)  # half of the 40 ms bucket ran beside backward
+    bar = breakdown_bar(parts, 10).plain.split("\n")
+    assert len(bar[0]) == 10 and "exposed comm 20 ms 20%" in bar[1]
+    assert len(breakdown_bar([("data", 1.0)], 20, legend=False, scale=2.0).plain) == 10
+
+
+def test_sparkline_and_bar():
+    assert sparkline([0, 50, 100], 5, top=100).plain == "  ▁▅█"
+    assert pct_bar(50, 12).plain == "[|||||  50%]"
+    assert pct_bar(None, 7).plain == "[  -  ]"
+
+
+def test_line_plot_marks_config_changes_with_labels():
+    series = [Series("r0", "cyan", [(s, 2.0 - s / 100) for s in range(200)])]
+    lines = line_plot(series, [Marker(100, "ddp 10MB")], width=48, height=6).plain.split("\n")
+    assert len(lines) == 6 and lines[0].startswith("      2┤")
+    assert "┊ddp 10MB" in lines[0] and sum("┊" in line for line in lines[1:-1]) >= 3
+    assert lines[-1].split() == ["0", "100", "199"]
+    assert "no data yet" in line_plot([], [], 40, 5).plain
+
+
+def test_tables_show_every_rank_and_the_slowest(events):
+    state = SessionState()
+    state.apply_all(events[:300])
+    snap = state.snapshot()
+    text = _plain(ranks_table(snap, width=160))
+    assert "rank" in text and "MB/s" in text and "GPU%" in text
+    assert text.count("running") == 2 and "◀ slowest" in text
+    narrow = _plain(ranks_table(snap, width=80), width=80)
+    assert "GPU%" not in narrow and "slowest" in narrow
+    util = util_rows(snap, 120).plain
+    assert "r0" in util and "r1" in util and "CPU [" in util and "GPU -" in util

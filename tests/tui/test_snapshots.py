@@ -1,0 +1,35 @@
+"""Snapshot tests: the main screens at 80×24 and 160×48 over the fixed replay (committed SVGs in __snapshots__).
+
+The data is a fixed recording and the screens show no wall clock, so the pictures are deterministic.
+After a deliberate change: `pytest tests/tui/test_snapshots.py --snapshot-update`, then read the report.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ddptop.tui.app import DdptopApp
+from fixed_replay import FixedReplaySource
+
+PANELS = {"ranks": "1", "network": "2", "utilization": "3", "timeline": "4", "loss": "5", "controls": "6"}
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("panel", list(PANELS))
+def test_panel(snap_compare, events, panel, size):
+    app = DdptopApp(FixedReplaySource(events, at_end=True))
+    assert snap_compare(app, press=[PANELS[panel]], terminal_size=size)
+
+
+def test_help(snap_compare, events):
+    app = DdptopApp(FixedReplaySource(events, at_end=True))
+    assert snap_compare(app, press=["question_mark"], terminal_size=(100, 30))
+
+
+def test_live_controls_after_an_invalid_input(snap_compare, events):
+    app = DdptopApp(FixedReplaySource(events, at_end=True), mode="live")
+
+    async def run_before(pilot):
+        await pilot.press("6", "tab", "tab", "tab", "backspace", "backspace", "x", "enter")
+
+    assert snap_compare(app, run_before=run_before, terminal_size=(80, 24))
