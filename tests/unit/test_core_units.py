@@ -132,3 +132,15 @@ def test_printed_lines_match_the_course_formats():
     printer = HeadlessPrinter(total_steps=4, every=2, out=out)
     printer.handle([StepDone(0, s, 0, 0, 0.0, 0.1, 0, 0, 0, 0, 0, 8, 1.0, 0, 0, 0, False) for s in range(4)])
     assert [line.split(" loss")[0] for line in out.getvalue().splitlines()] == ["step 1/4", "step 2/4", "step 4/4"]
+
+
+def test_scaling_is_throughput_over_the_smallest_world_size():
+    from ddptop.report.analysis import SegmentStats, scaling
+
+    def seg(world, ips, strategy="ddp"):
+        return SegmentStats("", 0, SyncConfig(strategy=strategy), world, 0, 10, 1.0, 1.0, ips, 0, 0, 0, 0, 0, 0,
+                            None, None, None, None, 0.0, None)
+
+    rows = scaling([seg(1, 100.0), seg(2, 180.0), seg(4, 300.0), seg(2, 50.0, "allreduce")])
+    assert [(r.world_size, round(r.speedup, 2), round(r.efficiency, 2)) for r in rows] == \
+        [(1, 1.0, 1.0), (2, 1.8, 0.9), (4, 3.0, 0.75)]

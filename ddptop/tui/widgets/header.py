@@ -60,7 +60,8 @@ class StatusHeader(Widget):
         segment = snap.segments[-1].index if snap.segments else 0
         out.append(f" · {'segment' if wide else 'seg'} {segment} · step {snap.step}{total}"
                    f" {'epoch' if wide else 'ep'} {snap.epoch} · {snap.images_per_s:,.0f} img/s · ")
-        state = "finished" if snap.finished else "paused" if snap.paused else "running" if snap.ranks else "starting"
+        stepping = any(r.last for r in snap.ranks)
+        state = "finished" if snap.finished else "paused" if snap.paused else "running" if stepping else "starting"
         out.append(state, style={"running": "green", "paused": "yellow", "finished": "cyan"}.get(state, "dim"))
         out.append("\n")
         last = self.action or (snap.notices[-1] if snap.notices else "")
