@@ -5,9 +5,11 @@ Generates a recording of realistic rates through the real RecordingWriter: per r
 4 network interfaces; plus joins, the run start and a config switch every 15 minutes. Measured values are
 random floats at full precision, as real timings are. Then it times opening the file with a ReplaySource,
 seeking to random steps and times (each seek followed by the poll() that returns the history a UI redraws
-from), and the same open + seek + poll in a fresh Python process (imports included).
+from), and the same open + seek + poll in a fresh Python process (imports included). Last, how much a
+recording loses when its process is killed: a process feeds a writer a step every 5 ms and is killed with
+SIGKILL at a random moment, `--kills` times; the age of the newest step in the file is what was lost.
 
-    .venv/bin/python benchmarks/replay_seek.py [--ranks 8] [--hours 1] [--seeks 50] [--out FILE]
+    .venv/bin/python benchmarks/replay_seek.py [--ranks 8] [--hours 1] [--seeks 50] [--kills 10] [--out FILE]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ddptop.control.commands import ConfigApplied  # noqa: E402
 from ddptop.events import (NicStat, RankJoined, RunFinished, RunStarted, Span, StepDone, StepSpans,  # noqa: E402
                            SystemSample)
+from ddptop.record.reader import Recording  # noqa: E402
 from ddptop.record.replay import ReplaySource  # noqa: E402
 from ddptop.record.sqlite import RecordingWriter, base_meta  # noqa: E402
 
@@ -143,11 +146,49 @@ def fresh_process(path: str, step: int) -> tuple[float, bool]:
     return float(out[0]), out[1] == "True"
 
 
+FEEDER = """
+import sys, time
+from ddptop.events import StepDone
+from ddptop.record.sqlite import RecordingWriter, base_meta
+writer = RecordingWriter(sys.argv[1], base_meta({}, {}))
+print("ready", flush=True)
+step = 0
+while True:
+    writer.handle([StepDone(0, step, 0, 0, time.time(), 0.005, 0, 0, 0, 0, 0, 1, 1.0, 0, 0, 0, False)])
+    step += 1
+    time.sleep(0.005)
+"""
+
+
+def kill_losses(folder: str, kills: int, seed: int = 2) -> list[float]:
+    """Seconds between the kill and the newest step the file kept, per kill."""
+    rng, root = random.Random(seed), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = []
+    for i in range(kills):
+        path = os.path.join(folder, f"killed-{i}.db")
+        proc = subprocess.Popen([sys.executable, "-c", FEEDER, path], stdout=subprocess.PIPE, text=True, cwd=root)
+        proc.stdout.readline()
+        time.sleep(rng.uniform(1.0, 3.0))
+        killed_at = time.time()
+        proc.kill()
+        proc.wait()
+        with Recording.open(path) as rec:
+            steps = [d.step for d in rec.step_events()]
+            newest = rec.query("SELECT max(t) FROM steps")[0][0]
+        assert steps == list(range(len(steps))), "a step is missing"
+        out.append(killed_at - newest)
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.remove(path + suffix)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--hours", type=float, default=1.0)
     p.add_argument("--seeks", type=int, default=50)
+    p.add_argument("--kills", type=int, default=10)
     p.add_argument("--out", help="keep the generated recording here (default: a temporary file)")
     args = p.parse_args()
     folder = tempfile.mkdtemp(prefix="ddptop-bench-")
@@ -157,6 +198,7 @@ def main() -> None:
     r = time_seeks(path, args.seeks)
     steps = int(args.hours * 3600 * STEP_HZ)
     fresh, torch_loaded = fresh_process(path, steps // 2)
+    losses = kill_losses(folder, args.kills) if args.kills else []
     ms = lambda xs: f"{statistics.median(xs) * 1e3:.0f} ms median, {max(xs) * 1e3:.0f} ms max"  # noqa: E731
     print(f"| recording | {args.hours:g} h × {args.ranks} ranks, {events:,} events, written in {write_s:.0f} s "
           f"({events / write_s:,.0f} events/s) |")
@@ -167,9 +209,12 @@ def main() -> None:
     print(f"| seek to a random time + poll the history | {ms(r['time'])} ({args.seeks} seeks) |")
     print(f"| history returned after a seek | {r['history_events']:.0f} events (median) |")
     print(f"| fresh process: import + open + seek + poll | {fresh * 1e3:.0f} ms (torch imported: {torch_loaded}) |")
+    if losses:
+        print(f"| SIGKILL mid-stream: newest step kept | {statistics.median(losses):.2f} s median, {max(losses):.2f} s max "
+              f"before the kill ({len(losses)} kills) |")
     if not args.out:
         os.remove(path)
-        os.rmdir(folder)
+    os.rmdir(folder)
 
 
 if __name__ == "__main__":

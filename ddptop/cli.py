@@ -175,6 +175,7 @@ SUBCOMMANDS = {
     "export": _lazy("ddptop.record.commands", "cmd_export"),
     "replay": _lazy("ddptop.record.commands", "cmd_replay"),
     "report": _lazy("ddptop.report.commands", "cmd_report"),
+    "attach": _lazy("ddptop.attach", "cmd_attach"),
 }
 
 

@@ -74,6 +74,7 @@ class RunStarted(Event):
     layers: tuple  # ((layer name, parameter count), ...)
     steps_per_epoch: int
     t: float
+    total_steps: int = 0  # added after schema 1 shipped: older files decode with 0 ("unknown")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ MB = 1e6
 
 def progress_line(step: int, total: int, done: StepDone, images_per_s: float) -> str:
     """`step 20/196 loss 2.31 0.65 s/it 197 img/s`, plus the profile when comm was measured."""
-    line = f"step {step}/{total} loss {done.loss:.4f} {done.iter_s:.3f} s/it {images_per_s:.0f} img/s"
+    line = f"step {step}{f'/{total}' if total else ''} loss {done.loss:.4f} {done.iter_s:.3f} s/it {images_per_s:.0f} img/s"
     if done.comm_s > 0 or done.tx_bytes > 0:
         share = done.comm_s / done.iter_s if done.iter_s > 0 else 0.0
         line += (f" | comm {share:.0%} overlap {done.overlap:.0%} exposed {done.exposed_comm_s * 1e3:.0f} ms"
@@ -56,6 +56,7 @@ class HeadlessPrinter:
                 self._print(f"rank {event.rank} joined from {event.host} pid {event.pid} ({event.device}, "
                             f"{event.backend}, {event.threads} threads, ranks found by {event.rank_source})")
             elif isinstance(event, RunStarted):
+                self.total = self.total or event.total_steps
                 self._print(f"training {event.model} ({event.param_count / 1e6:.2f}M parameters in "
                             f"{event.param_tensors} tensors, {event.param_bytes / MB:.1f} MB of gradients) on "
                             f"{event.dataset}, {event.world_size} ranks, {event.strategy}, batch {event.batch_size}"

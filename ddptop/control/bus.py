@@ -1,9 +1,11 @@
-"""The telemetry bus: ranks publish event batches to the store, the collector drains them in order, once.
+"""The telemetry bus: ranks publish event batches to the store; collectors read them in order, once each.
 
 A rank's training thread only appends to a deque; one background thread sends a batch every
 `interval_s` with a single multi_set (batch + head), so a step never waits on the network and a rank
-makes a few store calls per second at most. The collector reads every rank's head in one multi_get,
-fetches the new batches in order and deletes them, so the store does not grow with the run.
+makes a few store calls per second at most. Each rank deletes its batch RETAIN batches back, so the
+store holds the last minute and no more. Collectors only read: the front's and any number of attached
+ones (`ddptop attach`) each keep their own position, reading every rank's head with one multi_get and
+the new batches with another.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from ddptop.control.commands import RankLost
 from ddptop.events import Event, EventDecodeError, RunFinished, decode_events, encode_events
 
 MAX_BATCH_EVENTS = 2000
+RETAIN = 240  # batches kept per rank: a minute at 4 batches/s
+SAFE_LAG = RETAIN - 40  # a collector further behind than this skips ahead rather than race the deletion
 
 
 class Publisher:
@@ -53,9 +57,10 @@ class Publisher:
             try:
                 self.store.multi_set([keys.tel_batch(self.rank, seq), keys.tel_head(self.rank)],
                                      [encode_events(batch), str(seq)])
-            except Exception as exc:  # the master went away: training notices through its own collectives
+                if seq > RETAIN:
+                    self.store.delete_key(keys.tel_batch(self.rank, seq - RETAIN))
+            except Exception:  # the master went away: the control plane reports it at the next step boundary
                 self._failed = True
-                print(f"ddptop rank {self.rank}: telemetry stopped: {str(exc).splitlines()[0]}", file=sys.stderr)
                 return
             self.seq = seq
 
@@ -67,12 +72,16 @@ class Publisher:
 
 
 class Collector:
-    """Drains every rank's batches in order, exactly once. Runs on the master, in the front process."""
+    """Reads every rank's batches in order, each once. `from_start=False` (attaching to a running job) starts
+    at what the store still holds; a collector that falls more than SAFE_LAG batches behind skips ahead
+    and says how many batches it missed."""
 
-    def __init__(self, store: dist.Store, world_size: int, on_bad: Callable[[int, str], None] | None = None):
+    def __init__(self, store: dist.Store, world_size: int, on_bad: Callable[[int, str], None] | None = None,
+                 from_start: bool = True):
         self.store = store
         self.world_size = world_size
-        self.next_seq = [1] * world_size
+        self.next_seq = [1 if from_start else 0] * world_size  # 0: not positioned yet
+        self.missed = [0] * world_size
         self.present: set[int] = set()  # ranks whose head key exists: checked once, not every poll
         self.on_bad = on_bad or (lambda rank, why: print(f"ddptop: rank {rank} sent bad telemetry: {why}",
                                                          file=sys.stderr))
@@ -92,13 +101,18 @@ class Collector:
             except ValueError:
                 self.on_bad(rank, "head is not a number")
                 continue
+            oldest = max(1, head - SAFE_LAG)
+            if self.next_seq[rank] < oldest:
+                if self.next_seq[rank] > 0:
+                    self.missed[rank] += oldest - self.next_seq[rank]
+                    self.on_bad(rank, f"the collector fell behind and skipped {oldest - self.next_seq[rank]} batches")
+                self.next_seq[rank] = oldest
             wanted += [(rank, seq) for seq in range(self.next_seq[rank], head + 1)]
         if not wanted:
             return []
         blobs = self.store.multi_get([keys.tel_batch(r, s) for r, s in wanted])
         events: list[Event] = []
         for (rank, seq), blob in zip(wanted, blobs):
-            self.store.delete_key(keys.tel_batch(rank, seq))
             self.next_seq[rank] = seq + 1
             try:
                 events.extend(decode_events(blob))

@@ -112,8 +112,8 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"           {seg['index']:<2} {span:<12} {_clock(seg['t']):>6}  {describe(seg['config']):<38} "
                      f"{mean:>9} {rate:>8}")
         if seg.get("buckets"):
-            sizes = " ".join(f"{b[1] / 1e6:.1f}" for b in seg["buckets"] if isinstance(b, list) and len(b) == 2
-                             and isinstance(b[1], (int, float)))
+            sizes = " ".join(f"{b[1] / 1e6:.{1 if b[1] >= 1e6 else 3}f}" for b in seg["buckets"]
+                             if isinstance(b, list) and len(b) == 2 and isinstance(b[1], (int, float)))
             lines.append(f"              DDP buckets (MB, in launch order): {sizes}")
     if s["segments"] and s["segments"][0]["warmup_skipped"]:
         lines.append(f"           (mean over each segment's steps after its {s['segments'][0]['warmup_skipped']} "

@@ -204,7 +204,7 @@ class DdptopApp(App):
 
     def on_transport_command(self, message: TransportCommand) -> None:
         source, status = self.source, self.source.status()
-        op, step = message.op, status.get("step", 0)
+        op, step = message.op, status.get("step") or 0
         current = max((s["index"] for s in status.get("segments", []) if s.get("step", 0) <= step), default=0)
         if op == "toggle":
             source.toggle()

@@ -62,3 +62,31 @@ def test_ctl_with_no_job_at_that_address_says_so(tmp_path):
 
     result = ctl("--master", "127.0.0.1", "--port", str(free_port()), "--token", "abcdefgh1", "status", env=env)
     assert_one_line_error(result, 4, "cannot reach")
+
+
+def test_attach_watches_a_running_job_and_detaching_leaves_it_running(tmp_path):
+    env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}
+    job = subprocess.Popen(DDPTOP + ["--local", "2", "--steps", "100000", "--log-every", "1000", *TINY],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for_status(env)
+        watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "20"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.monotonic() + 60
+        lines = []
+        while time.monotonic() < deadline and sum(line.startswith("step ") for line in lines) < 2:
+            lines.append(watcher.stdout.readline())
+        watcher.send_signal(2)  # Ctrl-C: detach
+        out, err = watcher.communicate(timeout=30)
+        assert watcher.returncode == 0 and "detached; the job goes on" in err and "Traceback" not in err
+        assert sum(line.startswith("step ") for line in lines) >= 2
+        before = int(ctl("status", "--json", env=env).stdout.split('"step": ')[1].split(",")[0])
+        time.sleep(1.5)
+        after = int(ctl("status", "--json", env=env).stdout.split('"step": ')[1].split(",")[0])
+        assert after > before  # still training
+        assert ctl("stop", env=env).returncode == 0
+        job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0

@@ -58,6 +58,7 @@ def test_switch_strategy_in_the_ui_then_quit(tmp_path):
                f"--synthetic-size 640 --batch-size 16 --no-eval --span-every 5 --record {record}; "
                f"echo $? > {status}; sleep 30")
     _tmux("new-session", "-d", "-s", name, "-x", "160", "-y", "48", command)
+    subprocess.run(["tmux", "resize-window", "-t", name, "-x", "160", "-y", "48"], capture_output=True)
     try:
         _wait_for(name, "running", 90)
         shell = int(_tmux("list-panes", "-t", name, "-F", "#{pane_pid}").split()[0])
@@ -66,14 +67,12 @@ def test_switch_strategy_in_the_ui_then_quit(tmp_path):
         assert len(ranks) >= 2
         _tmux("send-keys", "-t", name, "6")
         _wait_for(name, "Change the running job", 10)
-        _tmux("send-keys", "-t", name, "Enter")  # open the strategy list: it starts on ddp
-        time.sleep(0.5)
-        _tmux("send-keys", "-t", name, "Up", "Enter")  # allreduce
-        _wait_for(name, "allreduce             ▼", 10)
-        _tmux("send-keys", "-t", name, "Tab", "Tab", "Tab", "Tab", "Enter")  # to Apply
+        for key in ("Enter", "Up", "Enter", "Tab", "Tab", "Tab", "Tab", "Enter"):  # ddp → allreduce, then Apply
+            _tmux("send-keys", "-t", name, key)
+            time.sleep(0.4)
         screen = _wait_for(name, "applied at step", 60)
         assert "on every rank" in screen
-        _wait_for(name, " allreduce  bucket", 10)  # the header shows the config in force
+        _wait_for(name, "\n allreduce ", 10)  # the header's second line: the config in force
         _tmux("send-keys", "-t", name, "q")
         deadline = time.monotonic() + 60
         while not status.exists() and time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from textual.widgets import Button, Input, Label, Select, Static, Switch
 from ddptop.config import STRATEGIES
 from ddptop.errors import UsageError
 from ddptop.tui.messages import ApplyRequested
+from ddptop.tui.widgets.number_input import NumberInput
 
 FIELDS = ("strategy", "bucket", "async", "batch", "apply")
 
@@ -78,14 +79,14 @@ class ControlsPanel(VerticalScroll, can_focus=False):
                          disabled=disabled, compact=True)
         with Horizontal():
             yield Label("bucket MB")
-            yield Input("25", id="bucket", disabled=disabled, compact=True)
+            yield NumberInput("25", id="bucket", disabled=disabled, compact=True)
         with Horizontal():
             yield Label("async_op")
             yield Switch(False, id="async", disabled=disabled, animate=False)
             yield Static("off", id="async-text")
         with Horizontal():
             yield Label("batch size")
-            yield Input("64", id="batch", disabled=disabled, compact=True)
+            yield NumberInput("64", id="batch", disabled=disabled, compact=True)
         yield Button("Apply", id="apply", variant="primary", disabled=disabled, compact=True)
         yield Static("", id="status")
 

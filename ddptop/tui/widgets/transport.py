@@ -8,6 +8,7 @@ from textual.reactive import reactive
 from textual.widgets import Button, Input, Static
 
 from ddptop.tui.messages import TransportCommand
+from ddptop.tui.widgets.number_input import NumberInput
 
 SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
@@ -23,9 +24,9 @@ def status_line(status: dict) -> str:
         return ""
     mark = "▶" if status.get("playing") else "⏸"
     segments = status.get("segments") or []
-    step = status.get("step", 0)
+    step = status.get("step") or 0  # None before the first step
     current = max((s["index"] for s in segments if s.get("step", 0) <= step), default=0)
-    return (f"{mark} {status.get('speed', 1):g}× step {step}/{status.get('step_end', 0)} "
+    return (f"{mark} {status.get('speed', 1):g}× step {step}/{status.get('step_end') or 0} "
             f"t {status.get('t', 0):.1f}/{status.get('t_end', 0):.1f}s seg {current + 1 if segments else 0}"
             f"/{len(segments)}")
 
@@ -47,7 +48,7 @@ class TransportBar(Horizontal):
         yield Button("+", id="faster", compact=True, tooltip="faster (+)")
         yield Button("⏮", id="seg-prev", compact=True, tooltip="previous segment ([)")
         yield Button("⏭", id="seg-next", compact=True, tooltip="next segment (])")
-        yield Input(placeholder="step ⏎", id="seek", type="integer", compact=True)
+        yield NumberInput(placeholder="step ⏎", id="seek", type="integer", compact=True)
         yield Static("", id="transport-status")
 
     def watch_status(self, status: dict) -> None:

@@ -1,0 +1,96 @@
+"""`ddptop attach`: watch a running job from another terminal or machine; leaving never stops it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Sequence
+
+from ddptop.errors import UsageError
+
+
+class AttachedJob:
+    """A job this process did not start: alive until every rank finished or the store stops answering."""
+
+    def __init__(self, client, world_size: int):
+        self.client = client
+        self.world_size = world_size
+        self.finished: set[int] = set()
+        self.gone = False
+        self._next_check = 0.0
+
+    def note(self, events) -> None:
+        from ddptop.events import RunFinished
+
+        self.finished.update(e.rank for e in events if isinstance(e, RunFinished))
+
+    def alive(self) -> bool:
+        if self.gone or len(self.finished) >= self.world_size:
+            return False
+        if time.monotonic() >= self._next_check:
+            self._next_check = time.monotonic() + 2.0
+            try:
+                self.client.status()
+            except Exception:
+                self.gone = True
+        return not self.gone
+
+    def check(self) -> None:
+        pass
+
+    def lost_events(self) -> list:
+        return []
+
+
+def parser() -> argparse.ArgumentParser:
+    from ddptop.cli import _Parser
+
+    p = _Parser(prog="ddptop attach", description="Watch a running ddptop job; Ctrl-C (or q) detaches.")
+    p.add_argument("--master", help="the job's master address (default: the job running on this machine)")
+    p.add_argument("--port", type=int, help="the job's store port (default: from this machine's job file)")
+    p.add_argument("--token", help="the job token (default: DDPTOP_TOKEN, then this machine's job file)")
+    p.add_argument("--headless", action="store_true", help="progress lines instead of the screen")
+    p.add_argument("--log-every", type=int, default=10, metavar="N")
+    return p
+
+
+def cmd_attach(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)
+    if args.log_every < 1:
+        raise UsageError("--log-every must be at least 1")
+    from ddptop.control import store as stores
+    from ddptop.control.bus import Collector, LiveSource, Liveness
+    from ddptop.control.client import ControlClient
+    from ddptop.headless import HeadlessConsumer, HeadlessPrinter
+
+    client = ControlClient.find(args.master, args.port, args.token, role="attach")
+    world = int(client.status().get("world_size", 0))
+    view = stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach"))
+    liveness = Liveness(stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach")), world)
+    source = LiveSource(Collector(view, world, from_start=False), liveness=liveness)
+    job = AttachedJob(client, world)
+    print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks); Ctrl-C detaches", file=sys.stderr)
+    printer = HeadlessPrinter(total_steps=0, every=args.log_every)
+    consumer = _NoteFinished(HeadlessConsumer(printer), job)
+    try:
+        consumer(source, job)
+    except KeyboardInterrupt:
+        print("ddptop: detached; the job goes on", file=sys.stderr)
+    finally:
+        source.close()
+    return 0
+
+
+class _NoteFinished:
+    """Lets the attached job see RunFinished events as they pass to the consumer's sinks."""
+
+    def __init__(self, consumer, job: AttachedJob):
+        self.consumer, self.job = consumer, job
+        consumer.sinks.append(self)
+
+    def handle(self, events) -> None:
+        self.job.note(events)
+
+    def __call__(self, source, job) -> None:
+        self.consumer(source, job)

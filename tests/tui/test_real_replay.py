@@ -1,0 +1,46 @@
+"""The app over a real recording: the fixture's events written by the recorder, played by ddptop's ReplaySource."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddptop.record.replay import ReplaySource
+from ddptop.record.sqlite import RecordingWriter, base_meta
+from ddptop.tui.app import DdptopApp
+from screen_text import screen_text
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+def recording(tmp_path, events):
+    path = str(tmp_path / "fixture.db")
+    writer = RecordingWriter(path, base_meta({"model": "tiny", "sync": {"strategy": "allreduce"}},
+                                             {"source": "local", "world_size": 2}))
+    for i in range(0, len(events), 50):
+        writer.handle(events[i:i + 50])
+    writer.close()
+    return path
+
+
+async def test_replay_of_a_recording_plays_seeks_and_jumps(recording):
+    source = ReplaySource(recording, playing=False)
+    app = DdptopApp(source)
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await pilot.press("g", *"250", "enter")
+            await pilot.pause(0.5)
+            snap = app.state.snapshot()
+            assert 245 <= snap.step <= 260 and snap.config["strategy"] == "gather-scatter"
+            assert "step 2" in screen_text(app).split("\n")[1]
+            await pilot.press("right_square_bracket")
+            await pilot.pause(0.5)
+            assert app.state.snapshot().config["strategy"] == "allreduce"
+            assert app.state.snapshot().config["async_op"] is True
+            await pilot.press("plus", "space")
+            assert source.status()["playing"] and source.status()["speed"] == 2.0
+            await pilot.press("5")
+            await pilot.pause(0.5)
+            assert "┊allreduce async b16" in screen_text(app)
+    finally:
+        source.close()
