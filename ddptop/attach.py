@@ -50,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--master", help="the job's master address (default: the job running on this machine)")
     p.add_argument("--port", type=int, help="the job's store port (default: from this machine's job file)")
     p.add_argument("--token", help="the job token (default: DDPTOP_TOKEN, then this machine's job file)")
+    p.add_argument("--prefix", help="key prefix of a job under torchrun's agent store (/attempt_N)")
     p.add_argument("--headless", action="store_true", help="progress lines instead of the screen")
     p.add_argument("--log-every", type=int, default=10, metavar="N")
     return p
@@ -64,10 +65,11 @@ def cmd_attach(argv: Sequence[str]) -> int:
     from ddptop.control.client import ControlClient
     from ddptop.headless import HeadlessConsumer, HeadlessPrinter
 
-    client = ControlClient.find(args.master, args.port, args.token, role="attach")
+    client = ControlClient.find(args.master, args.port, args.token, role="attach", prefix=args.prefix)
     world = int(client.status().get("world_size", 0))
-    view = stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach"))
-    liveness = Liveness(stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach")), world)
+    view = stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix)
+    liveness = Liveness(stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix),
+                        world)
     source = LiveSource(Collector(view, world, from_start=False), liveness=liveness)
     job = AttachedJob(client, world)
     print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks); Ctrl-C detaches", file=sys.stderr)

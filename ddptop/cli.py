@@ -116,6 +116,7 @@ def ctl_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", help="the job's master address (default: the job running on this machine)")
     p.add_argument("--port", type=int, help="the job's store port (default: from this machine's job file)")
     p.add_argument("--token", help="the job token (default: DDPTOP_TOKEN, then this machine's job file)")
+    p.add_argument("--prefix", help="key prefix of a job under torchrun's agent store (/attempt_N)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a change to be applied (30)")
     p.add_argument("op", choices=("status", "set", "pause", "resume", "stop"))
@@ -132,7 +133,7 @@ def cmd_ctl(argv: Sequence[str]) -> int:
     if args.op != "set" and args.assignments:
         raise UsageError(f"{args.op} takes no KEY=VALUE arguments")
     changes = parse_assignments(args.assignments) if args.op == "set" else None
-    client = ControlClient.find(args.master, args.port, args.token)
+    client = ControlClient.find(args.master, args.port, args.token, prefix=args.prefix)
     if args.op == "status":
         status = client.status()
         print(json.dumps(status, indent=2) if args.json else format_status(status, client))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 
 from ddptop.config import RunConfig
 from ddptop.control.token import remove_job_file, resolve_token, write_job_file
@@ -35,6 +34,9 @@ def open_recording(path: str | None, cfg: RunConfig, rdv: Rendezvous):
 
 def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None,
         record: str | None = None, headless: bool = True) -> int:
+    if record and rdv.rank != 0:
+        print(f"ddptop: rank {rdv.rank} leaves --record to rank 0, which records every rank", file=sys.stderr)
+        record = None
     recorder = open_recording(record, cfg, rdv)
     try:
         code = _run(cfg, rdv, timeout_s, log_every, token, recorder, headless, record)
@@ -86,16 +88,66 @@ def run_direct(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, printer:
 
     print(f"ddptop: rank {rdv.rank} of {rdv.world_size}, master {rdv.master}:{rdv.port} "
           f"(ranks found by {rdv.source})", file=sys.stderr)
-    host_store = rdv.rank == 0 and rdv.source != "flags"
-    sinks = [printer] + ([recorder] if recorder else [])  # without a front, rank 0 records its own events
-    echo = (lambda event: [sink.handle([event]) for sink in sinks]) if rdv.rank == 0 else None
-    if rdv.rank == 0:  # `ddptop ctl` on this machine finds the job and its token here
-        write_job_file(rdv.master, rdv.port, options.token, rdv.world_size)
+    server = watcher = None
+    if rdv.rank == 0 and rdv.source != "flags" and not rdv.agent_store:
+        from ddptop.control import store as stores
+
+        server = stores.serve(rdv.port, rdv.master)  # kept until every rank has sent its last events
+    if rdv.rank == 0:  # without a front process, rank 0 collects every rank's events for printing and recording
+        watcher = _Watcher(rdv, options.timeout_s, [printer] + ([recorder] if recorder else []))
+        write_job_file(rdv.master, rdv.port, options.token, rdv.world_size, rdv.key_prefix)
     try:
-        steps = run_rank(cfg, rdv, replace(options, host_store=host_store), echo)
+        steps = run_rank(cfg, rdv, options)
     finally:
-        if rdv.rank == 0:
+        if watcher is not None:
+            watcher.stop(wait_for=lambda: len(printer.finished) >= rdv.world_size)
             remove_job_file(rdv.port)
+        del server
     print(f"ddptop: rank {rdv.rank} finished {steps} steps", file=sys.stderr)
     return 0
 
+
+
+class _Watcher:
+    """A thread in rank 0's process (torchrun, Slurm): collects the job's events from the store into sinks.
+
+    It connects when rank 0 has started the store, and drains once more after training ends."""
+
+    def __init__(self, rdv: Rendezvous, timeout_s: float, sinks: list):
+        import threading
+
+        self.rdv, self.timeout_s, self.sinks = rdv, timeout_s, sinks
+        self.source = None
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddptop-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from ddptop.control import store as stores
+        from ddptop.control.bus import Collector, LiveSource
+
+        try:
+            view = stores.ddptop_view(stores.connect(self.rdv.master, self.rdv.port, self.timeout_s, self.rdv.source),
+                                      self.rdv.key_prefix)
+        except Exception:  # rank 0 itself reports a store it cannot reach
+            return
+        self.source = LiveSource(Collector(view, self.rdv.world_size))
+        while not self._halt.wait(0.2):
+            self._feed(self.source.poll())
+
+    def _feed(self, events) -> None:
+        for sink in self.sinks:
+            sink.handle(events)
+
+    def stop(self, wait_for=lambda: True, grace_s: float = 10.0) -> None:
+        """Stop once `wait_for()` holds (every rank finished) or after `grace_s`, then drain the last events."""
+        import time
+
+        deadline = time.monotonic() + grace_s
+        while not wait_for() and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.1)
+        self._halt.set()
+        self._thread.join(timeout=10)
+        if self.source is not None:
+            self.source.close()
+            self._feed(self.source.poll())

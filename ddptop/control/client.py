@@ -21,13 +21,15 @@ class ControlError(DdptopError):
 
 
 class ControlClient:
-    def __init__(self, master: str, port: int, token: str, role: str = "ctl", timeout_s: float = 5.0):
-        self.master, self.port, self.token = master, port, token
+    def __init__(self, master: str, port: int, token: str, role: str = "ctl", timeout_s: float = 5.0,
+                 prefix: str = ""):
+        self.master, self.port, self.token, self.prefix = master, port, token, prefix
         self.who = who_am_i(role)
-        self.store = stores.ddptop_view(stores.connect(master, port, timeout_s, "ctl"))
+        self.store = stores.ddptop_view(stores.connect(master, port, timeout_s, "ctl"), prefix)
 
     @classmethod
-    def find(cls, master: str | None, port: int | None, token: str | None, role: str = "ctl") -> "ControlClient":
+    def find(cls, master: str | None, port: int | None, token: str | None, role: str = "ctl",
+             prefix: str | None = None) -> "ControlClient":
         """Fill what was not typed from this machine's job file (the job's front process wrote it)."""
         job = find_job(port) if master in (None, "127.0.0.1", "localhost") else None
         if port is None and job is None:
@@ -35,7 +37,8 @@ class ControlClient:
         token = token or os.environ.get(TOKEN_ENV) or (job or {}).get("token")
         if not token:
             raise UsageError("no token for that job: pass --token or set DDPTOP_TOKEN")
-        return cls(master or (job or {}).get("master", "127.0.0.1"), port or job["port"], token, role)
+        prefix = prefix if prefix is not None else str((job or {}).get("prefix", ""))
+        return cls(master or (job or {}).get("master", "127.0.0.1"), port or job["port"], token, role, prefix=prefix)
 
     def status(self) -> dict[str, Any]:
         if not self.store.check([keys.STATUS]):

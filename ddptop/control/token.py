@@ -39,14 +39,15 @@ def verify(token: str, payload: dict[str, Any], signature: Any) -> bool:
     return isinstance(signature, str) and hmac.compare_digest(mac(token, payload), signature)
 
 
-def write_job_file(master: str, port: int, token: str, world_size: int) -> Path:
+def write_job_file(master: str, port: int, token: str, world_size: int, prefix: str = "") -> Path:
     """A file only this user can read, so `ddptop ctl` and the UI on this machine find the job and its token."""
     folder = jobs_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = folder / f"{port}.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"master": master, "port": port, "token": token, "world_size": world_size, "pid": os.getpid()}, f)
+        json.dump({"master": master, "port": port, "token": token, "world_size": world_size, "pid": os.getpid(),
+                   "prefix": prefix}, f)
     return path
 
 

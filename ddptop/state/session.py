@@ -74,12 +74,15 @@ class Snapshot:
         return bool(self.ranks) and all(r.state in ("done", "stopped", "error", "lost") for r in self.ranks)
 
     def mean_loss(self) -> list[tuple[int, float]]:
-        """(step, mean loss over the ranks that reported that step)."""
-        sums: dict[int, list[float]] = {}
-        for points in self.history.values():
-            for d in points:
-                sums.setdefault(d.step, []).append(d.loss)
-        return [(step, sum(v) / len(v)) for step, v in sorted(sums.items())]
+        """(step, mean loss over the ranks that reported that step); computed once per snapshot."""
+        cached = self.__dict__.get("_mean_loss")
+        if cached is None:
+            sums: dict[int, list[float]] = {}
+            for points in self.history.values():
+                for d in points:
+                    sums.setdefault(d.step, []).append(d.loss)
+            cached = self.__dict__["_mean_loss"] = [(step, sum(v) / len(v)) for step, v in sorted(sums.items())]
+        return cached
 
 
 class SessionState:

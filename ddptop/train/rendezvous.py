@@ -24,6 +24,11 @@ class Rendezvous:
     agent_store: bool = False  # torchrun's agent already hosts a store at master:port; join it as a client
     attempt: int = 0  # torchrun restart count: keys are namespaced per attempt
 
+    @property
+    def key_prefix(self) -> str:
+        """Under torchrun's agent store, ddptop's keys live in a namespace of their own per restart attempt."""
+        return f"/attempt_{self.attempt}" if self.agent_store else ""
+
     def for_rank(self, rank: int) -> "Rendezvous":
         return replace(self, rank=rank, local_rank=rank)
 

@@ -35,7 +35,6 @@ from ddptop.train.rendezvous import Rendezvous
 class WorkerOptions:
     timeout_s: float = 60.0  # give up on an unreachable master / missing ranks after this long
     pg_timeout_s: float = 300.0  # a collective that waits longer than this means a peer is gone
-    host_store: bool = False  # this process hosts the store (rank 0 without a front process)
     token: str = ""  # the job token: rank 0 checks control messages and (with check_token) joining ranks
     check_token: bool = False  # every rank must know the token: it was typed, or the front started all ranks
 
@@ -64,24 +63,20 @@ def hello(cfg: RunConfig, rdv: Rendezvous, device: torch.device, backend: str, t
     }
 
 
-def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, echo=None) -> int:
-    """Train as one rank. Raises DdptopError for anything the user can act on.
-
-    `echo`, when given, also receives this rank's own events (rank 0 printing progress without a front).
-    """
+def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
+    """Train as one rank. Raises DdptopError for anything the user can act on."""
     threads = thread_count(cfg, rdv)
     torch.set_num_threads(threads)
     device, backend = pick_device(cfg, rdv)
     iface = job_interface(rdv.master, cfg.iface)
     if backend == "gloo":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
-    server = stores.serve(rdv.port, rdv.master) if options.host_store and not rdv.agent_store else None
     base = stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)
-    prefix = f"/attempt_{rdv.attempt}" if rdv.agent_store else ""
+    prefix = rdv.key_prefix
     view = stores.ddptop_view(base, prefix)
     me = hello(cfg, rdv, device, backend, threads)
     handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, options.token, options.check_token)
-    pg_store = dist.PrefixStore(keys.PG_PREFIX + (f"/attempt_{rdv.attempt}" if rdv.agent_store else ""), base)
+    pg_store = dist.PrefixStore(keys.PG_PREFIX + prefix, base)
     try:
         dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
                                 timeout=timedelta(seconds=options.pg_timeout_s))
@@ -97,7 +92,7 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, echo=None)
                               device=me["device"], backend=backend, threads=threads,
                               torch_version=torch.__version__, ddptop_version=ddptop.__version__,
                               rank_source=rdv.source, t=time.time()))
-    emit = publisher.emit if echo is None else (lambda event: (publisher.emit(event), echo(event)))
+    emit = publisher.emit
     sampler = None
     if cfg.probes != "off":
         gpus = [device.index] if device.type == "cuda" else []
@@ -119,7 +114,7 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, echo=None)
         if sampler is not None:
             sampler.stop()
         publisher.close()
-        _leave(server)
+        _leave()
 
 
 def make_probe(cfg: RunConfig, rank: int, device: torch.device):
@@ -143,7 +138,7 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0][:200]
 
 
-def _leave(server) -> None:
+def _leave() -> None:
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

@@ -11,6 +11,7 @@ from rich.text import Text
 from ddptop.events import Span
 from ddptop.probes.timeline import intersection
 from ddptop.tui.render.breakdown import STYLES
+from ddptop.tui.render.cells import styled_runs
 from ddptop.tui.render.units import ellipsize, fmt_s
 
 LABEL = 18  # columns for the row names
@@ -27,10 +28,8 @@ def _lane(name: str, spans: Sequence[Span], total: float, cols: int, char: str =
     for s in spans:
         for c in _cells(s.start_s, s.end_s, total, cols):
             cells[c] = (char, STYLES.get(s.kind, ""))
-    out = Text(ellipsize(name, LABEL - 1).ljust(LABEL), style="bold" if not name.startswith(" ") else "")
-    for cell in cells:
-        out.append(*(cell or ("·", "grey23")))
-    return out
+    label = Text(ellipsize(name, LABEL - 1).ljust(LABEL), style="bold" if not name.startswith(" ") else "")
+    return styled_runs((cell or ("·", "grey23") for cell in cells), label)
 
 
 def _overlap_lane(spans: Sequence[Span], total: float, cols: int) -> Text:

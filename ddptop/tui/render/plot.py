@@ -7,6 +7,8 @@ from typing import Callable, Sequence
 
 from rich.text import Text
 
+from ddptop.tui.render.cells import styled_runs
+
 # braille dot bits by (column within the cell, row within the cell)
 _DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 AXIS = 8  # columns for the y labels and the axis line
@@ -102,16 +104,10 @@ def _y_label(row: int, rows: int, y0: float, y1: float, fmt: Callable[[float], s
 
 
 def _row(canvas: _Canvas, r: int, marker_cols: dict, label: str) -> Text:
-    out = Text(label[: AXIS - 1].rjust(AXIS - 1) + "┤", style="dim")
-    for c in range(canvas.cols):
-        bits = canvas.bits[r][c]
-        if bits:
-            out.append(chr(0x2800 + bits), style=canvas.style[r][c] or "")
-        elif c in marker_cols:
-            out.append("┊", style="yellow")
-        else:
-            out.append(" ")
-    return out
+    bits, styles = canvas.bits[r], canvas.style[r]
+    cells = ((chr(0x2800 + bits[c]), styles[c] or "") if bits[c] else ("┊", "yellow") if c in marker_cols else (" ", "")
+             for c in range(canvas.cols))
+    return styled_runs(cells, Text(label[: AXIS - 1].rjust(AXIS - 1) + "┤", style="dim"))
 
 
 def _label_markers(top: Text, marker_cols: dict, cols: int) -> None:

@@ -28,6 +28,9 @@ class TimelinePanel(Widget, can_focus=True):
     step: reactive[int | None] = reactive(None)
     """The sampled step shown; None follows the latest."""
 
+    _key: tuple = ()
+    _text: Text = Text()
+
     def _steps(self) -> list[int]:
         return self.snapshot.spans.steps(self.rank) if self.snapshot else []
 
@@ -39,6 +42,13 @@ class TimelinePanel(Widget, can_focus=True):
 
     def render(self) -> Text:
         step, width, height = self.shown_step(), max(30, self.size.width), max(8, self.size.height)
+        spans = self.snapshot.spans.get(self.rank, step) if step is not None else None
+        key = (self.rank, step, self.step is None, width, height, id(spans), len(self._steps()))
+        if key != self._key:  # the chart changes every --span-every steps, not every tick
+            self._key, self._text = key, self._draw(step, width, height)
+        return self._text
+
+    def _draw(self, step: int | None, width: int, height: int) -> Text:
         if step is None:
             return Text(f"rank {self.rank}: no sampled step yet (per-layer spans come every --span-every steps)",
                         style="dim")
