@@ -49,9 +49,10 @@ def span_templates(rng: random.Random, n: int = 8) -> list[tuple[Span, ...]]:
                 t += d
         for i in range(22):
             nbytes = rng.randrange(1 << 10, 1 << 24)
-            spans.append(Span("comm", f"allreduce features.{i}.weight", t - rng.uniform(0, 0.2), rng.uniform(1e-3, 5e-2),
-                              nbytes, nbytes, nbytes))
-        spans += [Span("wait", "wait", t, rng.uniform(1e-3, 1e-2)), Span("opt", "optimizer", t + 0.01, rng.uniform(1e-3, 5e-3))]
+            spans.append(Span("comm", f"allreduce features.{i}.weight", t - rng.uniform(0, 0.2),
+                              rng.uniform(1e-3, 5e-2), nbytes, nbytes, nbytes))
+        spans += [Span("wait", "wait", t, rng.uniform(1e-3, 1e-2)),
+                  Span("opt", "optimizer", t + 0.01, rng.uniform(1e-3, 5e-3))]
         out.append(tuple(spans))
     return out
 
@@ -98,7 +99,8 @@ def generate(path: str, ranks: int, hours: float, seed: int = 0) -> tuple[int, f
             for k in range(int(SAMPLE_HZ / STEP_HZ)):
                 ts = t + k / SAMPLE_HZ
                 batch.append(SystemSample(r, f"node{r // 4}", ts, rng.uniform(80, 100), rng.uniform(80, 100),
-                                          rng.randrange(1 << 30, 1 << 32), 1 << 34, 1 << 36, "eth0", nics(rng, ts - t0)))
+                                          rng.randrange(1 << 30, 1 << 32), 1 << 34, 1 << 36, "eth0",
+                                          nics(rng, ts - t0)))
         if len(batch) >= 2000:  # the collector hands batches over every 0.2 s
             writer.handle(batch)
             count += len(batch)
@@ -210,8 +212,8 @@ def main() -> None:
     print(f"| history returned after a seek | {r['history_events']:.0f} events (median) |")
     print(f"| fresh process: import + open + seek + poll | {fresh * 1e3:.0f} ms (torch imported: {torch_loaded}) |")
     if losses:
-        print(f"| SIGKILL mid-stream: newest step kept | {statistics.median(losses):.2f} s median, {max(losses):.2f} s max "
-              f"before the kill ({len(losses)} kills) |")
+        print(f"| SIGKILL mid-stream: newest step kept | {statistics.median(losses):.2f} s median, "
+              f"{max(losses):.2f} s max before the kill ({len(losses)} kills) |")
     if not args.out:
         os.remove(path)
     os.rmdir(folder)

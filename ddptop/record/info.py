@@ -88,7 +88,8 @@ def describe(config: dict) -> str:
 
 def render(s: dict[str, Any]) -> str:
     size = s["size_bytes"] / 1e6
-    state = "complete" if s["complete"] else "incomplete: the recorder did not close it (killed?); data up to its last commit"
+    state = ("complete" if s["complete"]
+             else "incomplete: the recorder did not close it (killed?); data up to its last commit")
     params = f"{s['params'] / 1e6:.2f}M parameters in {s['tensors']} tensors, " if s["params"] else ""
     profile = f", profile {s['profile']}" if s["profile"] else ""
     when = datetime.datetime.fromtimestamp(s["start"]).strftime("%Y-%m-%d %H:%M:%S") if s["start"] else "?"
@@ -96,7 +97,8 @@ def render(s: dict[str, Any]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in s["versions"].items() if k != "sqlite")
     lines = [
         f"recording  {s['file']} ({size:.2f} MB, schema {s['schema_version']}, {state})",
-        f"ran        {s['model']} ({params}{len(s['layers'])} layers with parameters) on {s['dataset']}, {s['world_size']} ranks{profile}",
+        f"ran        {s['model']} ({params}{len(s['layers'])} layers with parameters) on {s['dataset']}, "
+        f"{s['world_size']} ranks{profile}",
         f"where      {_where(s['ranks']) or ', '.join(s['hosts']) or '?'}",
         f"when       {when} for {_duration(s['duration_s'])}, {steps}",
         f"versions   {versions}",

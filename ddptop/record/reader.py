@@ -111,7 +111,8 @@ class Recording:
 
     @property
     def world_size(self) -> int:
-        size = self.meta.get("rendezvous", {}).get("world_size") if isinstance(self.meta.get("rendezvous"), dict) else None
+        where = self.meta.get("rendezvous")
+        size = where.get("world_size") if isinstance(where, dict) else None
         if isinstance(size, int) and size > 0:
             return size
         ranks = self._one("SELECT count(DISTINCT rank) FROM steps")[0]

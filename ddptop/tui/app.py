@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -234,6 +235,23 @@ class DdptopApp(App):
 
 
 def run_replay(source: Source) -> int:
-    """`ddptop replay FILE`: the same screens over a recording; returns the exit code. The caller closes `source`."""
-    DdptopApp(source, mode="replay").run()
+    """`ddptop replay FILE`: the same screens over a recording; returns the exit code. The caller closes `source`.
+
+    Without a terminal (a pipe, a test, CI) the screen cannot run: the recording plays headless instead, at its
+    speed, as progress lines.
+    """
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        DdptopApp(source, mode="replay").run()
+        return 0
+    from ddptop.headless import HeadlessPrinter
+
+    print("ddptop: no terminal for the replay screen; replaying headless", file=sys.stderr)
+    printer = HeadlessPrinter(source.status().get("step_end") or 0)
+    source.play()
+    while True:
+        printer.handle(source.poll())
+        if source.finished:
+            break
+        time.sleep(1 / REFRESH_HZ)
+    printer.handle(source.poll())
     return 0

@@ -102,7 +102,8 @@ def test_newer_schema_is_refused_with_the_reason(recording, tmp_path, capsys, ke
 
 
 def test_a_damaged_event_inside_is_refused_when_read(recording, tmp_path, capsys):
-    path = with_sql(recording, tmp_path, "UPDATE events SET data = json_set(data, '$.v', 99) WHERE kind = 'run_started'")
+    path = with_sql(recording, tmp_path,
+                    "UPDATE events SET data = json_set(data, '$.v', 99) WHERE kind = 'run_started'")
     assert_refused(run_all(path, tmp_path, capsys)[2:], "damaged", "event schema 99 is newer")
     path = with_sql(recording, tmp_path, "UPDATE steps SET loss = 'oops' WHERE step = 3")
     assert_refused(run_all(path, tmp_path, capsys)[1:], "damaged", "expected a number")  # info reads no losses

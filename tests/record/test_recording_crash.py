@@ -1,4 +1,4 @@
-"""Killing a recording process with SIGKILL at any moment leaves a file that opens with everything up to ≤1 s before."""
+"""A recording process killed with SIGKILL at any moment leaves a file that opens with all but the last second."""
 
 from __future__ import annotations
 

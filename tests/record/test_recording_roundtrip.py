@@ -152,6 +152,7 @@ def test_the_record_package_never_imports_torch_or_textual():
     import sys
 
     code = ("import sys; import ddptop.record.commands, ddptop.record.replay, ddptop.record.export, "
-            "ddptop.record.sqlite, ddptop.record.info; print(sorted(m for m in ('torch', 'textual') if m in sys.modules))")
+            "ddptop.record.sqlite, ddptop.record.info; "
+            "print(sorted(m for m in ('torch', 'textual') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

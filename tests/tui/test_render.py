@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from ddptop.events import NicStat, Span, StepSpans
+from ddptop.events import NicStat, Span
 from ddptop.state.session import SessionState
 from ddptop.tui.render.breakdown import breakdown_bar, span_parts
 from ddptop.tui.render.gantt import gantt

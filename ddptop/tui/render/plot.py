@@ -111,16 +111,25 @@ def _row(canvas: _Canvas, r: int, marker_cols: dict, label: str) -> Text:
 
 
 def _label_markers(top: Text, marker_cols: dict, cols: int) -> None:
-    """Write each marker's label on the top row, right of its line, where it does not run into the next one."""
+    """Write each marker's label on the top row right of its line, or left of it at the right edge, never
+    over the next label."""
     starts = sorted(marker_cols)
+    taken = 0  # first free column
     for i, col in enumerate(starts):
+        label = marker_cols[col].label
         end = starts[i + 1] if i + 1 < len(starts) else cols
-        room = end - col - 1
-        if room >= 3:
-            label = marker_cols[col].label[:room]
-            top.stylize("bold yellow", AXIS + col + 1, AXIS + col + 1 + len(label))
+        if end - col - 1 >= min(len(label), 12):
+            at, label = col + 1, label[: end - col - 1]
+        else:
+            label = label[: max(0, col - taken)]
+            at = col - len(label)
+        if len(label) >= 3:
             plain = top.plain
-            top.plain = plain[: AXIS + col + 1] + label + plain[AXIS + col + 1 + len(label):]
+            top.plain = plain[: AXIS + at] + label + plain[AXIS + at + len(label):]
+            top.stylize("bold yellow", AXIS + at, AXIS + at + len(label))
+            taken = at + len(label) + 1
+        else:
+            taken = col + 1
 
 
 def _x_axis(x0: float, x1: float, cols: int) -> Text:

@@ -30,8 +30,9 @@ class LossPanel(Widget, can_focus=True):
         width, height = max(30, self.size.width), max(12, self.size.height)
         if not snap.history:
             return Text("no steps yet", style="dim")
-        x_range = (min(d.step for h in snap.history.values() for d in h[:1]), max(1, snap.step - 1))
         markers = _markers(snap)
+        x_range = (min(d.step for h in snap.history.values() for d in h[:1]),
+                   max([1, snap.step - 1] + [m.x for m in markers]))  # a switch just applied shows at the edge
         loss_h = max(4, (height - 3) * 5 // 10)
         iter_h = max(3, (height - 3) * 3 // 10)
         acc_h = max(3, height - 3 - loss_h - iter_h)

@@ -1,0 +1,38 @@
+"""Writes the screenshots README links (docs/screens/): each panel at 160×48 as SVG and as text, over the fixture.
+
+    .venv/bin/python tests/tui/capture_screens.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from fixed_replay import FixedReplaySource, fixture_events  # noqa: E402
+from screen_text import screen_text  # noqa: E402
+
+from ddptop.tui.app import DdptopApp  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "screens")
+PANELS = {"1": "ranks", "2": "network", "3": "utilization", "4": "timeline", "5": "loss", "6": "controls"}
+
+
+async def capture(size: tuple[int, int]) -> None:
+    app = DdptopApp(FixedReplaySource(fixture_events(), at_end=True))
+    async with app.run_test(size=size) as pilot:
+        for key, name in PANELS.items():
+            await pilot.press(key)
+            await pilot.pause(0.3)
+            stem = f"{name}-{size[0]}x{size[1]}"
+            app.save_screenshot(f"{stem}.svg", OUT)
+            with open(os.path.join(OUT, f"{stem}.txt"), "w") as fh:
+                fh.write(screen_text(app) + "\n")
+
+
+if __name__ == "__main__":
+    os.makedirs(OUT, exist_ok=True)
+    asyncio.run(capture((160, 48)))
+    asyncio.run(capture((80, 24)))
