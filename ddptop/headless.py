@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import defaultdict, deque
 from typing import TextIO
 
 from ddptop.config import SyncConfig
@@ -12,6 +13,7 @@ from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogL
 from ddptop.traffic import measured_vs_expected
 
 MB = 1e6
+HISTORY = 100_000  # step summaries and system samples kept per rank for the closing lines
 
 
 def progress_line(step: int, total: int, done: StepDone, images_per_s: float) -> str:
@@ -24,6 +26,31 @@ def progress_line(step: int, total: int, done: StepDone, images_per_s: float) ->
     return line
 
 
+class ProgressBar:
+    """On a terminal: a rich progress bar under the log lines."""
+
+    def __init__(self, out: TextIO):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.description}"), console=Console(file=out), transient=True)
+        self.task = None
+
+    def update(self, step: int, total: int, text: str) -> None:
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task(text, total=total or None)
+        self.progress.update(self.task, completed=step, total=total or None, description=text)
+
+    def print(self, line: str) -> None:
+        self.progress.console.print(line, markup=False, highlight=False)
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.progress.stop()
+
+
 def evaluation_line(e: EpochDone) -> str:
     """The course's format: `Test set: Average loss: 2.0345, Accuracy: 2292/10000 (23%)`."""
     pct = 100.0 * e.correct / e.total if e.total else 0.0
@@ -33,23 +60,25 @@ def evaluation_line(e: EpochDone) -> str:
 class HeadlessPrinter:
     """Consumes the event stream and writes what a user watching a log wants to see."""
 
-    def __init__(self, total_steps: int, every: int = 10, out: TextIO | None = None):
+    def __init__(self, total_steps: int, every: int = 10, out: TextIO | None = None, bar: bool | None = None):
         self.total = total_steps
         self.every = max(1, every)
         self.out = out or sys.stdout
         self.latest: dict[int, StepDone] = {}
         self.finished: dict[int, RunFinished] = {}
         self.lost: dict[int, RankLost] = {}
-        self.samples: dict[int, list[SystemSample]] = {}
-        self.steps: dict[int, list[StepDone]] = {}
+        # bounded: the NIC-vs-formula lines look at the last hours, not at everything since the start
+        self.samples: dict[int, deque[SystemSample]] = defaultdict(lambda: deque(maxlen=HISTORY))
+        self.steps: dict[int, deque[StepDone]] = defaultdict(lambda: deque(maxlen=HISTORY))
+        self.bar = ProgressBar(self.out) if (self.out.isatty() if bar is None else bar) else None
 
     def handle(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, StepDone):
-                self.steps.setdefault(event.rank, []).append(event)
+                self.steps[event.rank].append(event)
                 self._step(event)
             elif isinstance(event, SystemSample):
-                self.samples.setdefault(event.rank, []).append(event)
+                self.samples[event.rank].append(event)
             elif isinstance(event, EpochDone):
                 self._print(evaluation_line(event))
             elif isinstance(event, RankJoined):
@@ -82,13 +111,23 @@ class HeadlessPrinter:
     def _step(self, done: StepDone) -> None:
         self.latest[done.rank] = done
         step = done.step + 1
-        if done.rank != 0 or not (step % self.every == 0 or step == self.total or step == 1):
+        if done.rank != 0:
             return
         images_per_s = sum(d.images_per_s for d in self.latest.values())
-        self._print(progress_line(step, self.total, done, images_per_s))
+        if self.bar is not None:
+            self.bar.update(step, self.total, f"loss {done.loss:.3f}  {done.iter_s:.3f} s/it  {images_per_s:.0f} img/s")
+        if step % self.every == 0 or step == self.total or step == 1:
+            self._print(progress_line(step, self.total, done, images_per_s))
 
     def _print(self, line: str) -> None:
-        print(line, file=self.out, flush=True)
+        if self.bar is not None:
+            self.bar.print(line)
+        else:
+            print(line, file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
     def traffic_lines(self) -> list[str]:
         """Per rank: bytes the NIC counted against the ring/gather formulas (ranks that sent nothing skipped)."""
@@ -142,6 +181,7 @@ class HeadlessConsumer:
             for line in self.printer.traffic_lines():
                 self.printer._print(line)
             self.printer._print(self.printer.summary())
+        self.printer.close()
 
 
 def consume(printer: HeadlessPrinter, source, job, sinks: list | None = None, poll_s: float = 0.2) -> None:

@@ -92,7 +92,7 @@ def replay_parser() -> _Parser:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--headless", action="store_true", help="print progress lines as the live headless run did")
     p.add_argument("--speed", type=float, default=1.0, help=f"playback speed, {MIN_SPEED:g}-{MAX_SPEED:g} (1)")
-    p.add_argument("--instant", action="store_true", help="headless: print the whole recording without waiting")
+    p.add_argument("--instant", action="store_true", help="print the whole recording's lines at once (implies --headless)")
     p.add_argument("--step", type=int, metavar="N", help="start at step N")
     p.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
     return p
@@ -104,7 +104,7 @@ def cmd_replay(argv: Sequence[str]) -> int:
         raise UsageError(f"--speed must be between {MIN_SPEED:g} and {MAX_SPEED:g}, got {args.speed:g}")
     if args.log_every < 1:
         raise UsageError("--log-every must be at least 1")
-    if not args.headless:
+    if not args.headless and not args.instant:
         run_replay = _tui_replay()
         if run_replay is not None:
             from ddptop.record.replay import ReplaySource

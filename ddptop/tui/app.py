@@ -21,7 +21,7 @@ from ddptop.tui.widgets.loss import LossPanel
 from ddptop.tui.widgets.network import NetworkPanel
 from ddptop.tui.widgets.ranks import RanksPanel
 from ddptop.tui.widgets.timeline import TimelinePanel
-from ddptop.tui.widgets.transport import TransportBar, next_speed
+from ddptop.tui.widgets.transport import TransportBar, current_segment, next_speed
 from ddptop.tui.widgets.util import UtilPanel
 
 PANELS = (("ranks", "1 Ranks", RanksPanel), ("network", "2 Network", NetworkPanel),
@@ -211,8 +211,7 @@ class DdptopApp(App):
 
     def on_transport_command(self, message: TransportCommand) -> None:
         source, status = self.source, self.source.status()
-        op, step = message.op, status.get("step") or 0
-        current = max((s["index"] for s in status.get("segments", []) if s.get("step", 0) <= step), default=0)
+        op, step, current = message.op, status.get("step") or 0, current_segment(status)
         if op == "toggle":
             source.toggle()
         elif op in ("faster", "slower"):
@@ -246,7 +245,8 @@ def run_replay(source: Source) -> int:
     from ddptop.headless import HeadlessPrinter
 
     print("ddptop: no terminal for the replay screen; replaying headless", file=sys.stderr)
-    printer = HeadlessPrinter(source.status().get("step_end") or 0)
+    end = source.status().get("step_end")
+    printer = HeadlessPrinter(end + 1 if end is not None else 0)
     source.play()
     while True:
         printer.handle(source.poll())

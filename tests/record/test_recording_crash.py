@@ -83,5 +83,5 @@ def test_a_real_job_killed_with_sigkill_leaves_a_readable_recording(tmp_path, ca
         newest = max(d.t for d in rec.step_events())
     # ranks hand events over every 0.25 s and the front polls every 0.2 s, before the recorder's ≤0.5 s commit
     assert newest >= killed_at - 2.0
-    for argv in (["info", path], ["export", path, "--csv", str(tmp_path / "csv")], ["replay", path, "--instant"]):
+    for argv in (["info", path], ["export", path, "--csv", str(tmp_path / "csv")], ["replay", path, "--headless", "--instant"]):
         assert main(argv) == 0, capsys.readouterr().err

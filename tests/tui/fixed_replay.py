@@ -82,11 +82,8 @@ class FixedReplaySource:
         self.generation += 1
 
     def seek_step(self, step: int) -> None:
-        """After the seek, `step` steps have been played."""
-        if step <= 0:
-            self.seek_time(self._steps[0][1] - 1e-6 if self._steps else 0.0)
-            return
-        self.seek_time(next((t for s, t in self._steps if s >= step - 1), self.t_end))
+        """To the moment rank 0 finished `step` (as ddptop's ReplaySource)."""
+        self.seek_time(next((t for s, t in self._steps if s >= step), self.t_end))
 
     def jump_segment(self, index: int) -> None:
         seg = next((s for s in self._segments if s["index"] == index), None)
@@ -94,7 +91,8 @@ class FixedReplaySource:
             self.seek_time(seg["t"])
 
     def status(self) -> dict:
+        """As ReplaySource.status(): `step` is the newest step played (None before the first), `step_end` the last."""
         played = [s for s, t in self._steps if t <= self.cursor]
         return {"playing": self.playing, "speed": self.speed, "t": self.cursor, "t_end": self.t_end,
-                "step": max(played) + 1 if played else 0, "step_end": max((s for s, _ in self._steps), default=-1) + 1,
+                "step": max(played) if played else None, "step_end": max((s for s, _ in self._steps), default=None),
                 "segments": list(self._segments)}

@@ -9,7 +9,6 @@ from ddptop.record.sqlite import RecordingWriter, base_meta
 from ddptop.tui.app import DdptopApp
 from screen_text import screen_text
 
-pytestmark = pytest.mark.asyncio
 
 
 @pytest.fixture
@@ -23,6 +22,7 @@ def recording(tmp_path, events):
     return path
 
 
+@pytest.mark.asyncio
 async def test_replay_of_a_recording_plays_seeks_and_jumps(recording):
     source = ReplaySource(recording, playing=False)
     app = DdptopApp(source)
@@ -57,4 +57,4 @@ def test_without_a_terminal_the_replay_plays_headless(recording, capsys):
         source.close()
     out, err = capsys.readouterr()
     assert "replaying headless" in err
-    assert "step 400/400" in out and "Test set: Average loss" in out
+    assert "step 400/400 loss" in out and "Test set: Average loss" in out

@@ -18,15 +18,22 @@ def next_speed(speed: float, delta: int) -> float:
     return SPEEDS[max(0, min(len(SPEEDS) - 1, i + delta))]
 
 
+def current_segment(status: dict) -> int:
+    """The segment the next step runs under: `step` is the newest step played (None before the first)."""
+    step = status.get("step")
+    upcoming = 0 if step is None else step + 1
+    return max((s["index"] for s in status.get("segments") or [] if s.get("step", 0) <= upcoming), default=0)
+
+
 def status_line(status: dict) -> str:
     """`▶ 2× step 120/400 t 3.1/7.2s seg 2/4`."""
     if not status:
         return ""
     mark = "▶" if status.get("playing") else "⏸"
     segments = status.get("segments") or []
-    step = status.get("step") or 0  # None before the first step
-    current = max((s["index"] for s in segments if s.get("step", 0) <= step), default=0)
-    return (f"{mark} {status.get('speed', 1):g}× step {step}/{status.get('step_end') or 0} "
+    step = status.get("step")
+    current = current_segment(status)
+    return (f"{mark} {status.get('speed', 1):g}× step {'-' if step is None else step}/{status.get('step_end') or 0} "
             f"t {status.get('t', 0):.1f}/{status.get('t_end', 0):.1f}s seg {current + 1 if segments else 0}"
             f"/{len(segments)}")
 
