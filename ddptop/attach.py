@@ -44,13 +44,10 @@ class AttachedJob:
 
 
 def parser() -> argparse.ArgumentParser:
-    from ddptop.cli import _Parser
+    from ddptop.cli import _Parser, add_job_flags
 
     p = _Parser(prog="ddptop attach", description="Watch a running ddptop job; Ctrl-C (or q) detaches.")
-    p.add_argument("--master", help="the job's master address (default: the job running on this machine)")
-    p.add_argument("--port", type=int, help="the job's store port (default: from this machine's job file)")
-    p.add_argument("--token", help="the job token (default: DDPTOP_TOKEN, then this machine's job file)")
-    p.add_argument("--prefix", help="key prefix of a job under torchrun's agent store (/attempt_N)")
+    add_job_flags(p)
     p.add_argument("--headless", action="store_true", help="progress lines instead of the screen")
     p.add_argument("--log-every", type=int, default=10, metavar="N")
     return p

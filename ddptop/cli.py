@@ -111,12 +111,17 @@ def cmd_run(argv: Sequence[str]) -> int:
                headless=args.headless)
 
 
-def ctl_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ddptop ctl", description="Control a running ddptop job from a shell.")
+def add_job_flags(p: argparse.ArgumentParser) -> None:
+    """How `ctl` and `attach` find a running job (defaults: the job file on this machine)."""
     p.add_argument("--master", help="the job's master address (default: the job running on this machine)")
     p.add_argument("--port", type=int, help="the job's store port (default: from this machine's job file)")
     p.add_argument("--token", help="the job token (default: DDPTOP_TOKEN, then this machine's job file)")
     p.add_argument("--prefix", help="key prefix of a job under torchrun's agent store (/attempt_N)")
+
+
+def ctl_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ddptop ctl", description="Control a running ddptop job from a shell.")
+    add_job_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a change to be applied (30)")
     p.add_argument("op", choices=("status", "set", "pause", "resume", "stop"))
