@@ -12,7 +12,6 @@ import json
 import math
 from typing import Any, Callable
 
-import ddptop.control.commands  # noqa: F401  (registers the control events: ConfigApplied, RankLost, ...)
 from ddptop.events import (Event, EventDecodeError, GpuStat, NicStat, Span, StepDone, StepSpans, SystemSample,
                            event_from_dict)
 
