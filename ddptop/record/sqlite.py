@@ -20,9 +20,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import ddptop
-from ddptop.control.commands import ConfigApplied
 from ddptop.errors import RecordingError
-from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, Event, RankJoined, RunStarted, StepSpans
+from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, ConfigApplied, Event, RankJoined, RunStarted, StepSpans
 from ddptop.record import schema
 from ddptop.record.reader import Recording
 
