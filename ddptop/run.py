@@ -77,7 +77,7 @@ def _terminal() -> bool:
     """The live screen needs a terminal on both ends; without one (a pipe, CI) the run goes on headless."""
     if sys.stdin.isatty() and sys.stdout.isatty():
         return True
-    print("ddptop: no terminal for the live screen; running headless (--headless says so quietly)", file=sys.stderr)
+    print("ddptop: no terminal for the live screen; running headless (--headless skips this note)", file=sys.stderr)
     return False
 
 

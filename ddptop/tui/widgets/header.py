@@ -56,7 +56,8 @@ class StatusHeader(Widget):
         out.append("● " + self.recording if self.recording else "off", style="red" if self.recording else "dim")
         out.append("\n")
         out.append(_config_text(snap.config, wide), style="yellow")
-        total = f"/{self.total_steps}" if self.total_steps else ""
+        steps = self.total_steps or getattr(snap.run, "total_steps", 0)  # replays: the recorded run's plan
+        total = f"/{steps}" if steps else ""
         segment = snap.segments[-1].index if snap.segments else 0
         out.append(f" · {'segment' if wide else 'seg'} {segment} · step {snap.step}{total}"
                    f" {'epoch' if wide else 'ep'} {snap.epoch} · {snap.images_per_s:,.0f} img/s · ")
