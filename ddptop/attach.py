@@ -13,7 +13,12 @@ from ddptop.errors import UsageError
 class AttachedJob:
     """A job this process did not start: alive until every rank finished or the store stops answering."""
 
+    attached = True  # the screen's `q` detaches instead of stopping the ranks
+
     def __init__(self, client, world_size: int):
+        from ddptop.train.launch import FrontInfo
+
+        self.front = FrontInfo(client.master, client.port, client.token, client.prefix)
         self.client = client
         self.world_size = world_size
         self.finished: set[int] = set()
@@ -70,8 +75,12 @@ def cmd_attach(argv: Sequence[str]) -> int:
     source = LiveSource(Collector(view, world, from_start=False), liveness=liveness)
     job = AttachedJob(client, world)
     print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks); Ctrl-C detaches", file=sys.stderr)
-    printer = HeadlessPrinter(total_steps=0, every=args.log_every)
-    consumer = _NoteFinished(HeadlessConsumer(printer), job)
+    if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        consumer = _NoteFinished(HeadlessConsumer(HeadlessPrinter(total_steps=0, every=args.log_every)), job)
+    else:
+        from ddptop.tui.live import TuiConsumer
+
+        consumer = _NoteFinished(TuiConsumer(), job)
     try:
         consumer(source, job)
     except KeyboardInterrupt:

@@ -35,6 +35,7 @@ class FrontInfo:
     master: str
     port: int
     token: str
+    prefix: str = ""  # key namespace under torchrun's agent store
 
 
 class LocalJob:

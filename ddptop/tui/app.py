@@ -166,8 +166,10 @@ class DdptopApp(App):
             self.push_screen(HelpScreen(replay=not self.live))
 
     def action_quit_app(self) -> None:
-        """Live: ask every rank to stop at the next step boundary and leave when they have (q twice: now)."""
-        if self.job is None or not self.job.alive() or self._stop_deadline is not None:
+        """Live: ask every rank to stop at the next step boundary and leave when they have (q twice: now).
+        Attached to a job started elsewhere (`ddptop attach`): leave at once, the job goes on."""
+        if (self.job is None or getattr(self.job, "attached", False) or not self.job.alive()
+                or self._stop_deadline is not None):
             self.exit()
             return
         self._stop_deadline = time.monotonic() + STOP_WAIT_S

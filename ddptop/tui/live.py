@@ -22,7 +22,8 @@ class TuiConsumer:
         from ddptop.tui.app import DdptopApp  # textual loads only when the screen is wanted
 
         front = job.front
-        connect = (lambda: ControlClient(front.master, front.port, front.token, role="tui")) if front else None
+        connect = (lambda: ControlClient(front.master, front.port, front.token, role="tui", prefix=front.prefix)
+                   if front else None)
         app = DdptopApp(source, mode="live", job=job, sinks=self.sinks, connect=connect, recording=self.recording,
                         total_steps=self.total_steps)
         app.run()
