@@ -75,6 +75,7 @@ class RunStarted(Event):
     steps_per_epoch: int
     t: float
     total_steps: int = 0  # added after schema 1 shipped: older files decode with 0 ("unknown")
+    sweep_segments: int = 0  # a profile's sweep: how many configurations it runs one after another
 
 
 @dataclass(frozen=True)

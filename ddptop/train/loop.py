@@ -185,5 +185,5 @@ class Trainer:
             bucket_mb=sync.bucket_mb, async_op=sync.async_op, batch_size=sync.batch_size, lr=sync.lr,
             param_count=sum(p.numel() for p in params), param_bytes=sum(p.numel() * p.element_size() for p in params),
             param_tensors=len(params), layers=layer_param_counts(self.model), steps_per_epoch=len(self.loader),
-            t=time.time(), total_steps=self.total_steps(),
+            t=time.time(), total_steps=self.total_steps(), sweep_segments=len(self.cfg.sweep),
         )

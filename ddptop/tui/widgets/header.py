@@ -59,7 +59,9 @@ class StatusHeader(Widget):
         steps = self.total_steps or getattr(snap.run, "total_steps", 0)  # replays: the recorded run's plan
         total = f"/{steps}" if steps else ""
         segment = snap.segments[-1].index if snap.segments else 0
-        out.append(f" · {'segment' if wide else 'seg'} {segment} · step {snap.step}{total}"
+        sweep = getattr(snap.run, "sweep_segments", 0)  # a profile's sweep: which configuration of how many
+        progress = f" · sweep {min(segment + 1, sweep)}/{sweep}" if sweep else ""
+        out.append(f" · {'segment' if wide else 'seg'} {segment}{progress} · step {snap.step}{total}"
                    f" {'epoch' if wide else 'ep'} {snap.epoch} · {snap.images_per_s:,.0f} img/s · ")
         stepping = any(r.last for r in snap.ranks)
         state = "finished" if snap.finished else "paused" if snap.paused else "running" if stepping else "starting"
