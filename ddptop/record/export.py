@@ -7,7 +7,7 @@ import csv
 import json
 import math
 import os
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from ddptop.errors import UsageError
 from ddptop.events import SPAN_KINDS, StepDone, StepSpans, SystemSample

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddptop.events import RunStarted, StepDone, SystemSample
+from ddptop.events import RunStarted, SystemSample
 from ddptop.probes import wire
 from ddptop.train.models import build_model
 from jobs import run_job, spans_of, steps_of, tiny_config
