@@ -61,8 +61,9 @@ def no_traceback(*texts: str) -> None:
         assert "Traceback" not in text, text
 
 
-def test_a_killed_worker_is_reported_and_the_job_ends():
-    front = start("--local", "2", *LONG)
+def test_a_killed_worker_is_reported_and_the_job_ends(tmp_path):
+    record = tmp_path / "fault.db"
+    front = start("--local", "2", "--record", str(record), *LONG)
     ranks = wait_training(front, 2)
     ranks[1].kill()
     out, err, took = finish(front)
@@ -71,6 +72,17 @@ def test_a_killed_worker_is_reported_and_the_job_ends():
     assert err.strip().splitlines()[-1].startswith("ddptop: the job failed: rank 1 process")
     no_traceback(out, err)
     assert not ranks[0].is_running() or ranks[0].status() == psutil.STATUS_ZOMBIE
+    # the recording holds every step each rank finished before the fault, and the fault itself
+    from ddptop.events import RankLost, StepDone
+    from ddptop.record.reader import Recording
+
+    with Recording.open(str(record)) as rec:
+        events = list(rec.events())
+    for rank in (0, 1):
+        steps = [e.step for e in events if isinstance(e, StepDone) and e.rank == rank]
+        assert len(steps) >= 3 and steps == list(range(len(steps)))
+    lost = [e for e in events if isinstance(e, RankLost)]
+    assert any(e.rank == 1 and "signal 9" in e.reason for e in lost)
 
 
 def _two_nodes(port: str, *extra: str, env1: dict | None = None):
