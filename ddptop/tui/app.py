@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import Footer, TabbedContent, TabPane
 
 from ddptop.events import Source
@@ -111,9 +112,12 @@ class DdptopApp(App):
             self.job.check()
             if self._stop_deadline is not None and (not self.job.alive() or time.monotonic() > self._stop_deadline):
                 self.exit()
-        if not self.live:
-            self.query_one(TransportBar).status = self.source.status()
-        self.push()
+        try:
+            if not self.live:
+                self.query_one(TransportBar).status = self.source.status()
+            self.push()
+        except NoMatches:  # the last tick can land while quitting tears the screen down: nothing left to draw
+            pass
 
     def push(self, force: bool = False) -> None:
         """Header and the visible panel get the newest snapshot; plots at most every PANEL_EVERY_S seconds."""
