@@ -76,7 +76,7 @@ def cmd_attach(argv: Sequence[str]) -> int:
     job = AttachedJob(client, world)
     print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks); Ctrl-C detaches", file=sys.stderr)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
-        consumer = _NoteFinished(HeadlessConsumer(HeadlessPrinter(total_steps=0, every=args.log_every)), job)
+        consumer = _NoteFinished(HeadlessConsumer(HeadlessPrinter(every=args.log_every)), job)
     else:
         from ddptop.tui.live import TuiConsumer
 

@@ -60,7 +60,7 @@ def evaluation_line(e: EpochDone) -> str:
 class HeadlessPrinter:
     """Consumes the event stream and writes what a user watching a log wants to see."""
 
-    def __init__(self, total_steps: int, every: int = 10, out: TextIO | None = None, bar: bool | None = None):
+    def __init__(self, total_steps: int = 0, every: int = 10, out: TextIO | None = None, bar: bool | None = None):
         self.total = total_steps
         self.every = max(1, every)
         self.out = out or sys.stdout
@@ -85,7 +85,7 @@ class HeadlessPrinter:
                 self._print(f"rank {event.rank} joined from {event.host} pid {event.pid} ({event.device}, "
                             f"{event.backend}, {event.threads} threads, ranks found by {event.rank_source})")
             elif isinstance(event, RunStarted):
-                self.total = self.total or event.total_steps
+                self.total = event.total_steps or self.total  # the trainer's own count
                 self._print(f"training {event.model} ({event.param_count / 1e6:.2f}M parameters in "
                             f"{event.param_tensors} tensors, {event.param_bytes / MB:.1f} MB of gradients) on "
                             f"{event.dataset}, {event.world_size} ranks, {event.strategy}, batch {event.batch_size}"
@@ -125,7 +125,12 @@ class HeadlessPrinter:
         else:
             print(line, file=self.out, flush=True)
 
-    def close(self) -> None:
+    def finish(self, traffic: bool) -> None:
+        """The closing lines once ranks have finished (NIC vs formulas when `traffic`), then the bar goes."""
+        if self.finished:
+            for line in self.traffic_lines() if traffic else []:
+                self._print(line)
+            self._print(self.summary())
         if self.bar is not None:
             self.bar.stop()
 
@@ -177,12 +182,4 @@ class HeadlessConsumer:
     def finish(self, source, job) -> None:
         source.close()
         self._feed(source.poll() + job.lost_events())
-        if self.printer.finished:
-            for line in self.printer.traffic_lines():
-                self.printer._print(line)
-            self.printer._print(self.printer.summary())
-        self.printer.close()
-
-
-def consume(printer: HeadlessPrinter, source, job, sinks: list | None = None, poll_s: float = 0.2) -> None:
-    HeadlessConsumer(printer, sinks, poll_s)(source, job)
+        self.printer.finish(traffic=True)

@@ -11,17 +11,6 @@ from ddptop.train.rendezvous import Rendezvous
 from ddptop.train.worker import WorkerOptions
 
 
-def expected_total_steps(cfg: RunConfig, world_size: int) -> int:
-    if cfg.sweep:
-        return len(cfg.sweep) * cfg.sweep_steps()
-    if cfg.steps:
-        return cfg.steps
-    if cfg.dataset == "synthetic":
-        per_rank = cfg.synthetic_size // world_size
-        return max(1, per_rank // cfg.sync.batch_size) * cfg.epochs
-    return 0  # unknown until rank 0 reports steps_per_epoch
-
-
 def open_recording(path: str | None, cfg: RunConfig, rdv: Rendezvous):
     """`--record FILE`: a RecordingWriter sink, created before any rank starts so a bad path fails first."""
     if not path:
@@ -53,7 +42,7 @@ def _run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, toke
          headless: bool = True, record: str | None = None) -> int:
     token_value, given = resolve_token(token)
     options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local")
-    printer = HeadlessPrinter(expected_total_steps(cfg, rdv.world_size), every=log_every)
+    printer = HeadlessPrinter(every=log_every)  # the total comes with rank 0's RunStarted
     if rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0):
         from ddptop.train.launch import run_front
 
@@ -64,7 +53,7 @@ def _run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, toke
         else:
             from ddptop.tui.live import TuiConsumer
 
-            consumer = TuiConsumer(sinks, record, expected_total_steps(cfg, rdv.world_size))
+            consumer = TuiConsumer(sinks, record)
         code = run_front(cfg, rdv, options, consumer)
         if code != 0:
             lost = "; ".join(f"rank {e.rank} {e.reason}" for e in printer.lost.values())

@@ -13,7 +13,6 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # as `ddptop` itself does
 
 from ddptop.cli import config_from_args, parse_run_args
 from ddptop.headless import HeadlessConsumer, HeadlessPrinter
-from ddptop.run import expected_total_steps
 from ddptop.train import rendezvous
 from ddptop.train.launch import run_front
 from ddptop.train.worker import WorkerOptions
@@ -34,7 +33,7 @@ def main() -> int:
     args, profile = parse_run_args(argv)
     cfg = config_from_args(args, profile)
     rdv = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, None)
-    printer = HeadlessPrinter(expected_total_steps(cfg, rdv.world_size), every=args.log_every)
+    printer = HeadlessPrinter(every=args.log_every)
     return run_front(cfg, rdv, WorkerOptions(timeout_s=args.timeout), HeadlessConsumer(printer, [JsonLines(out)]))
 
 

@@ -145,8 +145,7 @@ def replay_headless(args) -> int:
                     printer.handle([event])
         else:
             _play(ReplaySource(args.file, speed=args.speed), printer, args)
-    if printer.finished:
-        printer._print(printer.summary())
+    printer.finish(traffic=False)
     return 0
 
 
