@@ -36,6 +36,7 @@ from plain_torch import sync_gradients  # noqa: E402
 
 from ddptop.config import RunConfig, SyncConfig  # noqa: E402
 from ddptop.control import store as stores  # noqa: E402
+from ddptop.control.auth import JobKeys  # noqa: E402
 from ddptop.control.bus import Collector, Publisher  # noqa: E402
 from ddptop.probes.clock import CpuClock  # noqa: E402
 from ddptop.probes.comm import CommRecorder  # noqa: E402
@@ -43,6 +44,8 @@ from ddptop.probes.off import MinimalStepProbe  # noqa: E402
 from ddptop.probes.step import StepProbe  # noqa: E402
 from ddptop.sources.sampler import SystemSampler  # noqa: E402
 from ddptop.train.loop import Trainer  # noqa: E402
+
+BENCH_KEYS = JobKeys.from_token("benchmark-token", "0" * 32)  # batches sealed as in a real job
 
 CASES = [("single", False), ("gather-scatter", False), ("allreduce", False), ("allreduce", True), ("ddp", False)]
 MODES = ("plain", "off", "all")
@@ -61,7 +64,7 @@ def plain_step(trainer: Trainer, forward, inputs, labels, criterion, strategy: s
 def _rank(rank, world, port, store_port, args, out_path):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    publisher = Publisher(stores.ddptop_view(stores.connect("127.0.0.1", store_port, 30)), rank)
+    publisher = Publisher(stores.ddptop_view(stores.connect("127.0.0.1", store_port, 30)), rank, BENCH_KEYS)
     lines = []
     for strategy, async_op in CASES:
         sync = SyncConfig(strategy=strategy, async_op=async_op, batch_size=args.batch)
@@ -118,7 +121,7 @@ def main() -> None:
     ap.add_argument("--span-every", type=int, default=10)
     args = ap.parse_args()
     server = stores.serve(0)
-    collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", server.port, 30)), 2)
+    collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", server.port, 30)), 2, BENCH_KEYS)
     done = threading.Event()
     drained = [0]
 

@@ -8,8 +8,11 @@ from collections import defaultdict, deque
 from typing import TextIO
 
 from ddptop.config import SyncConfig
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, RankJoined, RankLost, RunFinished,
-                           RunStarted, RunState, StepDone, SystemSample)
+from ddptop.errors import DdptopError
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, RankBack, RankJoined, RankLost,
+                           RecorderFailed, RunFinished, RunStarted, RunState, StepDone, StoreFlooded, SystemSample,
+                           TelemetryGap)
+from ddptop.safe import clean_lines
 from ddptop.traffic import measured_vs_expected
 
 MB = 1e6
@@ -51,6 +54,19 @@ class ProgressBar:
             self.progress.stop()
 
 
+def describe_config(config: dict) -> str:
+    """`allreduce async batch=16 lr 0.1`; a config that does not check out (a damaged file) is shown as it is."""
+    try:
+        sync = SyncConfig(**config)
+    except (DdptopError, TypeError):
+        return " ".join(f"{k}={v}" for k, v in config.items()) or "(unknown)"
+    return f"{sync.describe()} lr {sync.lr:g}"
+
+
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
+
+
 def evaluation_line(e: EpochDone) -> str:
     """The course's format: `Test set: Average loss: 2.0345, Accuracy: 2292/10000 (23%)`."""
     pct = 100.0 * e.correct / e.total if e.total else 0.0
@@ -67,6 +83,7 @@ class HeadlessPrinter:
         self.latest: dict[int, StepDone] = {}
         self.finished: dict[int, RunFinished] = {}
         self.lost: dict[int, RankLost] = {}
+        self.gaps: list[TelemetryGap] = []
         # bounded: the NIC-vs-formula lines look at the last hours, not at everything since the start
         self.samples: dict[int, deque[SystemSample]] = defaultdict(lambda: deque(maxlen=HISTORY))
         self.steps: dict[int, deque[StepDone]] = defaultdict(lambda: deque(maxlen=HISTORY))
@@ -94,8 +111,7 @@ class HeadlessPrinter:
                 self.finished[event.rank] = event
             elif isinstance(event, ConfigApplied):
                 if event.rank == 0 and event.who != "start":
-                    config = SyncConfig(**event.config)
-                    self._print(f"step {event.step}: now {config.describe()} lr {config.lr:g} "
+                    self._print(f"step {event.step}: now {describe_config(event.config)} "
                                 f"(segment {event.segment}, asked by {event.who})")
             elif isinstance(event, ControlRefused):
                 self._print(f"control request {event.request_id} ignored: {event.reason}")
@@ -103,6 +119,20 @@ class HeadlessPrinter:
                 self.lost[event.rank] = event
                 last = self.latest[event.rank].step if event.rank in self.latest else event.last_step
                 self._print(f"rank {event.rank} lost after step {last}: {event.reason}")
+            elif isinstance(event, RankBack):
+                self.lost.pop(event.rank, None)
+                self._print(f"rank {event.rank} is back at step {event.step} after {event.silent_s:g} s of silence")
+            elif isinstance(event, TelemetryGap):
+                self.gaps.append(event)
+                self._print(f"rank {event.rank}: telemetry batch{'es' if event.last_seq > event.first_seq else ''} "
+                            f"{_span(event.first_seq, event.last_seq)} lost ({event.reason}); "
+                            "the steps in them are missing here and in the recording")
+            elif isinstance(event, StoreFlooded):
+                self._print(f"the store holds {event.keys} keys, more than this job ever writes ({event.expected}): "
+                            "someone else on its port is filling it (README: trust model)")
+            elif isinstance(event, RecorderFailed):
+                then = "stopping the job (--record-required)" if event.required else "training goes on"
+                self._print(f"recording to {event.path} stopped: {event.reason}; it keeps everything before; {then}")
             elif isinstance(event, RunState) and event.rank == 0:
                 self._print(f"step {event.step}: {'paused' if event.paused else 'resumed'}")
             elif isinstance(event, LogLine):
@@ -120,6 +150,7 @@ class HeadlessPrinter:
             self._print(progress_line(step, self.total, done, images_per_s))
 
     def _print(self, line: str) -> None:
+        line = clean_lines(line)  # events were cleaned when decoded; printed lines are cleaned again all the same
         if self.bar is not None:
             self.bar.print(line)
         else:

@@ -5,11 +5,14 @@ stop) over a small gloo group. Every rank therefore sees a request at the same b
 it before step k, whatever the strategy (even `single`, whose ranks otherwise drift apart) — no step
 ever mixes two configurations. It costs one 24-byte broadcast per step, which the overhead benchmark
 includes; rank 0's control thread does all store polling, so the broadcast never waits on the store.
+
+Trust: only rank 0 reads requests (sealed with the token, bound to this job and request id, accepted once
+within REQUEST_WINDOW_S, deleted once read); what every rank applies comes from rank 0 over the process
+group, sealed with the ranks' key and bound to the request id, never from a store key anyone could write.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -22,13 +25,18 @@ import torch.distributed as dist
 
 from ddptop.config import SyncConfig
 from ddptop.control import keys
-from ddptop.control.commands import ControlRefused, RunState, apply_changes, read_request
+from ddptop.control.auth import BadValue, JobKeys
+from ddptop.control.commands import (ControlRefused, Replays, RunState, apply_changes, open_json, read_request,
+                                     seal_json)
 from ddptop.errors import DdptopError, PeerLost
 from ddptop.events import Event
 
 POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
 STATUS_EVERY_S = 0.5
 HEARTBEAT_EVERY_S = 1.0
+MAX_BACKLOG = 64  # request ids rank 0 looks at per poll: a counter that jumps further skips the rest, saying so
+REQUEST_WAIT_S = 5.0  # an id whose request has not arrived after this long is given up (its client went away)
+DECISION_BYTES = 2048  # the sealed decision rank 0 broadcasts, padded (a config is ~150 bytes)
 
 
 @dataclass(frozen=True)
@@ -47,15 +55,18 @@ class Boundary:
 
 
 class ControlAgent:
-    def __init__(self, rank: int, world_size: int, token: str, connect: Callable[[], dist.Store],
-                 emit: Callable[[Event], None], check: Callable[[SyncConfig], None], initial: SyncConfig):
+    def __init__(self, rank: int, world_size: int, keys: JobKeys, connect: Callable[[], dist.Store],
+                 emit: Callable[[Event], None], check: Callable[[SyncConfig], None], initial: SyncConfig,
+                 group=None):
         self.rank = rank
         self.world_size = world_size
-        self.token = token
+        self.keys = keys
         self.emit = emit
         self.check = check  # extra checks rank 0 makes against its data (e.g. a batch larger than a shard)
-        self.store = connect()  # the training thread's own client: read decisions at switches
-        self.group = dist.new_group(backend="gloo") if world_size > 1 else None
+        self.store = connect() if rank == 0 else None  # the training thread's own client: rank 0's answers
+        self.group = group if group is not None or world_size == 1 else dist.new_group(backend="gloo")
+        self._replays = Replays()
+        self._waiting: dict[int, float] = {}  # rank 0: request ids seen in the counter, request not read yet
         self.step = 0
         self.segment = 0
         self.config = initial
@@ -97,8 +108,12 @@ class ControlAgent:
             if decision.request_id == 0:  # a sweep step: later requests change what the sweep set
                 self._latest = decision.config
         if self.rank == 0 and decision.request_id > 0:
-            self.store.set(keys.ctl_response(decision.request_id),
-                           json.dumps({"ok": True, "state": "applied", "step": step, "segment": segment}))
+            self._answer(self.store, decision.request_id,
+                         {"ok": True, "state": "applied", "step": step, "segment": segment})
+
+    def _answer(self, store: dist.Store, request_id: int, response: dict) -> None:
+        store.set(keys.ctl_response(request_id),
+                  seal_json(self.keys.control, f"resp {self.keys.job_id} {request_id}", response))
 
     def _exchange(self) -> tuple[int, int, int]:
         if self.rank == 0:
@@ -118,10 +133,25 @@ class ControlAgent:
         return tuple(int(x) for x in flags.tolist())
 
     def _decision(self, request_id: int) -> Decision:
+        """Rank 0's decision for `request_id`, broadcast to every rank and checked there (never read from the store)."""
+        context = f"decision {self.keys.job_id} {request_id}"
+        buffer = torch.zeros(DECISION_BYTES, dtype=torch.uint8)
+        if self.rank == 0:
+            blob = seal_json(self.keys.ranks, context, {"config": self._next.config.to_dict(), "who": self._next.who})
+            buffer[:4] = torch.tensor(list(len(blob).to_bytes(4, "big")), dtype=torch.uint8)
+            buffer[4:4 + len(blob)] = torch.tensor(list(blob), dtype=torch.uint8)
+        if self.group is not None:
+            dist.broadcast(buffer, src=0, group=self.group)
         if self.rank == 0:
             return self._next
-        raw = json.loads(self.store.get(keys.ctl_decision(request_id)))
-        return Decision(request_id, SyncConfig(**raw["config"]), raw["who"])
+        raw = bytes(buffer.tolist())
+        try:
+            size = int.from_bytes(raw[:4], "big")
+            body = open_json(self.keys.ranks, context, raw[4:4 + min(size, DECISION_BYTES - 4)], DECISION_BYTES)
+            return Decision(request_id, SyncConfig(**body["config"]), str(body["who"]))
+        except (BadValue, DdptopError, KeyError, TypeError) as exc:  # only a corrupted process group gets here
+            raise PeerLost(f"rank {self.rank}: rank 0's decision for request {request_id} does not verify ({exc}); "
+                           "stopping rather than run another configuration than the other ranks") from None
 
     def close(self) -> None:
         self._halt.set()
@@ -144,43 +174,72 @@ class ControlAgent:
             try:
                 if now >= next_beat:
                     beats += 1
-                    store.set(keys.heartbeat(self.rank), json.dumps({"step": self.step, "beat": beats,
-                                                                     "paused": self._was_paused}))
+                    store.set(keys.heartbeat(self.rank), seal_json(
+                        self.keys.ranks, f"hb {self.keys.job_id} {self.rank}",
+                        {"step": self.step, "beat": beats, "paused": self._was_paused}))
                     next_beat = now + HEARTBEAT_EVERY_S
                 if self.rank != 0:
                     continue
                 seen = self._take_requests(store, seen)
                 if now >= next_status:
-                    store.set(keys.STATUS, json.dumps(self._status()))
+                    store.set(keys.STATUS, seal_json(self.keys.control, "status", self._status()))
                     next_status = now + STATUS_EVERY_S
             except Exception as exc:  # the store (on the master) went away: the next step boundary stops this rank
-                self.master_lost = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
-                return
+                store = self._reconnect(connect, exc)
+                if store is None:
+                    return
+
+    def _reconnect(self, connect: Callable[[], dist.Store], exc: Exception) -> dist.Store | None:
+        """A store that answers again gets a fresh client (the server drops a client after one bad request);
+        one that does not means the master is gone."""
+        try:
+            return connect()
+        except Exception:
+            text = str(exc).strip()
+            self.master_lost = text.splitlines()[0][:120] if text else type(exc).__name__
+            return None
 
     def _status(self) -> dict:
         return {"step": self.step, "segment": self.segment, "config": self.config.to_dict(),
-                "paused": self._was_paused, "world_size": self.world_size, "t": time.time()}
+                "paused": self._was_paused, "world_size": self.world_size, "t": time.time(),
+                "job": self.keys.job_id}
 
     def _take_requests(self, store: dist.Store, seen: int) -> int:
+        """Read the requests whose ids the counter has handed out since `seen`; never wait on one."""
         newest = store.add(keys.CTL_SEQ, 0)
-        for request_id in range(seen + 1, newest + 1):
-            self._take(store, request_id)
-        return max(seen, newest)
+        if not 0 <= newest < keys.MAX_COUNTER or newest < seen:
+            self._refuse(newest, f"the request counter holds {newest}, not a count after {seen}: ignored")
+            return seen if newest < 0 or newest >= keys.MAX_COUNTER else newest
+        if newest - seen > MAX_BACKLOG:
+            self._refuse(newest, f"the request counter jumped from {seen} to {newest}: only the last {MAX_BACKLOG} "
+                                 "ids are read")
+            seen = newest - MAX_BACKLOG
+        now = time.monotonic()
+        self._waiting.update((request_id, now) for request_id in range(seen + 1, newest + 1))
+        for request_id, since in sorted(self._waiting.items()):
+            if store.check([keys.ctl_request(request_id)]):
+                del self._waiting[request_id]
+                self._take(store, request_id)
+            elif now - since > REQUEST_WAIT_S:
+                del self._waiting[request_id]
+        return newest
+
+    def _refuse(self, request_id: int, reason: str) -> None:
+        self.emit(ControlRefused(request_id, reason, time.time()))
 
     def _take(self, store: dist.Store, request_id: int) -> None:
+        raw = store.get(keys.ctl_request(request_id))
+        store.delete_key(keys.ctl_request(request_id))  # used once: a copy left in the store replays nothing
         try:
-            store.wait([keys.ctl_request(request_id)], timedelta(seconds=2))
-            request = read_request(self.token, store.get(keys.ctl_request(request_id)))
-            response = self._accept(store, request_id, request)
+            request = read_request(self.keys, request_id, raw, self._replays)
+            response = self._accept(request_id, request)
         except (ValueError, DdptopError) as exc:
             reason = str(exc)
-            self.emit(ControlRefused(request_id, reason, time.time()))
+            self._refuse(request_id, reason)
             response = {"ok": False, "error": reason}
-        except Exception:  # the client vanished before writing its request
-            return
-        store.set(keys.ctl_response(request_id), json.dumps(response))
+        self._answer(store, request_id, response)
 
-    def _accept(self, store: dist.Store, request_id: int, request: dict) -> dict:
+    def _accept(self, request_id: int, request: dict) -> dict:
         op = request["op"]
         with self._lock:
             if op == "pause":
@@ -194,8 +253,5 @@ class ControlAgent:
             config = apply_changes(self._latest, request["changes"])
             self.check(config)
             self._latest = config
-            decision = Decision(request_id, config, request["who"])
-        store.set(keys.ctl_decision(request_id), json.dumps({"config": config.to_dict(), "who": decision.who}))
-        with self._lock:
-            self._pending.append(decision)
+            self._pending.append(Decision(request_id, config, request["who"]))
         return {"ok": True, "state": "pending", "step": self.step}

@@ -26,11 +26,16 @@ def load(path: str, warmup: int | None, label: str):
     from ddptop.record.reader import Recording
     from ddptop.report.analysis import segment_stats
 
+    from ddptop.record.commands import note_incomplete
+    from ddptop.record.info import verdict
+
     with Recording.open(path) as rec:
         events = list(rec.events())
         config = rec.config
         meta = rec.meta
         duration = rec.duration
+        incomplete = verdict(rec)
+        note_incomplete(rec)
     stats = segment_stats(events, label=label, warmup=warmup, run_config=config)
     if not stats:
         raise RecordingError(f"{path} holds no training steps to report on")
@@ -38,7 +43,7 @@ def load(path: str, warmup: int | None, label: str):
     rdv = meta.get("rendezvous") if isinstance(meta.get("rendezvous"), dict) else {}
     run = {"path": path, "label": label, "model": config.get("model", "?"), "dataset": config.get("dataset", "?"),
            "world_size": stats[0].world_size, "source": rdv.get("source", "?"), "duration": duration,
-           "segments": len(stats), "warmup": used}
+           "segments": len(stats), "warmup": used, "incomplete": incomplete}
     from ddptop.events import RunStarted
 
     started = next((e for e in events if isinstance(e, RunStarted)), None)

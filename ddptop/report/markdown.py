@@ -41,6 +41,8 @@ def document(runs: list[dict], stats: list[SegmentStats], figures: list[tuple[st
         parts.append(f"- **{run['label'] or run['path']}**: `{run['path']}` — {run['model']} on {run['dataset']}, "
                      f"{run['world_size']} ranks ({run['source']}), {run['duration']:.0f} s, "
                      f"{run['segments']} segment(s), warm-up steps dropped per segment: {run['warmup']}")
+        if run.get("incomplete"):
+            parts.append(f"  - **incomplete**: {'; '.join(run['incomplete'])}")
     parts += ["", "## Per segment", "", table(stats), "",
               "Step time is the slowest rank's; compute, communication and overlap are per-rank means; "
               "*formula* bytes follow the algorithm (ring all-reduce 2(N−1)/N·S each way; gather+scatter "

@@ -10,6 +10,8 @@ from typing import Mapping
 from ddptop.errors import UsageError
 
 DEFAULT_PORT = 29511  # not torchrun's 29500, so ddptop's store never collides with a torchrun agent's
+MAX_WORLD_SIZE = 65536
+MAX_LOCAL = 256
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,19 @@ def resolve(master: str | None, port: int | None, rank: int | None, world_size: 
             env: Mapping[str, str] | None = None) -> Rendezvous:
     """Flags first, then torchrun's environment, then Slurm's; with none of them, 2 local ranks."""
     env = os.environ if env is None else env
+    found = _resolve(master, port, rank, world_size, local, env)
+    if found.port and not 1 <= found.port <= 65535:  # MASTER_PORT=70000 would wrap around to 4464
+        raise UsageError(f"the port must be between 1 and 65535, got {found.port} (from {found.source})")
+    if not 1 <= found.world_size <= MAX_WORLD_SIZE or not 0 <= found.rank < found.world_size:
+        raise UsageError(f"rank {found.rank} of world size {found.world_size} (from {found.source}): the world size "
+                         f"must be 1..{MAX_WORLD_SIZE} and the rank 0..world size - 1")
+    if found.source == "local" and found.world_size > MAX_LOCAL:
+        raise UsageError(f"--local starts one process per rank: at most {MAX_LOCAL}, got {found.world_size}")
+    return found
+
+
+def _resolve(master: str | None, port: int | None, rank: int | None, world_size: int | None, local: int | None,
+             env: Mapping[str, str]) -> Rendezvous:
     if local is not None:
         if local < 1:
             raise UsageError(f"--local must be at least 1, got {local}")
