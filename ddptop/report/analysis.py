@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import statistics
 from dataclasses import dataclass, field
 
@@ -58,19 +60,25 @@ def segment_stats(events: list[Event], label: str = "", warmup: int | None = Non
     steps = [e for e in events if isinstance(e, StepDone)]
     world = started.world_size if started else len({d.rank for d in steps}) or 1
     param_bytes = started.param_bytes if started else 0
-    switches = sorted({(e.segment, e.step, tuple(sorted(e.config.items())))
+    switches = sorted({(e.segment, e.step, json.dumps(e.config, sort_keys=True))
                        for e in events if isinstance(e, ConfigApplied) and e.rank == 0})
     out = []
-    for segment, first_step, items in switches:
+    for segment, first_step, text in switches:
         seg_steps = [d for d in steps if d.segment == segment]
         if not seg_steps:
             continue
-        config = SyncConfig(**dict(items))
+        config = _sync_config(json.loads(text))
         measured = [d for d in seg_steps if d.step >= first_step + warmup] or seg_steps
         samples = [e for e in events if isinstance(e, SystemSample)
                    and min(d.t for d in seg_steps) - 1.0 <= e.t <= max(d.t for d in seg_steps)]
         out.append(_stats(label, segment, config, world, first_step, measured, seg_steps, samples, param_bytes))
     return out
+
+
+def _sync_config(config: dict) -> SyncConfig:
+    """A segment's configuration as recorded; fields this ddptop does not know are left out (a file from anyone)."""
+    known = {f.name for f in dataclasses.fields(SyncConfig)}
+    return SyncConfig(**{k: v for k, v in config.items() if k in known})
 
 
 def _per_step_max(measured: list[StepDone]) -> list[float]:

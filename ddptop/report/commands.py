@@ -36,7 +36,11 @@ def load(path: str, warmup: int | None, label: str):
         duration = rec.duration
         incomplete = verdict(rec)
         note_incomplete(rec)
-    stats = segment_stats(events, label=label, warmup=warmup, run_config=config)
+    try:
+        stats = segment_stats(events, label=label, warmup=warmup, run_config=config)
+    except (UsageError, TypeError, ValueError, KeyError, AttributeError) as exc:  # values no ddptop wrote
+        raise RecordingError(f"{path} cannot be reported on: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+                             ) from None
     if not stats:
         raise RecordingError(f"{path} holds no training steps to report on")
     used = warmup if warmup is not None else (config.get("sweep_warmup", 5) if config.get("sweep") else 1)
