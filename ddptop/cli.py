@@ -116,6 +116,7 @@ def cmd_run(argv: Sequence[str]) -> int:
     from ddptop.train.data import ensure_dataset
 
     rdv = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local)
+    rendezvous.check_host(rdv.master, rdv.port)
     if args.local is not None and args.world_size not in (None, args.local):
         raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
     ensure_dataset(cfg)
@@ -146,15 +147,15 @@ def ctl_parser() -> argparse.ArgumentParser:
 
 def cmd_ctl(argv: Sequence[str]) -> int:
     args = ctl_parser().parse_args(argv)
-    check_port(args.port)
-    if not 0 < args.timeout <= 86400:
-        raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
     from ddptop.control.client import ControlClient
     from ddptop.control.commands import parse_assignments
 
     if args.op != "set" and args.assignments:
         raise UsageError(f"{args.op} takes no KEY=VALUE arguments")
     changes = parse_assignments(args.assignments) if args.op == "set" else None
+    check_port(args.port)
+    if not 0 < args.timeout <= 86400:
+        raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
     client = ControlClient.find(args.master, args.port, args.token, prefix=args.prefix)
     if args.op == "status":
         status = client.status()

@@ -43,8 +43,7 @@ class ControlClient:
         """Fill what was not typed from this machine's job file (the job's front process wrote it)."""
         if port is not None and not 1 <= port <= 65535:
             raise UsageError(f"--port must be between 1 and 65535, got {port}")
-        local = master in (None, "127.0.0.1", "localhost", "::1")
-        job = find_job(master if master not in (None, "localhost") else None, port) if local else None
+        job = find_job(master if master != "localhost" else None, port)  # a job this machine started, if any
         if port is None and job is None:
             raise RendezvousError("no ddptop job runs on this machine: give --master and --port")
         token = token or os.environ.get(TOKEN_ENV) or (job or {}).get("token")

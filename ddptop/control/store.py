@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from ddptop.control import keys
 from ddptop.errors import RendezvousError
+from ddptop.train.rendezvous import check_host as resolve  # noqa: F401  (the master's name, before any connect)
 
 
 def serve(port: int, host: str = "127.0.0.1") -> dist.TCPStore:
@@ -87,14 +88,6 @@ def job_view(store: dist.Store, attempt_prefix: str, namespace: str) -> dist.Sto
     """The job's secret namespace: every key after the handshake (keys.py)."""
     return dist.PrefixStore(f"{keys.DDPTOP_PREFIX}{attempt_prefix}/{namespace}", store)
 
-
-def resolve(host: str, port: int) -> None:
-    """A master name that does not resolve is one line at once, not a C++ trace after a connect timeout."""
-    try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
-        raise RendezvousError(f"cannot find the master {host!r}: {reason}") from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

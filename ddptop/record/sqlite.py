@@ -7,7 +7,8 @@ switches it to a rollback journal, so a finished recording is one self-contained
 
 A write that fails (disk full, I/O error) keeps every batch committed before it, marks the file
 `recorder_error` (so it never reads as complete) and stops recording; the run goes on (`on_error` tells
-the front, which shows it), unless the user asked for --record-required.
+the front, which shows it), unless the user asked for --record-required. So that a full disk still has
+room for that mark, the writer keeps RESERVE bytes beside the file (FILE-reserve) and frees them first.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ddptop.record import schema
 from ddptop.record.reader import Recording
 
 MAX_BATCH = 20000  # rows per transaction when the queue runs ahead of the commit clock
+RESERVE = 256 * 1024  # room for the failure mark (a few WAL pages) once the disk is full
 _STOP = object()
 
 
@@ -59,6 +61,7 @@ class RecordingWriter:
         self.on_error = on_error  # called once, from the writer thread, with the reason
         self.written = 0  # events committed
         self._db = _create(path)
+        self._reserve = _reserve(path)
         self._meta = dict(meta)
         self._seq = 0
         self._at: float | None = None
@@ -73,6 +76,7 @@ class RecordingWriter:
         except sqlite3.Error as exc:  # a disk that is already full: no file rather than an empty one
             self._db.close()
             _remove(path)
+            _free(self._reserve)
             raise RecordingError(f"cannot record to {path}: {exc}") from None
         self._thread = threading.Thread(target=self._run, name="ddptop-recorder", daemon=True)
         self._thread.start()
@@ -100,6 +104,7 @@ class RecordingWriter:
                 self._fail(str(exc))
         finally:
             self._db.close()
+            _free(self._reserve)
 
     def discard(self) -> None:
         """Close and remove a recording that holds no event (a run that failed to start leaves no file)."""
@@ -147,6 +152,7 @@ class RecordingWriter:
         """Stop recording: mark the file (a small row that usually still fits: the WAL reuses its pages after a
         checkpoint) so no reader calls it complete; if even that fails, it lacks 'closed' and reads incomplete."""
         self.error = reason
+        _free(self._reserve)
         try:
             with _transaction(self._db):
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES ('recorder_error', ?)", (schema._dumps(reason),))
@@ -235,8 +241,28 @@ def _is_recording(path: str) -> bool:
 
 
 def _remove(path: str) -> None:
-    for name in (path, path + "-wal", path + "-shm", path + "-journal"):
+    for name in (path, path + "-wal", path + "-shm", path + "-journal", path + "-reserve"):
         try:
             os.unlink(name)
+        except OSError:
+            pass
+
+
+def _reserve(path: str) -> str | None:
+    """RESERVE bytes beside the recording, given back when a write fails so the failure can still be written."""
+    reserve = path + "-reserve"
+    try:
+        with open(reserve, "wb") as f:
+            f.write(b"\0" * RESERVE)
+    except OSError:
+        _free(reserve)
+        return None
+    return reserve
+
+
+def _free(reserve: str | None) -> None:
+    if reserve is not None:
+        try:
+            os.unlink(reserve)
         except OSError:
             pass

@@ -56,7 +56,8 @@ class LocalJob:
         """A RankLost for each local rank process that ended with a failure since the last call."""
         out = []
         for rank, p in zip(self.ranks, self.procs):
-            if p.exitcode not in (None, 0) and rank not in self._reported:
+            ended_by_stop = self.stopped and p.exitcode is not None and p.exitcode < 0  # our own terminate
+            if p.exitcode not in (None, 0) and rank not in self._reported and not ended_by_stop:
                 self._reported.add(rank)
                 how = f"killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
                 out.append(RankLost(rank, -1, f"process {p.pid} {how}", time.time()))
@@ -174,6 +175,7 @@ def _stop_gracefully(job: LocalJob) -> None:
     try:
         ControlClient(front.master, front.port, front.token, role="front").request("stop")
     except Exception:  # rank 0 has not reported yet (still starting): terminating it is the stop
+        print("ddptop: stopped while the ranks were starting", file=sys.stderr)
         job.terminate()
     deadline = time.monotonic() + STOP_WAIT_S
     while job.alive() and time.monotonic() < deadline:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from ddptop.errors import UsageError
+from ddptop.errors import RendezvousError, UsageError
 
 DEFAULT_PORT = 29511  # not torchrun's 29500, so ddptop's store never collides with a torchrun agent's
 MAX_WORLD_SIZE = 65536
@@ -33,6 +34,15 @@ class Rendezvous:
 
     def for_rank(self, rank: int) -> "Rendezvous":
         return replace(self, rank=rank, local_rank=rank)
+
+
+def check_host(host: str, port: int) -> None:
+    """A master name that does not resolve is one line at once, not a C++ trace after a connect timeout."""
+    try:
+        socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
+        raise RendezvousError(f"cannot find the master {host!r}: {reason}") from None
 
 
 def first_slurm_host(nodelist: str) -> str:
