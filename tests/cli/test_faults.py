@@ -65,6 +65,8 @@ def test_a_killed_worker_is_reported_and_the_job_ends(tmp_path):
     record = tmp_path / "fault.db"
     front = start("--local", "2", "--record", str(record), *LONG)
     ranks = wait_training(front, 2)
+    time.sleep(1)
+    killed_at = time.time()
     ranks[1].kill()
     out, err, took = finish(front)
     assert took < BOUND_S and front.returncode == 5, err
@@ -81,6 +83,9 @@ def test_a_killed_worker_is_reported_and_the_job_ends(tmp_path):
     for rank in (0, 1):
         steps = [e.step for e in events if isinstance(e, StepDone) and e.rank == rank]
         assert len(steps) >= 3 and steps == list(range(len(steps)))
+    unsent = killed_at - max(e.t for e in events if isinstance(e, StepDone) and e.rank == 1)
+    print(f"the killed rank's last recorded step ended {unsent:.2f} s before the kill")
+    assert unsent < 1.0  # what it queued since its last send (every 0.25 s) and the step it was in
     lost = [e for e in events if isinstance(e, RankLost)]
     assert any(e.rank == 1 and "signal 9" in e.reason for e in lost)
     info = ddptop("info", str(record))  # what the killed rank ran after its last report is said to be missing
