@@ -165,7 +165,7 @@ def cmd_ctl(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps(answer))
     elif args.op == "set":
-        print(f"applied at step {answer['step']} (segment {answer['segment']}) on every rank")
+        print(f"applied at step {answer.get('step', '?')} (segment {answer.get('segment', '?')}) on every rank")
     else:
         print(f"{args.op}: accepted")
     return 0

@@ -369,7 +369,7 @@ def decode_events(blob: bytes, max_bytes: int = 64 * MAX_EVENT_BYTES) -> list[Ev
         raise EventDecodeError(f"event batch of {len(blob)} bytes is over the {max_bytes}-byte cap")
     try:
         items = json.loads(blob)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise EventDecodeError(f"event batch is not JSON: {exc}") from None
     if not isinstance(items, list):
         raise EventDecodeError("event batch is not a list")

@@ -67,6 +67,7 @@ class ControlAgent:
         self.group = group if group is not None or world_size == 1 else dist.new_group(backend="gloo")
         self._replays = Replays()
         self._waiting: dict[int, float] = {}  # rank 0: request ids seen in the counter, request not read yet
+        self._bad_counter: int | None = None
         self.step = 0
         self.segment = 0
         self.config = initial
@@ -208,7 +209,9 @@ class ControlAgent:
         """Read the requests whose ids the counter has handed out since `seen`; never wait on one."""
         newest = store.add(keys.CTL_SEQ, 0)
         if not 0 <= newest < keys.MAX_COUNTER or newest < seen:
-            self._refuse(newest, f"the request counter holds {newest}, not a count after {seen}: ignored")
+            if newest != self._bad_counter:  # said once per value, not twenty times a second
+                self._refuse(newest, f"the request counter holds {newest}, not a count after {seen}: ignored")
+                self._bad_counter = newest
             return seen if newest < 0 or newest >= keys.MAX_COUNTER else newest
         if newest - seen > MAX_BACKLOG:
             self._refuse(newest, f"the request counter jumped from {seen} to {newest}: only the last {MAX_BACKLOG} "

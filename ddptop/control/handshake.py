@@ -42,7 +42,7 @@ def _load(raw: bytes, what: str, token: str, context: str, cap: int) -> dict[str
         value = json.loads(body)
     except BadValue as exc:
         raise RendezvousError(f"{what} is refused: {exc}") from None
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         raise RendezvousError(f"{what} is not JSON: not a ddptop peer") from None
     if not isinstance(value, dict):
         raise RendezvousError(f"{what} is not a JSON object: not a ddptop peer")

@@ -78,13 +78,13 @@ def verdict(rec: Recording, gone: dict[int, int] | None = None) -> list[str]:
 
 
 def lost_ranks(rec: Recording) -> dict[int, int]:
-    """Ranks reported lost and not back since: rank -> the last step it reported."""
+    """Ranks reported lost and not heard from since (back, or finished): rank -> the last step it reported."""
     lost: dict[int, int] = {}
-    for kind, rank, step in rec.query("SELECT kind, rank, step FROM events WHERE kind IN ('rank_lost', 'rank_back') "
-                                      "ORDER BY seq"):
+    for kind, rank, step in rec.query("SELECT kind, rank, step FROM events WHERE kind IN ('rank_lost', 'rank_back', "
+                                      "'run_finished') ORDER BY seq"):
         if not isinstance(rank, int):
             continue
-        if kind == "rank_back":
+        if kind != "rank_lost":
             lost.pop(rank, None)
         else:
             last = rec.query("SELECT max(step) FROM steps WHERE rank = ?", (rank,))[0][0]
