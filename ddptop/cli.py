@@ -221,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddptop: {clean(str(exc), 500)}", file=sys.stderr)  # one line whatever the message holds
         return exc.exit_code
     except KeyboardInterrupt:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while Python shuts down changes nothing
         print("ddptop: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug, or a failure ddptop did not foresee: still one line
