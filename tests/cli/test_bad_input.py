@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from ddptop import cli
 from ddptop.control.commands import SETTABLE, parse_assignments
 from ddptop.errors import DdptopError
+from ddptop.safe import clean
 from test_run_cli import DDPTOP, TINY, assert_one_line_error, ddptop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,15 +93,6 @@ def test_a_cifar_batch_without_data_is_one_line_exit_3(tmp_path):
     one_line(code, err, {3}, "data_batch_2", "needs 'data' and 'labels'", "no 'data'")
 
 
-def test_a_token_with_bytes_that_are_not_utf8_works(tmp_path):
-    token = b"token-\xff\xfe-not-utf8"
-    argv = [os.fsencode(a) for a in DDPTOP + ["--local", "2", "--steps", "2", *TINY]] + [b"--token", token]
-    result = subprocess.run(argv, capture_output=True, timeout=120,
-                            env={**os.environ, "DDPTOP_STATE_DIR": str(tmp_path)})
-    assert result.returncode == 0, result.stderr.decode(errors="replace")
-    assert b"finished: 2 steps on 2 ranks (done)" in result.stdout
-
-
 def test_a_start_that_fails_leaves_no_recording(tmp_path):
     import socket
 
@@ -130,7 +122,7 @@ def flipped(source: Path, folder: Path, count: int, seed: int = 14) -> list[Path
 
 def test_the_same_damage_gets_the_same_verdict_from_info_export_and_replay(tmp_path):
     rejected = 0
-    for path in flipped(ROOT / "recordings" / "cs744-bucket-sweep.db", tmp_path, 24):
+    for path in flipped(ROOT / "recordings" / "cs744-bucket-sweep.db", tmp_path, 12):
         info = main("info", str(path))
         export = main("export", str(path), "--csv", str(tmp_path / f"{path.stem}-csv"))
         replay = main("replay", str(path), "--instant")
@@ -198,7 +190,7 @@ def test_any_ctl_set_values_are_one_line_and_exit_2(items):
     try:
         parse_assignments(items)
     except DdptopError as exc:
-        assert str(exc) in line  # the value's own message, not a later one
+        assert line == f"ddptop: {clean(str(exc), 500)}"  # the value's own message, not a later one
     else:
         assert "--port must be" in line  # good values get as far as the (bad) port
 

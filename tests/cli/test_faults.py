@@ -132,12 +132,12 @@ def test_a_wrong_token_never_reaches_the_job_and_both_sides_give_up_in_one_line(
     (so a stranger cannot abort a job by answering for it) and both sides give up after --timeout."""
     port = str(free_port())
     master = start("--rank", "0", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token",
-                   "right-token-1", "--timeout", "8", *LONG)
+                   "right-token-1", "--timeout", "5", *LONG)
     worker = ddptop("--rank", "1", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token",
-                    "wrong-token-2", "--timeout", "8", *LONG)
+                    "wrong-token-2", "--timeout", "5", *LONG)
     out, err, _ = finish(master)
     assert worker.returncode == 4 and "with the same --token" in worker.stderr.strip().splitlines()[-1]
-    assert master.returncode == 4 and "rank(s) 1 did not join within 8 s" in err and "same --token" in err
+    assert master.returncode == 4 and "rank(s) 1 did not join within 5 s" in err and "same --token" in err
     no_traceback(worker.stderr, err)
 
 
@@ -171,13 +171,14 @@ def small_disk(tmp_path):
 
 def fill(folder: Path) -> Path:
     filler = folder / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    f = open(filler, "wb", buffering=0)
+    try:
+        while True:
+            f.write(b"\0" * 65536)
+    except OSError:  # ENOSPC: the disk is full
+        pass
+    finally:
+        f.close()
     return filler
 
 
@@ -265,7 +266,7 @@ def test_an_io_error_stops_the_job_cleanly_with_record_required(failing_disk):
     print(f"I/O error: the job ended {time.monotonic() - start_t:.1f} s after the disk failed")
 
 
-@pytest.mark.parametrize("delay", [0.2, 1.5, 3.0, 4.5])
+@pytest.mark.parametrize("delay", [0.3, 2.5, 5.0])
 def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(delay):
     """Ctrl-C reaches the whole process group (the front and the ranks importing torch): before the front
     starts the ranks it is `interrupted` (130); after, a stop (0). One line, no traceback, nothing left."""

@@ -23,6 +23,7 @@ from ddptop.errors import DdptopError  # noqa: E402
 from test_run_cli import DDPTOP, TINY  # noqa: E402
 
 TOKEN = "the-users-job-token"
+LOST_AFTER_S = 4  # short, for the tests; with margin for a machine shared with other test runs
 
 
 def stranger(port: int, timeout_s: float = 5.0) -> dist.Store:
@@ -38,7 +39,7 @@ class Job:
         self.record = tmp / "job.db"
         self.proc = subprocess.Popen(
             DDPTOP + ["--local", "2", "--steps", "100000", "--log-every", "100000", "--record", str(self.record),
-                      "--token", TOKEN, "--lost-after", "3", *TINY, *extra],
+                      "--token", TOKEN, "--lost-after", str(LOST_AFTER_S), *TINY, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True)
         self.port = self._wait_training()
         self.client = ControlClient("127.0.0.1", self.port, TOKEN)
