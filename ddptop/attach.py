@@ -67,12 +67,17 @@ def cmd_attach(argv: Sequence[str]) -> int:
     from ddptop.control.client import ControlClient
     from ddptop.headless import HeadlessConsumer, HeadlessPrinter
 
+    from ddptop.cli import check_port
+
+    check_port(args.port)
     client = ControlClient.find(args.master, args.port, args.token, role="attach", prefix=args.prefix)
-    world = int(client.status().get("world_size", 0))
-    view = stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix)
-    liveness = Liveness(stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix),
-                        world)
-    source = LiveSource(Collector(view, world, from_start=False), liveness=liveness)
+    world = client.status()["world_size"]  # checked: signed by rank 0, 1..65536
+    keys = client.job
+
+    def view():
+        return stores.job_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix, keys.namespace)
+
+    source = LiveSource(Collector(view(), world, keys, from_start=False), liveness=Liveness(view(), world, keys))
     job = AttachedJob(client, world)
     print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks); Ctrl-C detaches", file=sys.stderr)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):

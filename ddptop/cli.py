@@ -40,6 +40,8 @@ def run_parser() -> argparse.ArgumentParser:
     where.add_argument("--iface", help="network interface to watch (default: the one that routes to the master)")
     where.add_argument("--timeout", type=float, default=60.0, metavar="S",
                        help="give up on an unreachable master or missing ranks after S seconds (60)")
+    where.add_argument("--lost-after", type=float, default=10.0, metavar="S",
+                       help="report a rank lost after S seconds without a heartbeat (10)")
     what = p.add_argument_group("what to train")
     what.add_argument("--model", choices=MODELS, default="vgg11")
     what.add_argument("--dataset", choices=DATASETS, default="synthetic")
@@ -67,7 +69,14 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--record", metavar="FILE", help="record the run to FILE (SQLite; FILE must not exist)")
     what.add_argument("--save", metavar="FILE", help="at the end, rank 0 writes the model's state_dict to FILE "
                                                     "(torch.save; FILE must not exist)")
+    look.add_argument("--record-required", action="store_true",
+                      help="stop the job if the recording fails (disk full); without it training goes on")
     return p
+
+
+def check_port(port: int | None, flag: str = "--port") -> None:
+    if port is not None and not 1 <= port <= 65535:
+        raise UsageError(f"{flag} must be between 1 and 65535, got {port}")
 
 
 def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None]:
@@ -78,7 +87,7 @@ def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None
         return args, None
     from ddptop.profiles import load_profile
 
-    profile = load_profile(args.profile, {a.dest for a in parser._actions})
+    profile = load_profile(args.profile, {a.dest: a for a in parser._actions})
     parser.set_defaults(**profile["run"])
     return parser.parse_args(argv), profile
 
@@ -114,19 +123,25 @@ def _save_path(path: str | None) -> str:
 def cmd_run(argv: Sequence[str]) -> int:
     args, profile = parse_run_args(argv)
     cfg = config_from_args(args, profile)
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    if not 0 < args.timeout <= 86400:
+        raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
+    check_port(args.port)
+    if not 1 <= args.lost_after <= 3600:
+        raise UsageError(f"--lost-after must be 1 to 3600 seconds, got {args.lost_after:g}")
+    if args.record_required and not args.record:
+        raise UsageError("--record-required needs --record FILE")
     from ddptop.train import rendezvous
     from ddptop.train.data import ensure_dataset
 
     rdv = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local)
+    rendezvous.check_host(rdv.master, rdv.port)
     if args.local is not None and args.world_size not in (None, args.local):
         raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
     ensure_dataset(cfg)
     from ddptop.run import run
 
     return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=args.record,
-               headless=args.headless)
+               headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after)
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
@@ -156,6 +171,9 @@ def cmd_ctl(argv: Sequence[str]) -> int:
     if args.op != "set" and args.assignments:
         raise UsageError(f"{args.op} takes no KEY=VALUE arguments")
     changes = parse_assignments(args.assignments) if args.op == "set" else None
+    check_port(args.port)
+    if not 0 < args.timeout <= 86400:
+        raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
     client = ControlClient.find(args.master, args.port, args.token, prefix=args.prefix)
     if args.op == "status":
         status = client.status()
@@ -165,22 +183,25 @@ def cmd_ctl(argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps(answer))
     elif args.op == "set":
-        print(f"applied at step {answer['step']} (segment {answer['segment']}) on every rank")
+        print(f"applied at step {answer.get('step', '?')} (segment {answer.get('segment', '?')}) on every rank")
     else:
         print(f"{args.op}: accepted")
     return 0
 
 
 def format_status(status: dict, client) -> str:
+    """The status was checked (types, ranges, signature) by the client; printed text is cleaned all the same."""
     from ddptop.config import SyncConfig
+    from ddptop.safe import clean_lines
 
     config = SyncConfig(**status["config"])
     state = "paused" if status.get("paused") else "running"
     lines = [f"job {client.master}:{client.port}  {state}  step {status['step']}  segment {status['segment']}  "
              f"{config.describe()}  lr {config.lr:g}"]
     for rank in status["ranks"]:
-        lines.append(f"  rank {rank['rank']}  step {rank.get('step', '?')}")
-    return "\n".join(lines)
+        why = f"  (heartbeat refused: {rank['refused']})" if "refused" in rank else ""
+        lines.append(f"  rank {rank['rank']}  step {rank.get('step', '?')}{why}")
+    return clean_lines("\n".join(lines))
 
 
 def _lazy(module: str, name: str):
@@ -206,20 +227,27 @@ SUBCOMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # c10d logs lost store connections as multi-line C++ stack traces; ddptop reports them in one line instead
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # (its ERROR level too: a master that cannot be reached is ddptop's one line, not ~25 lines of C++ frames)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "INFO" if os.environ.get("DDPTOP_DEBUG") else "FATAL")
+    from ddptop.safe import clean
+
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]]()(argv[1:])
         return cmd_run(argv)
     except DdptopError as exc:
-        print(f"ddptop: {exc}", file=sys.stderr)
+        print(f"ddptop: {clean(str(exc), 500)}", file=sys.stderr)  # one line whatever the message holds
         return exc.exit_code
     except KeyboardInterrupt:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while Python shuts down changes nothing
         print("ddptop: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug, or a failure ddptop did not foresee: still one line
         if os.environ.get("DDPTOP_DEBUG"):
             raise
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        print(f"ddptop: internal error: {type(exc).__name__}: {first} (DDPTOP_DEBUG=1 shows where)", file=sys.stderr)
+        print(f"ddptop: internal error: {type(exc).__name__}: {clean(first)} (DDPTOP_DEBUG=1 shows where)",
+              file=sys.stderr)
         return 70

@@ -9,9 +9,11 @@ from itertools import islice
 from typing import TextIO
 
 from ddptop import metrics, tables
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, RankJoined,
-                           RankLost, RunFinished, RunStarted, RunState, StepDone, SystemSample)
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, RankBack,
+                           RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
+                           StoreFlooded, SystemSample, TelemetryGap)
 from ddptop.metrics import Figures
+from ddptop.safe import clean_lines
 from ddptop.traffic import measured_vs_expected
 
 MB = 1e6
@@ -55,6 +57,10 @@ class ProgressBar:
             self.progress.stop()
 
 
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
+
+
 def evaluation_line(e: EpochDone) -> str:
     """The course's format: `Test set: Average loss: 2.0345, Accuracy: 2292/10000 (23%)`."""
     pct = 100.0 * e.correct / e.total if e.total else 0.0
@@ -71,6 +77,7 @@ class HeadlessPrinter:
         self.latest: dict[int, StepDone] = {}
         self.finished: dict[int, RunFinished] = {}
         self.lost: dict[int, RankLost] = {}
+        self.gaps: list[TelemetryGap] = []
         # bounded: the NIC-vs-formula lines look at the last hours, not at everything since the start
         self.samples: dict[int, deque[SystemSample]] = defaultdict(lambda: deque(maxlen=HISTORY))
         self.steps: dict[int, deque[StepDone]] = defaultdict(lambda: deque(maxlen=HISTORY))
@@ -115,6 +122,20 @@ class HeadlessPrinter:
                 self.lost[event.rank] = event
                 last = self.latest[event.rank].step if event.rank in self.latest else event.last_step
                 self._print(f"rank {event.rank} lost after step {last}: {event.reason}")
+            elif isinstance(event, RankBack):
+                self.lost.pop(event.rank, None)
+                self._print(f"rank {event.rank} is back at step {event.step} after {event.silent_s:g} s of silence")
+            elif isinstance(event, TelemetryGap):
+                self.gaps.append(event)
+                self._print(f"rank {event.rank}: telemetry batch{'es' if event.last_seq > event.first_seq else ''} "
+                            f"{_span(event.first_seq, event.last_seq)} lost ({event.reason}); "
+                            "the steps in them are missing here and in the recording")
+            elif isinstance(event, StoreFlooded):
+                self._print(f"the store holds {event.keys} keys, more than this job ever writes ({event.expected}): "
+                            "someone else on its port is filling it (README: trust model)")
+            elif isinstance(event, RecorderFailed):
+                then = "stopping the job (--record-required)" if event.required else "training goes on"
+                self._print(f"recording to {event.path} stopped: {event.reason}; it keeps everything before; {then}")
             elif isinstance(event, RunState) and event.rank == 0:
                 self._print(f"step {event.step}: {'paused' if event.paused else 'resumed'}")
             elif isinstance(event, LogLine):
@@ -138,6 +159,7 @@ class HeadlessPrinter:
             self._print(progress_line(step, self.total, done.loss, mine, images_per_s))
 
     def _print(self, line: str) -> None:
+        line = clean_lines(line)  # events were cleaned when decoded; printed lines are cleaned again all the same
         if self.bar is not None:
             self.bar.print(line)
         else:

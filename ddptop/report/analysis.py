@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
@@ -74,8 +75,14 @@ def segment_stats(events: list[Event], label: str = "", warmup: int | None = Non
     return out
 
 
+def _sync_config(config: dict) -> SyncConfig:
+    """A segment's configuration as recorded; fields this ddptop does not know are left out (a file from anyone)."""
+    known = {f.name for f in dataclasses.fields(SyncConfig)}
+    return SyncConfig(**{k: v for k, v in config.items() if k in known})
+
+
 def _stats(label, fig, world, measured, seg_steps, samples, param_bytes) -> SegmentStats:
-    config = SyncConfig(**fig.config)
+    config = _sync_config(dict(fig.config))
     ranks = sorted({d.rank for d in measured})
     nic = _nic_per_step(ranks, samples, measured)
     mean = fig.mean

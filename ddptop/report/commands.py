@@ -26,19 +26,28 @@ def load(path: str, warmup: int | None, label: str):
     from ddptop.record.reader import Recording
     from ddptop.report.analysis import segment_stats
 
+    from ddptop.record.commands import note_incomplete
+    from ddptop.record.info import verdict
+
     with Recording.open(path) as rec:
         events = list(rec.events())
         config = rec.config
         meta = rec.meta
         duration = rec.duration
-    stats = segment_stats(events, label=label, warmup=warmup, run_config=config)
+        incomplete = verdict(rec)
+        note_incomplete(rec)
+    try:
+        stats = segment_stats(events, label=label, warmup=warmup, run_config=config)
+    except (UsageError, TypeError, ValueError, KeyError, AttributeError) as exc:  # values no ddptop wrote
+        raise RecordingError(f"{path} cannot be reported on: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+                             ) from None
     if not stats:
         raise RecordingError(f"{path} holds no training steps to report on")
     used = warmup if warmup is not None else (config.get("sweep_warmup", 5) if config.get("sweep") else 1)
     rdv = meta.get("rendezvous") if isinstance(meta.get("rendezvous"), dict) else {}
     run = {"path": path, "label": label, "model": config.get("model", "?"), "dataset": config.get("dataset", "?"),
            "world_size": stats[0].world_size, "source": rdv.get("source", "?"), "duration": duration,
-           "segments": len(stats), "warmup": used}
+           "segments": len(stats), "warmup": used, "incomplete": incomplete}
     from ddptop.events import RunStarted
 
     started = next((e for e in events if isinstance(e, RunStarted)), None)

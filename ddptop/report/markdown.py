@@ -43,6 +43,8 @@ def document(runs: list[dict], stats: list[SegmentStats], figures: list[tuple[st
         parts.append(f"- **{run['label'] or run['path']}**: `{run['path']}` — {run['model']} on {run['dataset']}, "
                      f"{run['world_size']} ranks ({run['source']}), {run['duration']:.0f} s, "
                      f"{run['segments']} segment(s), warm-up steps dropped per segment: {run['warmup']}")
+        if run.get("incomplete"):
+            parts.append(f"  - **incomplete**: {'; '.join(run['incomplete'])}")
     parts += ["", "## Per segment", "", table(stats), "",
               "Step time: wall clock from one step boundary to the next (README glossary), for the slowest rank "
               "and the mean over ranks; each segment's warm-up steps and its sampled steps (layer hooks) are left "

@@ -8,8 +8,8 @@ from typing import Iterable, Mapping
 
 from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop import metrics
-from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, RankJoined, RunFinished, RunStarted, StepDone,
-                           StepSpans, SystemSample)
+from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, RankBack, RankJoined, RecorderFailed,
+                           RunFinished, RunStarted, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap)
 from ddptop.metrics import Figures, SegmentFigures
 from ddptop.state.expected import expected_bytes
 from ddptop.state.nodes import NodeTracker
@@ -123,7 +123,8 @@ class SessionState:
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
                           RunFinished: self._finished, ConfigApplied: self._config, ControlRefused: self._refused,
                           RankLost: self._lost, RunState: self._run_state, LogLine: self._log,
-                          ModelsDiverged: self._diverged}
+                          ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._gap,
+                          RecorderFailed: self._recorder, StoreFlooded: self._flooded}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -203,6 +204,23 @@ class SessionState:
     def _lost(self, e: RankLost) -> None:
         self._set(e.rank, state="lost")
         self.notices.append(f"rank {e.rank} lost: {e.reason}")
+
+    def _back(self, e: RankBack) -> None:
+        if self._rank(e.rank).state == "lost":
+            self._set(e.rank, state="running")
+        self.notices.append(f"rank {e.rank} is back at step {e.step} after {e.silent_s:g} s of silence")
+
+    def _gap(self, e: TelemetryGap) -> None:
+        seqs = str(e.first_seq) if e.first_seq == e.last_seq else f"{e.first_seq}-{e.last_seq}"
+        self.notices.append(f"rank {e.rank}: telemetry {seqs} lost ({e.reason})")
+
+    def _recorder(self, e: RecorderFailed) -> None:
+        then = "stopping the job" if e.required else "training goes on"
+        self.notices.append(f"recording stopped: {e.reason}; {then}")
+
+    def _flooded(self, e: StoreFlooded) -> None:
+        self.notices.append(f"the store holds {e.keys} keys (the job writes at most {e.expected}): someone else "
+                            "is filling it")
 
     def _run_state(self, e: RunState) -> None:
         view = self._rank(e.rank)

@@ -42,7 +42,7 @@ def test_ctl_changes_a_running_job_and_stops_it(tmp_path):
         assert_one_line_error(ctl("set", "batch_size=0", env=env), 2, "batch size")
         assert_one_line_error(ctl("set", "strategy=ring", env=env), 2, "strategy")
         assert_one_line_error(ctl("set", "nonsense", env=env), 2, "KEY=VALUE")
-        assert_one_line_error(ctl("--token", "wrong-token-1", "set", "strategy=ddp", env=env), 1, "bad MAC")
+        assert_one_line_error(ctl("--token", "wrong-token-1", "set", "strategy=ddp", env=env), 1, "wrong --token")
         children = psutil.Process(job.pid).children(recursive=True)
         assert len(children) >= 2
         result = ctl("stop", env=env)

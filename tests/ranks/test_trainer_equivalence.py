@@ -10,7 +10,6 @@ global batches, with the configuration the ranks reported in force at each step,
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 
 import pytest
