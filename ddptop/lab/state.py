@@ -88,8 +88,8 @@ def load(path: str) -> LabRecord | None:
     return record
 
 
-def records() -> Iterator[LabRecord]:
-    folder = state_dir()
+def records(folder: str | None = None) -> Iterator[LabRecord]:
+    folder = folder or state_dir()
     if not os.path.isdir(folder):
         return
     for name in sorted(os.listdir(folder)):
