@@ -64,7 +64,7 @@ class Lab:
         self.controller: cgroups.CpuController | None = None
         self.cgroups: list[str | None] = [None] * nodes
         self.record = state.LabRecord(self.tag, os.getpid(), state.process_start(os.getpid()), time.time(),
-                                      nodes, link.describe(), "unlimited" if cpus is None else f"{cpus:g}")
+                                      nodes, link.describe(), "unlimited" if cpus is None else f"{round(cpus, 2):g}")
 
     @property
     def threads(self) -> int:
@@ -165,7 +165,7 @@ class Lab:
 
     def describe(self) -> str:
         how = f" ({self.controller.describe()})" if self.controller else ""
-        cpus = "no CPU quota" if self.cpus is None else f"{self.cpus:g} CPU each{how}"
+        cpus = "no CPU quota" if self.cpus is None else f"{round(self.cpus, 2):g} CPU each{how}"
         return (f"{self.nodes} node{'s' if self.nodes > 1 else ''} {self.addresses[0]}"
                 f"{'..' + self.addresses[-1] if self.nodes > 1 else ''} on a switch, links {self.link.describe()} "
                 f"each way, {cpus}, {self.threads} thread{'s' if self.threads > 1 else ''} per rank")

@@ -94,7 +94,8 @@ def run_plan(plan: Plan, run_argv: list[str], signals, check: bool) -> int:
 
         print("\n".join(report(plan.lab)))
         return 0
-    print("ddptop lab: from another terminal: ddptop lab exec ddptop ctl status (or: ddptop attach)", file=sys.stderr)
+    print("ddptop lab: from another terminal: ddptop lab exec ddptop ctl status | ddptop lab exec ddptop attach",
+          file=sys.stderr)
     for run, record in zip(plan.runs, plan.records):
         if len(plan.runs) > 1:
             print(f"ddptop lab: run {run.name} on {run.nodes} node{'s' if run.nodes > 1 else ''}", file=sys.stderr)

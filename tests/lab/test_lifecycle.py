@@ -18,14 +18,27 @@ TINY = ["--headless", "--model", "tiny", "--batch-size", "16", "--synthetic-size
         "--log-every", "1", "--link", "100mbit"]
 
 
-def test_ctrl_c_stops_the_job_at_a_step_and_removes_the_lab(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stop_the_job_at_a_step_and_remove_the_lab(signum, tmp_path):
     lab = LabProcess(["--nodes", "2", *TINY, "--steps", "5000"], tmp_path)
     record = lab.record()
     held = inodes(record)
     lab.wait_line(r"^step \d+/5000")
-    lab.proc.send_signal(signal.SIGINT)  # what Ctrl-C does when the lab's terminal is not handed to node 0
+    lab.proc.send_signal(signum)  # SIGINT: what Ctrl-C does when the lab's terminal is not handed to node 0
     assert lab.wait(120) == 0, lab.output
     assert "(stopped)" in lab.output and f"ddptop lab {record.tag}: removed" in lab.output
+    assert leftovers(record, held, tmp_path) == []
+
+
+def test_a_crashed_host_fails_the_job_with_one_line_and_the_lab_is_removed(tmp_path):
+    lab = LabProcess(["--nodes", "3", *TINY, "--steps", "5000"], tmp_path)
+    record = lab.record()
+    held = inodes(record)
+    lab.wait_line(r"^step \d+/5000")
+    for pid in netns.namespace_pids(record.namespaces[-1]):  # every process on the last host: its rank dies
+        os.kill(pid, signal.SIGKILL)
+    assert lab.wait(120) == 5, lab.output  # PeerLost, as on a cluster whose node died
+    assert "ddptop lab: node 2 exited with signal 9" in lab.output
     assert leftovers(record, held, tmp_path) == []
 
 
