@@ -100,8 +100,9 @@ class Lab:
     def build(self) -> None:
         self.preflight()
         state.remove_dead_labs()
-        os.makedirs(self.folder, mode=0o700, exist_ok=True)
         try:
+            self._note()  # the record first: whatever follows is found again if this process dies
+            os.makedirs(self.folder, mode=0o700, exist_ok=True)
             self._build()
         except netns.CommandFailed as exc:
             self.teardown()
@@ -180,8 +181,9 @@ def _in_child(hostname: str, procs: str | None, session: bool, group: bool):
             _LIBC.sethostname(name, len(name))
         if session:
             os.setsid()
-        elif group:
+        elif group:  # node 0's front, on the user's terminal: Ctrl-Z would stop it behind the lab's back
             os.setpgid(0, 0)
+            signal.signal(signal.SIGTSTP, signal.SIG_IGN)
         _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if procs is not None:
             with open(procs, "w") as f:

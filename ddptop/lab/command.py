@@ -118,7 +118,7 @@ def write_report(plan: Plan) -> int:
             rows += summary.segments(list(rec.events()), run.name, plan.warmup)
     path = os.path.join(plan.report, "lab.md")
     with open(path, "w") as f:
-        f.write(summary.markdown(rows, plan.lab.link, f"`ddptop lab` {plan.lab.describe()}; "
+        f.write(summary.markdown(summary.by_config(rows), plan.lab.link, f"`ddptop lab` {plan.lab.describe()}; "
                                                       f"{plan.warmup} warm-up step(s) left out per segment."))
     print(f"wrote {path}", file=sys.stderr)
     return code

@@ -138,6 +138,8 @@ def _supervise(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen
         if stop_at is not None and time.monotonic() - stop_at > FRONT_STOP_S:
             _signal_group(front, signal.SIGKILL)
         time.sleep(0.1)
+    if front.returncode != 0:  # the job failed (or never started): the other hosts' ranks have nothing to wait for
+        return
     deadline = time.monotonic() + WORKER_EXIT_S
     while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
