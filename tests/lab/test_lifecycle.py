@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from ddptop.lab import cgroups, netns, state
-from labs import LAB_REFUSED, LabProcess, inodes, leftovers
+from labs import LAB_REFUSED, REPO, LabProcess, inodes, leftovers
 
 pytestmark = pytest.mark.skipif(bool(LAB_REFUSED), reason=LAB_REFUSED or "labs work")
 TINY = ["--headless", "--model", "tiny", "--batch-size", "16", "--synthetic-size", "1280", "--no-eval",
@@ -24,6 +26,11 @@ def test_ctrl_c_or_sigterm_stop_the_job_at_a_step_and_remove_the_lab(signum, tmp
     record = lab.record()
     held = inodes(record)
     lab.wait_line(r"^step \d+/5000")
+    if signum == signal.SIGINT:  # meanwhile, from "another terminal": ctl reaches the job through node 0
+        ctl = subprocess.run([sys.executable, "-m", "ddptop", "lab", "exec", "ddptop", "ctl", "status"],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(REPO), state.STATE_ENV: str(tmp_path)})
+        assert ctl.returncode == 0 and "running" in ctl.stdout and "rank 1" in ctl.stdout, ctl.stderr
     lab.proc.send_signal(signum)  # SIGINT: what Ctrl-C does when the lab's terminal is not handed to node 0
     assert lab.wait(120) == 0, lab.output
     assert "(stopped)" in lab.output and f"ddptop lab {record.tag}: removed" in lab.output
