@@ -12,7 +12,10 @@ from labs import LAB_REFUSED, NETNS_REFUSED
 
 
 @pytest.mark.skipif(bool(NETNS_REFUSED), reason=NETNS_REFUSED or "namespaces work")
-@pytest.mark.parametrize("rate", ["100mbit", "1gbit"])
+# rates at which TCP both ways leaves CPU to spare on 2 busy cores: from ~300 Mbit/s each way a loaded machine,
+# not the shaper, is the limit (267 Mbit/s at 300mbit, 853 at 1gbit while other suites ran); README's --check
+# table has the higher rates, and tests/lab/test_truth.py checks ddptop against a 1 Gbit/s link
+@pytest.mark.parametrize("rate", ["50mbit", "100mbit"])
 def test_a_transfer_between_two_hosts_gets_the_shaped_rate_each_way(rate, tmp_path, monkeypatch):
     monkeypatch.setenv("DDPTOP_LAB_DIR", str(tmp_path))
     with Lab(2, parse_link(rate), cpus=None) as lab:
