@@ -10,7 +10,9 @@ from ddptop.errors import UsageError
 _UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
 MIN_RATE, MAX_RATE = 100e3, 100e9  # tbf's timers make sense in between; beyond 100 Gbit/s: use `unlimited`
-BURST_S = 0.001  # 1 ms of tokens: TCP sizes its segments to ~1 ms of its rate, so they pass whole (64 KB at 1 Gbit/s); a smaller bucket makes tbf split them, which costs more CPU than 2 cores have at 1 Gbit/s
+# 1 ms of tokens: TCP sizes its segments to ~1 ms of its rate, so they pass whole (64 KB at 1 Gbit/s); a smaller
+# bucket makes tbf split them, which costs more CPU than 2 cores have at 1 Gbit/s (486 Mbit/s with 0.1 ms)
+BURST_S = 0.001
 MIN_BURST = 3028  # two full Ethernet frames: the smallest bucket that passes a frame without stalling
 QUEUE_S = 0.02  # a 20 ms queue behind the link, like a switch port's buffer
 MIN_QUEUE = 64 * 1024

@@ -34,7 +34,9 @@ def run(*argv: str) -> str:
 def missing_tools() -> str:
     """'' when `ip` and `tc` are there, else what is missing."""
     absent = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    return f"ddptop lab needs iproute2's {' and '.join(absent)} command{'s' if len(absent) > 1 else ''}" if absent else ""
+    if not absent:
+        return ""
+    return f"ddptop lab needs iproute2's {' and '.join(absent)} command{'s' if len(absent) > 1 else ''}"
 
 
 def add_namespace(name: str) -> None:

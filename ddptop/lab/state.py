@@ -101,7 +101,8 @@ def records(folder: str | None = None) -> Iterator[LabRecord]:
 
 def remove_lab(record: LabRecord, controller: cgroups.CpuController | str | None = None) -> list[str]:
     """Stop every process inside the lab and remove its namespaces, cgroups and files; what could not be removed."""
-    namespaces = [n for n in record.namespaces if isinstance(n, str) and NAME.match(n) and n.startswith(f"{PREFIX}-{record.tag}-")]
+    own = f"{PREFIX}-{record.tag}-"
+    namespaces = [n for n in record.namespaces if isinstance(n, str) and NAME.match(n) and n.startswith(own)]
     groups = [g for g in record.cgroups if _own_cgroup(g, record.tag, controller)]
     _kill([pid for ns in namespaces for pid in netns.namespace_pids(ns)] +
           [pid for g in groups for pid in cgroups.pids(g)])
