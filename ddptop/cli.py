@@ -54,7 +54,7 @@ def run_parser() -> argparse.ArgumentParser:
     what.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)")
     sync = p.add_argument_group("gradient synchronization")
     sync.add_argument("--strategy", choices=STRATEGIES, default="ddp")
-    sync.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb (25)")
+    sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb (25)")
     sync.add_argument("--async-op", type=_bool, nargs="?", const=True, default=False,
                       help="allreduce: launch every collective with async_op=True")
     look = p.add_argument_group("what to measure and show")
@@ -65,6 +65,8 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--profile", metavar="NAME", help="load profiles/NAME.toml (flags you type override it)")
     look.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
     look.add_argument("--record", metavar="FILE", help="record the run to FILE (SQLite; FILE must not exist)")
+    what.add_argument("--save", metavar="FILE", help="at the end, rank 0 writes the model's state_dict to FILE "
+                                                    "(torch.save; FILE must not exist)")
     return p
 
 
@@ -82,15 +84,31 @@ def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None
 
 
 def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> RunConfig:
-    sync = SyncConfig(strategy=args.strategy, bucket_mb=args.bucket_mb, async_op=args.async_op,
+    bucket_given = args.bucket_mb is not None
+    sync = SyncConfig(strategy=args.strategy, bucket_mb=args.bucket_mb if bucket_given else 25.0, async_op=args.async_op,
                       batch_size=args.batch_size, lr=args.lr)
-    sweep = tuple(sync.replace(**changes) for changes in profile["sweep"]) if profile else ()
+    sweep = tuple(sync.changed(changes) for changes in profile["sweep"]) if profile else ()
+    if bucket_given and args.strategy != "ddp" and not any(s.strategy == "ddp" for s in sweep):
+        raise UsageError(f"--bucket-mb applies only to ddp, not to {args.strategy}")
+    sync = sweep[0] if sweep else sync  # what runs first is what every report of the start says
     extra = {"sweep": sweep, "sweep_warmup": profile["warmup"], "sweep_measure": profile["measure"],
              "profile": profile["name"]} if profile else {}
     return RunConfig(**extra, model=args.model, dataset=args.dataset, data_dir=os.path.abspath(args.data_dir),
                      sync=sync, epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend, probes=args.probes,
                      span_every=args.span_every, iface=args.iface, threads=args.threads,
-                     synthetic_size=args.synthetic_size, eval=not args.no_eval)
+                     synthetic_size=args.synthetic_size, eval=not args.no_eval, save=_save_path(args.save))
+
+
+def _save_path(path: str | None) -> str:
+    """--save FILE: checked before any rank starts (an existing file is never overwritten)."""
+    if not path:
+        return ""
+    full = os.path.abspath(path)
+    if os.path.lexists(full):
+        raise UsageError(f"--save {path}: the file exists; remove it or save to another file")
+    if not os.path.isdir(os.path.dirname(full)):
+        raise UsageError(f"--save {path}: no folder {os.path.dirname(full)}")
+    return full
 
 
 def cmd_run(argv: Sequence[str]) -> int:

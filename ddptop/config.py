@@ -46,9 +46,23 @@ class SyncConfig:
             raise UsageError(f"learning rate must be a number in (0, 100], got {self.lr!r}")
         if not isinstance(self.async_op, bool):
             raise UsageError(f"async_op must be true or false, got {self.async_op!r}")
+        if self.async_op and self.strategy != "allreduce":
+            raise UsageError(f"async_op applies only to allreduce, not to {self.strategy}")
 
     def replace(self, **changes: Any) -> "SyncConfig":
         return dataclasses.replace(self, **changes)
+
+    def changed(self, changes: dict[str, Any]) -> "SyncConfig":
+        """This configuration with `changes` (strategy, bucket_mb, async_op, batch_size, lr), as a user means them.
+
+        A setting that means nothing for the resulting strategy is refused (bucket_mb is DDP's, async_op is
+        allreduce's); leaving allreduce turns async_op off unless the change names it. bucket_mb is kept
+        while another strategy runs, for the next switch to DDP, but only DDP shows it."""
+        result = dataclasses.replace(self, **{**({"async_op": False} if changes.get("strategy", "allreduce")
+                                                != "allreduce" else {}), **changes})
+        if "bucket_mb" in changes and result.strategy != "ddp":
+            raise UsageError(f"bucket_mb applies only to ddp, not to {result.strategy}: set strategy=ddp too")
+        return result
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -89,6 +103,7 @@ class RunConfig:
     sweep_warmup: int = 5
     sweep_measure: int = 20
     profile: str = ""
+    save: str = ""  # --save FILE: rank 0 writes its final state_dict here (torch.save)
 
     def __post_init__(self) -> None:
         _check_choice("model", self.model, MODELS)
@@ -107,6 +122,11 @@ class RunConfig:
             raise UsageError("--synthetic-size must be at least 1")
         if self.sweep and (self.sweep_measure < 1 or self.sweep_warmup < 0):
             raise UsageError("a sweep needs at least 1 measured step per configuration")
+
+    @property
+    def first_sync(self) -> SyncConfig:
+        """The configuration segment 0 runs: a sweep's first, else `sync`."""
+        return self.sweep[0] if self.sweep else self.sync
 
     def sweep_steps(self) -> int:
         """Steps per sweep segment."""

@@ -76,6 +76,7 @@ class RunStarted(Event):
     t: float
     total_steps: int = 0  # added after schema 1 shipped: older files decode with 0 ("unknown")
     sweep_segments: int = 0  # a profile's sweep: how many configurations it runs one after another
+    warmup: int = 1  # steps at each segment's start left out of its figures (metrics.warmup_for)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,12 @@ class StepDone(Event):
     comm_bytes: int  # tensor bytes handed to collectives
     tx_bytes: int  # bytes this rank puts on the wire by the algorithm (ring / gather formulas)
     rx_bytes: int
-    sampled: bool  # spans were recorded for this step
+    sampled: bool  # spans were recorded for this step (layer hooks ran: left out of time figures)
+    # added after schema 1 shipped (older files decode with 0): compute_s = fwd_s + bwd_s + opt_s
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+    opt_s: float = 0.0
+    own_s: float = 0.0  # time the training thread spent in ddptop's own code during this step
 
     @property
     def images_per_s(self) -> float:
@@ -215,6 +221,7 @@ class RunFinished(Event):
     steps: int
     reason: str  # "done", "stopped", "error: ..."
     t: float
+    fingerprint: str = ""  # SHA-256 of the final parameters (see ddptop.train.fingerprint)
 
 
 @dataclass(frozen=True)
@@ -242,6 +249,28 @@ class ConfigApplied(Event):
     request_id: int
     who: str
     t: float
+    fingerprint: str = ""  # SHA-256 of this rank's parameters as the segment starts
+    sync_bytes: int = 0  # one-off: bytes broadcast from rank 0 to re-synchronize the ranks at this switch
+    switch_s: float = 0.0  # one-off: time the switch took on this rank (rebuild, broadcast, fingerprint)
+
+
+@dataclass(frozen=True)
+class ModelsDiverged(Event):
+    """The front saw ranks report different model fingerprints where every rank must hold the same model."""
+
+    kind: ClassVar[str] = "models_diverged"
+    segment: int
+    step: int
+    where: str  # "segment start" or "end of run"
+    fingerprints: dict  # rank (as text) → fingerprint
+    t: float
+
+    def describe(self) -> str:
+        groups: dict[str, list[str]] = {}
+        for rank, fp in sorted(self.fingerprints.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
+            groups.setdefault(str(fp), []).append(str(rank))
+        parts = [f"ranks {', '.join(r)}: {fp[:12]}" for fp, r in groups.items()]
+        return f"models differ at the {self.where} of segment {self.segment} (step {self.step}): {'; '.join(parts)}"
 
 
 @dataclass(frozen=True)
@@ -278,7 +307,7 @@ class RunState(Event):
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
-                              ConfigApplied, ControlRefused, RankLost, RunState)
+                              ConfigApplied, ControlRefused, RankLost, RunState, ModelsDiverged)
 }
 
 

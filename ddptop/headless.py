@@ -5,24 +5,28 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict, deque
+from itertools import islice
 from typing import TextIO
 
-from ddptop.config import SyncConfig
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, RankJoined, RankLost, RunFinished,
-                           RunStarted, RunState, StepDone, SystemSample)
+from ddptop import metrics, tables
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, RankJoined,
+                           RankLost, RunFinished, RunStarted, RunState, StepDone, SystemSample)
+from ddptop.metrics import Figures
 from ddptop.traffic import measured_vs_expected
 
 MB = 1e6
 HISTORY = 100_000  # step summaries and system samples kept per rank for the closing lines
 
 
-def progress_line(step: int, total: int, done: StepDone, images_per_s: float) -> str:
-    """`step 20/196 loss 2.31 0.65 s/it 197 img/s`, plus the profile when comm was measured."""
-    line = f"step {step}{f'/{total}' if total else ''} loss {done.loss:.4f} {done.iter_s:.3f} s/it {images_per_s:.0f} img/s"
-    if done.comm_s > 0 or done.tx_bytes > 0:
-        share = done.comm_s / done.iter_s if done.iter_s > 0 else 0.0
-        line += (f" | comm {share:.0%} overlap {done.overlap:.0%} exposed {done.exposed_comm_s * 1e3:.0f} ms"
-                 f" sent {done.tx_bytes / MB:.1f} MB")
+def progress_line(step: int, total: int, loss: float, recent: Figures, images_per_s: float) -> str:
+    """`step 20/196 loss 2.31 0.65 s/it 197 img/s`, then (with --probes all) the step's profile: means over the
+    steps since the last line (ddptop.metrics), rank 0's."""
+    line = f"step {step}{f'/{total}' if total else ''} loss {loss:.4f} {recent.step_s:.3f} s/it {images_per_s:.0f} img/s"
+    if recent.comm_s > 0 or recent.tx_bytes > 0:
+        line += (f" | comm {recent.share(recent.comm_s):.0%} overlap {recent.overlap:.0%} exposed "
+                 f"{recent.exposed_comm_s * 1e3:.0f} ms sent {recent.tx_bytes / MB:.1f} MB")
+    if recent.own_s > 0:
+        line += f" | ddptop {recent.own_s * 1e3:.2f} ms ({recent.share(recent.own_s):.2%})"
     return line
 
 
@@ -71,11 +75,13 @@ class HeadlessPrinter:
         self.samples: dict[int, deque[SystemSample]] = defaultdict(lambda: deque(maxlen=HISTORY))
         self.steps: dict[int, deque[StepDone]] = defaultdict(lambda: deque(maxlen=HISTORY))
         self.bar = ProgressBar(self.out) if (self.out.isatty() if bar is None else bar) else None
+        self.table = metrics.SegmentTable()
 
     def handle(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, StepDone):
                 self.steps[event.rank].append(event)
+                self.table.apply(event)
                 self._step(event)
             elif isinstance(event, SystemSample):
                 self.samples[event.rank].append(event)
@@ -86,6 +92,7 @@ class HeadlessPrinter:
                             f"{event.backend}, {event.threads} threads, ranks found by {event.rank_source})")
             elif isinstance(event, RunStarted):
                 self.total = event.total_steps or self.total  # the trainer's own count
+                self.table.warmup = event.warmup
                 self._print(f"training {event.model} ({event.param_count / 1e6:.2f}M parameters in "
                             f"{event.param_tensors} tensors, {event.param_bytes / MB:.1f} MB of gradients) on "
                             f"{event.dataset}, {event.world_size} ranks, {event.strategy}, batch {event.batch_size}"
@@ -93,10 +100,15 @@ class HeadlessPrinter:
             elif isinstance(event, RunFinished):
                 self.finished[event.rank] = event
             elif isinstance(event, ConfigApplied):
+                self.table.apply(event)
                 if event.rank == 0 and event.who != "start":
-                    config = SyncConfig(**event.config)
-                    self._print(f"step {event.step}: now {config.describe()} lr {config.lr:g} "
-                                f"(segment {event.segment}, asked by {event.who})")
+                    synced = (f"; one-off: {event.sync_bytes / MB:.1f} MB broadcast from rank 0"
+                              if event.sync_bytes else "")
+                    self._print(f"step {event.step}: now {tables.describe(event.config)} "
+                                f"(segment {event.segment}, asked by {event.who}; switch took "
+                                f"{event.switch_s:.2f} s{synced})")
+            elif isinstance(event, ModelsDiverged):
+                self._print(f"WARNING: {event.describe()}")
             elif isinstance(event, ControlRefused):
                 self._print(f"control request {event.request_id} ignored: {event.reason}")
             elif isinstance(event, RankLost):
@@ -113,11 +125,17 @@ class HeadlessPrinter:
         step = done.step + 1
         if done.rank != 0:
             return
-        images_per_s = sum(d.images_per_s for d in self.latest.values())
+        line_due = step % self.every == 0 or step == self.total or step == 1
+        if self.bar is None and not line_due:
+            return
+        n = min(self.every, step)
+        windows = {r: metrics.window(list(islice(reversed(steps), n))[::-1]) for r, steps in self.steps.items() if r not in self.lost}
+        images_per_s = metrics.job_images_per_s(windows.values())
+        mine = windows.get(0, metrics.Figures())
         if self.bar is not None:
-            self.bar.update(step, self.total, f"loss {done.loss:.3f}  {done.iter_s:.3f} s/it  {images_per_s:.0f} img/s")
-        if step % self.every == 0 or step == self.total or step == 1:
-            self._print(progress_line(step, self.total, done, images_per_s))
+            self.bar.update(step, self.total, f"loss {done.loss:.3f}  {mine.step_s:.3f} s/it  {images_per_s:.0f} img/s")
+        if line_due:
+            self._print(progress_line(step, self.total, done.loss, mine, images_per_s))
 
     def _print(self, line: str) -> None:
         if self.bar is not None:
@@ -128,6 +146,10 @@ class HeadlessPrinter:
     def finish(self, traffic: bool) -> None:
         """The closing lines once ranks have finished (NIC vs formulas when `traffic`), then the bar goes."""
         if self.finished:
+            segments = self.table.segments()
+            if segments and any(s.measured_steps for s in segments):
+                for line in ["segments:", *tables.lines(segments, indent="  ")]:
+                    self._print(line)
             for line in self.traffic_lines() if traffic else []:
                 self._print(line)
             self._print(self.summary())

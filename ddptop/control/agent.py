@@ -1,10 +1,11 @@
 """The rank side of the control plane: rank 0 takes requests, every rank learns them at the same step boundary.
 
 Agreement: at every step boundary rank 0 broadcasts three integers (newest accepted request, paused,
-stop) over a small gloo group. Every rank therefore sees a request at the same boundary k and applies
-it before step k, whatever the strategy (even `single`, whose ranks otherwise drift apart) — no step
-ever mixes two configurations. It costs one 24-byte broadcast per step, which the overhead benchmark
-includes; rank 0's control thread does all store polling, so the broadcast never waits on the store.
+stop) over a small gloo group, and every rank reads the broadcast launched one boundary earlier. Every rank
+therefore sees a request at the same boundary k and applies it before step k, whatever the strategy (even
+`single`, whose ranks otherwise drift apart) — no step ever mixes two configurations. It costs one 24-byte broadcast per step, which is counted in every step's
+time and in its `own_s` (ddptop's cost); rank 0's control thread does all store polling, so the broadcast
+never waits on the store.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from ddptop.config import SyncConfig
 from ddptop.control import keys
 from ddptop.control.commands import ControlRefused, RunState, apply_changes, read_request
-from ddptop.errors import DdptopError, PeerLost
+from ddptop.errors import DdptopError, PeerLost, UsageError
 from ddptop.events import Event
 
 POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
@@ -44,11 +45,13 @@ class Boundary:
 
     decision: Decision | None
     stop: bool
+    waited_s: float = 0.0  # time spent paused, or waiting for every rank to start (not part of any step)
 
 
 class ControlAgent:
     def __init__(self, rank: int, world_size: int, token: str, connect: Callable[[], dist.Store],
-                 emit: Callable[[Event], None], check: Callable[[SyncConfig], None], initial: SyncConfig):
+                 emit: Callable[[Event], None], check: Callable[[SyncConfig], None], initial: SyncConfig,
+                 sweep_segments: int = 0):
         self.rank = rank
         self.world_size = world_size
         self.token = token
@@ -58,10 +61,15 @@ class ControlAgent:
         self.group = dist.new_group(backend="gloo") if world_size > 1 else None
         self.step = 0
         self.segment = 0
-        self.config = initial
+        self.config = initial  # segment 0's configuration: a sweep's first
+        self.sweep_segments = sweep_segments  # a profile sweep owns the configuration: `set` is refused
         self._applied_id = 0
         self._lock = threading.Lock()
         self._pending: deque[Decision] = deque()  # rank 0: accepted, not yet broadcast
+        self._sent: dict[int, Decision] = {}  # rank 0: broadcast, not yet applied
+        self._sent_id = 0
+        self._inflight: tuple | None = None  # the broadcast launched at the previous boundary
+        self._start_wait = 0.0
         self._latest = initial  # rank 0: the config the newest accepted request leads to
         self._paused = False
         self._stop_requested = False
@@ -77,6 +85,7 @@ class ControlAgent:
         self.step = step
         if self.master_lost:
             raise PeerLost(f"rank {self.rank}: lost the job's master ({self.master_lost}); stopping")
+        waited_from = None
         while True:
             request_id, paused, stop = self._exchange()
             if paused != self._was_paused:
@@ -84,42 +93,66 @@ class ControlAgent:
                 self.emit(RunState(self.rank, step, bool(paused), time.time()))
             if stop or not paused:
                 break
+            waited_from = waited_from or time.perf_counter()
             time.sleep(POLL_S)
         decision = None
         if request_id > self._applied_id:
             decision = self._decision(request_id)
             self._applied_id = request_id
-        return Boundary(decision, bool(stop))
+        waited = time.perf_counter() - waited_from if waited_from is not None else 0.0
+        waited, self._start_wait = waited + self._start_wait, 0.0
+        return Boundary(decision, bool(stop), waited)
 
     def applied(self, decision: Decision, step: int, segment: int) -> None:
-        self.config, self.segment = decision.config, segment
         with self._lock:
+            self.config, self.segment = decision.config, segment
             if decision.request_id == 0:  # a sweep step: later requests change what the sweep set
                 self._latest = decision.config
+            if self.rank == 0:  # before the answer, so a client that reads "applied" sees the new config
+                self.store.set(keys.STATUS, json.dumps(self._status()))
         if self.rank == 0 and decision.request_id > 0:
             self.store.set(keys.ctl_response(decision.request_id),
                            json.dumps({"ok": True, "state": "applied", "step": step, "segment": segment}))
 
+    def _state(self) -> list[int]:
+        """What rank 0 broadcasts: the newest request it hands to the ranks (one new one per broadcast), paused,
+        stop. Other ranks contribute a buffer to receive into."""
+        if self.rank != 0:
+            return [0, 0, 0]
+        with self._lock:
+            if self._pending:
+                decision = self._pending.popleft()
+                self._sent[decision.request_id] = decision
+                self._sent_id = decision.request_id
+            return [self._sent_id, int(self._paused), int(self._stop_requested)]
+
     def _exchange(self) -> tuple[int, int, int]:
-        if self.rank == 0:
-            with self._lock:
-                if self._pending:
-                    self._next = self._pending.popleft()
-                    pending_id = self._next.request_id
-                else:
-                    pending_id = self._applied_id
-                state = [pending_id, int(self._paused), int(self._stop_requested)]
-        else:
-            state = [0, 0, 0]
+        """The state rank 0 broadcast one boundary ago, and the next broadcast launched (async_op).
+
+        Pipelined so that no rank waits here for a slower one: by the time a rank reaches boundary k, the
+        broadcast launched at k−1 has long completed on every rank that took part in step k−1's collectives
+        (under `single`, ranks may drift one step apart at most). The cost is a launch, and a switch lands
+        one boundary later than a blocking broadcast would apply it."""
         if self.group is None:
-            return state[0], state[1], state[2]
-        flags = torch.tensor(state, dtype=torch.int64)
-        dist.broadcast(flags, src=0, group=self.group)
+            return tuple(self._state())
+        first = self._inflight is None
+        if first:  # the first boundary: every rank starts here together
+            self._inflight = self._launch()
+        handle, flags = self._inflight
+        began = time.perf_counter()
+        handle.wait()
+        if first:  # waiting for the last rank to start is not ddptop's cost: set aside like a pause
+            self._start_wait = time.perf_counter() - began
+        self._inflight = self._launch()
         return tuple(int(x) for x in flags.tolist())
+
+    def _launch(self) -> tuple:
+        flags = torch.tensor(self._state(), dtype=torch.int64)
+        return dist.broadcast(flags, src=0, group=self.group, async_op=True), flags
 
     def _decision(self, request_id: int) -> Decision:
         if self.rank == 0:
-            return self._next
+            return self._sent.pop(request_id)
         raw = json.loads(self.store.get(keys.ctl_decision(request_id)))
         return Decision(request_id, SyncConfig(**raw["config"]), raw["who"])
 
@@ -127,6 +160,11 @@ class ControlAgent:
         self._halt.set()
         self._thread.join(timeout=5)
         if self.group is not None:
+            if self._inflight is not None:
+                try:  # every rank launched the same broadcasts: the last one completes unless a peer is gone
+                    self._inflight[0].wait()
+                except Exception:
+                    pass
             dist.destroy_process_group(self.group)
 
     # -- control thread ---------------------------------------------------------------------------------
@@ -151,7 +189,8 @@ class ControlAgent:
                     continue
                 seen = self._take_requests(store, seen)
                 if now >= next_status:
-                    store.set(keys.STATUS, json.dumps(self._status()))
+                    with self._lock:  # never a stale config over the one `applied` just wrote
+                        store.set(keys.STATUS, json.dumps(self._status()))
                     next_status = now + STATUS_EVERY_S
             except Exception as exc:  # the store (on the master) went away: the next step boundary stops this rank
                 self.master_lost = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
@@ -191,6 +230,9 @@ class ControlAgent:
                 self._stop_requested = True
             if op != "set":
                 return {"ok": True, "state": "accepted"}
+            if self.sweep_segments:
+                raise UsageError(f"a profile sweep of {self.sweep_segments} segments owns the configuration "
+                                 "until it ends: set is refused (pause, resume and stop work)")
             config = apply_changes(self._latest, request["changes"])
             self.check(config)
             self._latest = config

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from ddptop.control import keys
 from ddptop.control.commands import RankLost
-from ddptop.events import Event, EventDecodeError, RunFinished, decode_events, encode_events
+from ddptop.fingerprints import FingerprintCheck
+from ddptop.events import Event, EventDecodeError, LogLine, RunFinished, decode_events, encode_events
 
 MAX_BATCH_EVENTS = 2000
 RETAIN = 240  # batches kept per rank: a minute at 4 batches/s
@@ -41,8 +42,10 @@ class Publisher:
         self._thread = threading.Thread(target=self._run, name=f"ddptop-publish-{rank}", daemon=True)
         self._thread.start()
 
-    def emit(self, event: Event) -> None:
-        self._queue.append(event)
+    def emit(self, item) -> None:
+        """Queue an Event, or a record whose `resolve()` makes events (a finished step: resolved here, on the
+        publisher's thread, so the training thread never builds events or waits for CUDA marks)."""
+        self._queue.append(item)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -50,9 +53,9 @@ class Publisher:
 
     def flush(self) -> None:
         while self._queue and not self._failed:
-            batch = []
+            batch: list[Event] = []
             while self._queue and len(batch) < MAX_BATCH_EVENTS:
-                batch.append(self._queue.popleft())
+                batch.extend(_events(self._queue.popleft(), self.rank))
             seq = self.seq + 1
             try:
                 self.store.multi_set([keys.tel_batch(self.rank, seq), keys.tel_head(self.rank)],
@@ -69,6 +72,15 @@ class Publisher:
         self._stop.set()
         self._thread.join(timeout=5)
         self.flush()
+
+
+def _events(item, rank: int) -> list[Event]:
+    if isinstance(item, Event):
+        return [item]
+    try:
+        return item.resolve()
+    except Exception as exc:  # a bug in resolving one step must not silence the rank's telemetry
+        return [LogLine(rank, "error", f"a step could not be measured: {type(exc).__name__}: {exc}", time.time())]
 
 
 class Collector:
@@ -163,6 +175,7 @@ class LiveSource:
     def __init__(self, collector: Collector, interval_s: float = 0.2, liveness: Liveness | None = None):
         self.collector = collector
         self.liveness = liveness
+        self.fingerprints = FingerprintCheck(collector.world_size)  # ranks that must hold one model but do not
         self._next_liveness = 0.0
         self.interval_s = interval_s
         self._lock = threading.Lock()
@@ -186,6 +199,7 @@ class LiveSource:
                 if time.monotonic() >= self._next_liveness:
                     events += self.liveness.check()
                     self._next_liveness = time.monotonic() + 1.0
+            events += self.fingerprints.check(events)
         except Exception as exc:
             self.error = str(exc).splitlines()[0]
             return

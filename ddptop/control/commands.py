@@ -65,7 +65,7 @@ def apply_changes(current: SyncConfig, changes: dict[str, Any]) -> SyncConfig:
             ok = True
         if not ok:
             raise UsageError(f"{key} must be {kind.__name__}, got {value!r}")
-    new = current.replace(**fields)
+    new = current.changed(fields)
     if changes.get("scale_lr") and "lr" not in fields and new.batch_size != current.batch_size:
         # linear scaling rule: the learning rate follows the global batch size
         new = new.replace(lr=current.lr * new.batch_size / current.batch_size)

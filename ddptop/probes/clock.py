@@ -15,6 +15,9 @@ class CpuClock:
     def ready(self, mark: Any) -> bool:
         return True
 
+    def wait(self, mark: Any) -> None:
+        """Block until `mark` can be read (the resolving thread, never the training thread, calls this)."""
+
     def seconds(self, start: Any, end: Any) -> float:
         return end - start
 
@@ -22,8 +25,8 @@ class CpuClock:
 class CudaClock:
     """Marks are CUDA events on the current stream, so spans measure device time, not launch time.
 
-    Reading them early would stall the host until the GPU catches up; the trainer keeps a step's
-    marks until `ready` says the last one completed (usually one step later) and resolves them then.
+    Reading them early would stall the host until the GPU catches up, so a step's marks are resolved on the
+    telemetry publisher's thread, which waits for the step's last event; the training thread never syncs.
     """
 
     def __init__(self) -> None:
@@ -38,6 +41,9 @@ class CudaClock:
 
     def ready(self, mark: Any) -> bool:
         return mark.query()
+
+    def wait(self, mark: Any) -> None:
+        mark.synchronize()  # releases the GIL; runs on the publisher thread
 
     def seconds(self, start: Any, end: Any) -> float:
         return start.elapsed_time(end) / 1000.0

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddptop.probes.clock import CpuClock
+from ddptop.probes.own import OwnTime, now
 
 
 @dataclass
@@ -23,12 +24,15 @@ class CommMark:
 
 
 class CommRecorder:
-    """Collects the collectives of the current step. `add` may be called from a backend's thread (DDP hooks)."""
+    """Collects the collectives of the current step. `add` may be called from a backend's thread (DDP hooks).
+
+    The time spent here is ddptop's own cost and goes to `own` (a step probe shares its OwnTime)."""
 
     enabled = True
 
-    def __init__(self, clock: Any = None):
+    def __init__(self, clock: Any = None, own: OwnTime | None = None):
         self.clock = clock or CpuClock()
+        self.own = own or OwnTime()
         self._marks: list[CommMark] = []
         self._lock = threading.Lock()
 
@@ -36,8 +40,10 @@ class CommRecorder:
         return self.clock.now()
 
     def add(self, name: str, start: Any, end: Any, nbytes: int, tx: int, rx: int, kind: str = "comm") -> None:
+        began = now()
         with self._lock:
             self._marks.append(CommMark(name, start, end, nbytes, tx, rx, kind))
+        self.own.since(began)
 
     def take(self) -> list[CommMark]:
         """The marks so far; the recorder starts empty for the next step."""
@@ -47,7 +53,7 @@ class CommRecorder:
 
 
 class NullRecorder(CommRecorder):
-    """`--probes off`: strategies call the same methods, nothing is measured."""
+    """`--probes off|system`: strategies call the same methods, nothing is measured."""
 
     enabled = False
 

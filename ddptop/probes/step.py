@@ -1,111 +1,201 @@
-"""Per-step measurement: phase marks, comm and layer spans in, StepDone and StepSpans events out."""
+"""Per-step measurement: a step runs from one step boundary to the next; marks, comm and layer spans in,
+StepDone and StepSpans out (built on the publisher's thread, not the training thread).
+
+A step's phases, in order, each ending at its mark:
+  ready  the step boundary: the control exchange (ddptop), a switch or a pause (set aside, not step time)
+  data   the next batch, copied to the device (an end-of-epoch test is set aside)
+  fwd    forward and loss      bwd  backward (DDP: its buckets go out meanwhile)
+  sync   the strategy's collectives      opt  the optimizer step
+  tail   until the next boundary: handing the step's record to the publisher (ddptop)
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ddptop.events import Event, Span, StepDone, StepSpans
-from ddptop.probes.comm import CommMark, CommRecorder
+from ddptop.probes.comm import CommMark, CommRecorder, NullRecorder
 from ddptop.probes.layers import LayerProbe
-from ddptop.probes.timeline import COMPUTE_KINDS, breakdown
+from ddptop.probes.own import OwnTime, now
+from ddptop.probes.timeline import breakdown
 
-PHASES = ("data", "fwd", "bwd", "sync", "opt")
+PHASES = ("ready", "data", "fwd", "bwd", "sync", "opt", "tail")
 
 
 @dataclass
-class _Pending:
-    """A finished step whose clock marks may not be resolvable yet (CUDA events still in flight)."""
+class _Step:
+    """One step's raw marks; resolved into events later (CUDA marks may still be in flight)."""
 
-    info: dict
     t0: Any
-    marks: dict[str, Any]
-    comm: list[CommMark]
-    layers: list
-    loss: Any
-    sampled: bool
     wall_t0: float
-    wall_end: float
-    extra: list = field(default_factory=list)
+    step: int = -1
+    segment: int = 0
+    epoch: int = 0
+    batch_size: int = 0
+    sampled: bool = False
+    overlapped_backward: bool = False  # the step's own segment's (a switch may come before it is resolved)
+    marks: dict[str, Any] = field(default_factory=dict)
+    aside: dict[str, float] = field(default_factory=dict)  # seconds set aside (pause, switch, test) per phase
+    own: dict[str, float] = field(default_factory=dict)  # ddptop's own seconds per phase
+    comm: list[CommMark] = field(default_factory=list)
+    layers: list = field(default_factory=list)
+    loss: Any = None
+    end: Any = None
+    wall_end: float = 0.0
+    finished: bool = False
+
+    def phase(self) -> str:
+        """The phase running now: the first one not marked yet."""
+        return PHASES[min(len(self.marks), len(PHASES) - 1)]
 
 
 class StepProbe:
-    """Owns a rank's clock, comm recorder and layer hooks; turns each step into events."""
+    """Owns a rank's clock, comm recorder and layer hooks. `emit` receives one resolvable record per step.
 
-    def __init__(self, rank: int, clock: Any, comm: CommRecorder, span_every: int, spans: bool):
+    `detail=False` (`--probes off|system`) keeps only the boundary marks: step time, ddptop's cost, loss.
+    """
+
+    def __init__(self, rank: int, clock: Any, emit: Callable[[Any], None], span_every: int = 10,
+                 spans: bool = True, detail: bool = True, comm: CommRecorder | None = None):
         self.rank = rank
         self.clock = clock
-        self.comm = comm
+        self.emit = emit
         self.span_every = span_every
-        self.spans = spans
+        self.detail = detail
+        self.spans = spans and detail
+        self.own = comm.own if comm is not None else OwnTime()
+        self.comm = comm if comm is not None else (CommRecorder(clock, self.own) if detail else NullRecorder())
         self.layers: LayerProbe | None = None
         self.overlapped_backward = False  # DDP: buckets go out during backward, which waits for the last ones
-        self._pending: list[_Pending] = []
-        self._marks: dict[str, Any] = {}
+        self._cur: _Step | None = None
+        self.sampled = False
 
     def watch(self, model, overlapped_backward: bool) -> None:
-        """Called when a configuration segment starts with the plain (unwrapped) model."""
-        self.layers = LayerProbe(model, self.clock) if self.spans else None
+        """Called when a configuration segment starts, with the plain (unwrapped) model."""
+        self.layers = LayerProbe(model, self.clock, self.own) if self.spans else None
         self.overlapped_backward = overlapped_backward
 
-    def start(self, step: int) -> None:
-        self.sampled = self.spans and step % self.span_every == 0
+    # -- the training thread ------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """A step boundary: the previous step ends here and the next one starts."""
+        began = now()
+        mark = self.clock.now()
+        self._close(mark)
         self.comm.take()  # drop anything left from an aborted step
-        self._wall_t0 = time.time()
-        self._t0 = self.clock.now()
-        self._marks = {}
+        self._cur = _Step(t0=mark, wall_t0=time.time())
+        self.own.since(began)
+
+    def aside(self, seconds: float) -> None:
+        """Time inside the step's interval that belongs to no step (a pause, a switch, a test pass)."""
+        cur = self._cur
+        if cur is not None and seconds > 0:
+            phase = cur.phase()
+            cur.aside[phase] = cur.aside.get(phase, 0.0) + seconds
+
+    def ready(self, step: int, segment: int, segment_start: int) -> None:
+        """The boundary's work is done; `step` runs under `segment`, which began at `segment_start`.
+
+        A segment's first step is never sampled (DDP's first iteration has one bucket for everything)."""
+        cur = self._cur
+        cur.step, cur.segment, cur.overlapped_backward = step, segment, self.overlapped_backward
+        cur.sampled = self.sampled = (self.spans and step > segment_start
+                                      and (step - segment_start - 1) % self.span_every == 0)
+        self.mark("ready")
 
     def mark(self, phase: str) -> None:
-        self._marks[phase] = self.clock.now()
-        if phase == "data" and self.sampled and self.layers is not None:
+        if not self.detail and phase != "ready":
+            return
+        began = now()
+        cur = self._cur
+        cur.marks[phase] = self.clock.now()
+        cur.own[phase] = self.own.take()
+        if phase == "data" and cur.sampled and self.layers is not None:
             self.layers.attach()  # after the batch arrived: a step that never starts leaves no hooks behind
+        self.own.since(began)
 
-    def finish(self, loss: Any, **info: Any) -> None:
-        layers = self.layers.detach() if self.sampled and self.layers is not None else []
-        self._pending.append(
-            _Pending(info, self._t0, self._marks, self.comm.take(), layers, loss.detach(), self.sampled,
-                     self._wall_t0, time.time())
-        )
+    def finish(self, loss: Any, epoch: int, batch_size: int) -> None:
+        """The step's training work is done; it ends at the next boundary (or `close`)."""
+        began = now()
+        cur = self._cur
+        if cur.sampled and self.layers is not None:
+            cur.layers = self.layers.detach()
+        cur.comm = self.comm.take()
+        cur.loss = loss.detach()
+        cur.epoch, cur.batch_size, cur.finished = epoch, batch_size, True
+        self.own.since(began)
 
-    def drain(self, flush: bool = False) -> list[Event]:
-        """Events of every finished step whose marks are resolved (all of them when `flush`)."""
-        out: list[Event] = []
-        while self._pending and (flush or self.clock.ready(self._pending[0].marks["opt"])):
-            out.extend(self._resolve(self._pending.pop(0)))
-        return out
+    def close(self) -> None:
+        """The run ended: the last step ends now (a step begun but never trained is dropped)."""
+        self._close(self.clock.now())
 
-    def _resolve(self, p: _Pending) -> list[Event]:
+    def _close(self, end: Any) -> None:
+        cur, self._cur = self._cur, None
+        own = self.own.take()
+        if cur is None or not cur.finished:
+            return
+        cur.end, cur.wall_end = end, time.time()
+        cur.own["tail"] = own
+        self.emit(_Resolve(self, cur))
+
+    # -- the publisher's thread -------------------------------------------------------------------------------
+    def resolve(self, p: _Step) -> list[Event]:
+        self.clock.wait(p.end)
         rel = lambda mark: self.clock.seconds(p.t0, mark)  # noqa: E731
-        phase = {name: rel(m) for name, m in p.marks.items()}
+        end = rel(p.end)
+        iter_s = max(0.0, end - sum(p.aside.values()))
+        own_s = sum(p.own.values())
+        loss = float(p.loss.item())
+        if not self.detail:
+            return [StepDone(rank=self.rank, step=p.step, epoch=p.epoch, segment=p.segment, t=p.wall_end,
+                             iter_s=iter_s, data_s=0.0, compute_s=0.0, comm_s=0.0, exposed_comm_s=0.0, overlap=0.0,
+                             batch_size=p.batch_size, loss=loss, comm_bytes=0, tx_bytes=0, rx_bytes=0, sampled=False,
+                             own_s=own_s)]
+        at = {name: rel(mark) for name, mark in p.marks.items()}
         comm = [Span(c.kind, c.name, rel(c.start), rel(c.end) - rel(c.start), c.nbytes, c.tx_bytes, c.rx_bytes)
                 for c in p.comm]
-        spans = [Span("data", "data", 0.0, phase["data"])]
-        if p.layers:
-            spans += [Span(kind, name, rel(a), rel(b) - rel(a)) for kind, name, a, b in p.layers]
-        else:
-            bwd_end = phase["bwd"]
-            if self.overlapped_backward:
-                launches = [s.start_s for s in comm if s.kind == "comm" and s.start_s <= bwd_end]
-                bwd_end = max(launches, default=bwd_end)
-            spans += [Span("fwd", "forward", phase["data"], phase["fwd"] - phase["data"]),
-                      Span("bwd", "backward", phase["fwd"], bwd_end - phase["fwd"])]
-        spans += comm
-        spans.append(Span("opt", "optimizer", phase["sync"], phase["opt"] - phase["sync"]))
-        compute_s, comm_s, exposed_s, overlap = breakdown(
-            [(s.start_s, s.end_s) for s in spans if s.kind in COMPUTE_KINDS],
-            [(s.start_s, s.end_s) for s in comm if s.kind == "comm"],
-        )
-        info = p.info
+        bwd_end = at["bwd"]
+        if p.overlapped_backward:  # backward computes until the last bucket is launched, then waits for it
+            launches = [s.start_s for s in comm if s.kind == "comm" and at["fwd"] <= s.start_s <= at["bwd"]]
+            bwd_end = max(launches, default=bwd_end)
+
+        def net(phase: str, start: float, stop: float) -> float:
+            return max(0.0, stop - start - p.aside.get(phase, 0.0) - p.own.get(phase, 0.0))
+
+        data_s = net("data", at["ready"], at["data"])
+        fwd_s, bwd_s = net("fwd", at["data"], at["fwd"]), net("bwd", at["fwd"], bwd_end)
+        opt_s = net("opt", at["sync"], at["opt"])
+        compute = [(at["data"], at["fwd"]), (at["fwd"], bwd_end), (at["sync"], at["opt"])]
+        _, comm_s, exposed_s, overlap = breakdown(compute, [(s.start_s, s.end_s) for s in comm if s.kind == "comm"])
         done = StepDone(
-            rank=self.rank, step=info["step"], epoch=info["epoch"], segment=info["segment"], t=p.wall_end,
-            iter_s=phase["opt"], data_s=phase["data"], compute_s=compute_s, comm_s=comm_s,
-            exposed_comm_s=exposed_s, overlap=overlap, batch_size=info["batch_size"], loss=float(p.loss.item()),
-            comm_bytes=sum(s.nbytes for s in comm), tx_bytes=sum(s.tx_bytes for s in comm),
-            rx_bytes=sum(s.rx_bytes for s in comm), sampled=p.sampled,
+            rank=self.rank, step=p.step, epoch=p.epoch, segment=p.segment, t=p.wall_end, iter_s=iter_s,
+            data_s=data_s, compute_s=fwd_s + bwd_s + opt_s, comm_s=comm_s, exposed_comm_s=exposed_s, overlap=overlap,
+            batch_size=p.batch_size, loss=loss, comm_bytes=sum(s.nbytes for s in comm),
+            tx_bytes=sum(s.tx_bytes for s in comm), rx_bytes=sum(s.rx_bytes for s in comm), sampled=p.sampled,
+            fwd_s=fwd_s, bwd_s=bwd_s, opt_s=opt_s, own_s=own_s,
         )
         if not p.sampled:
             return [done]
+        spans = [Span("data", "data", at["ready"], at["data"] - at["ready"])]
+        if p.layers:
+            spans += [Span(kind, name, rel(a), rel(b) - rel(a)) for kind, name, a, b in p.layers]
+        else:
+            spans += [Span("fwd", "forward", at["data"], at["fwd"] - at["data"]),
+                      Span("bwd", "backward", at["fwd"], bwd_end - at["fwd"])]
+        spans += comm
+        spans.append(Span("opt", "optimizer", at["sync"], at["opt"] - at["sync"]))
         spans.sort(key=lambda s: s.start_s)
-        return [StepSpans(rank=self.rank, step=info["step"], segment=info["segment"], t0=p.wall_t0,
-                          spans=tuple(spans)), done]
+        return [StepSpans(rank=self.rank, step=p.step, segment=p.segment, t0=p.wall_t0, spans=tuple(spans)), done]
+
+
+class _Resolve:
+    """A finished step waiting to become events on the publisher's thread (`resolve()`)."""
+
+    __slots__ = ("probe", "step")
+
+    def __init__(self, probe: StepProbe, step: _Step):
+        self.probe, self.step = probe, step
+
+    def resolve(self) -> list[Event]:
+        return self.probe.resolve(self.step)

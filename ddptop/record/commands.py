@@ -61,7 +61,7 @@ def cmd_export(argv: Sequence[str]) -> int:
     p = _Parser(prog="ddptop export", description="Export a recording to a Chrome trace (Perfetto) or CSV tables.")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--chrome-trace", metavar="OUT.json", help="write a Chrome trace: one process per rank")
-    p.add_argument("--csv", metavar="DIR", help="write DIR/steps.csv and DIR/system.csv")
+    p.add_argument("--csv", metavar="DIR", help="write DIR/steps.csv, DIR/system.csv and DIR/segments.csv")
     p.add_argument("--steps", metavar="A:B", help="only steps A ≤ step < B (and the samples taken meanwhile)")
     args = p.parse_args(argv)
     from ddptop.record import export
@@ -82,8 +82,11 @@ def cmd_export(argv: Sequence[str]) -> int:
                                      export.step_rows(rec, first, stop))
             system = export.write_csv(os.path.join(args.csv, "system.csv"), export.SYSTEM_COLUMNS,
                                       export.system_rows(rec, first, stop))
+            segments = export.write_csv(os.path.join(args.csv, "segments.csv"), export.SEGMENT_COLUMNS,
+                                        export.segment_rows(rec))
             print(f"wrote {os.path.join(args.csv, 'steps.csv')} ({steps} rows), "
-                  f"{os.path.join(args.csv, 'system.csv')} ({system} rows)")
+                  f"{os.path.join(args.csv, 'system.csv')} ({system} rows), "
+                  f"{os.path.join(args.csv, 'segments.csv')} ({segments} rows: the whole file's segment table)")
     return 0
 
 
@@ -145,7 +148,7 @@ def replay_headless(args) -> int:
                     printer.handle([event])
         else:
             _play(ReplaySource(args.file, speed=args.speed), printer, args)
-    printer.finish(traffic=False)
+    printer.finish(traffic=True)
     return 0
 
 

@@ -9,6 +9,7 @@ import math
 import os
 from typing import Iterable, Iterator
 
+from ddptop import metrics
 from ddptop.errors import UsageError
 from ddptop.events import SPAN_KINDS, StepDone, StepSpans, SystemSample
 from ddptop.record.reader import Recording
@@ -19,9 +20,15 @@ LANE_OF_KIND = {"data": "data", "fwd": "compute", "bwd": "compute", "wait": "wai
 SUBLANES = 100  # tid = lane index * SUBLANES + sub-lane: overlapping collectives (async_op) get their own rows
 assert set(LANE_OF_KIND) == set(SPAN_KINDS)
 
-STEP_COLUMNS = ("rank", "step", "time", "iter_s", "data_s", "compute_s", "comm_s", "exposed_comm_s", "overlap", "loss",
-                "strategy", "bucket_mb", "async_op", "batch_size", "segment", "epoch", "comm_bytes", "tx_bytes",
-                "rx_bytes", "images_per_s", "sampled", "wall_time")
+STEP_COLUMNS = ("rank", "step", "time", "iter_s", "data_s", "compute_s", "fwd_s", "bwd_s", "opt_s", "comm_s",
+                "exposed_comm_s", "overlap", "own_s", "other_s", "loss", "strategy", "bucket_mb", "async_op",
+                "batch_size", "segment", "epoch", "comm_bytes", "tx_bytes", "rx_bytes", "images_per_s", "sampled",
+                "wall_time")
+SEGMENT_COLUMNS = ("segment", "first_step", "last_step", "strategy", "bucket_mb", "async_op", "batch_size", "lr",
+                   "warmup", "measured_steps", "sampled_left_out", "slowest_rank", "step_s_slowest",
+                   "median_step_s_slowest", "step_s_mean", "images_per_s", "data_s", "compute_s", "comm_s",
+                   "exposed_comm_s", "overlap", "ddptop_s", "ddptop_share", "other_s", "sent_mb", "recv_mb",
+                   "final_loss", "switch_mb", "switch_s")
 SYSTEM_COLUMNS = ("rank", "time", "host", "cpu_percent", "node_cpu_percent", "mem_rss_bytes", "node_mem_used_bytes",
                   "gpu_util", "gpu_mem_used_bytes", "net_iface", "net_rx_bytes", "net_tx_bytes", "net_rx_rate",
                   "net_tx_rate", "wall_time")
@@ -142,12 +149,20 @@ def step_rows(rec: Recording, first: int | None = None, stop: int | None = None)
         assert isinstance(d, StepDone)
         config = configs.get(d.segment, {})
         yield {"rank": d.rank, "step": d.step, "time": _r(d.t - rec.start), "iter_s": d.iter_s, "data_s": d.data_s,
-               "compute_s": d.compute_s, "comm_s": d.comm_s, "exposed_comm_s": d.exposed_comm_s,
-               "overlap": d.overlap, "loss": d.loss, "strategy": config.get("strategy", ""),
+               "compute_s": d.compute_s, "fwd_s": d.fwd_s, "bwd_s": d.bwd_s, "opt_s": d.opt_s, "comm_s": d.comm_s,
+               "exposed_comm_s": d.exposed_comm_s, "overlap": d.overlap, "own_s": d.own_s,
+               "other_s": metrics.other_s(d), "loss": d.loss, "strategy": config.get("strategy", ""),
                "bucket_mb": config.get("bucket_mb", ""), "async_op": config.get("async_op", ""),
                "batch_size": d.batch_size, "segment": d.segment, "epoch": d.epoch, "comm_bytes": d.comm_bytes,
                "tx_bytes": d.tx_bytes, "rx_bytes": d.rx_bytes, "images_per_s": _r(d.images_per_s),
                "sampled": int(d.sampled), "wall_time": d.t}
+
+
+def segment_rows(rec: Recording) -> Iterator[dict]:
+    """The per-segment table (ddptop.metrics) over the whole file: the numbers `info` and `report` show."""
+    for row in metrics.table_rows(rec.segment_figures()):
+        config = row.pop("config")
+        yield {**row, **{k: config.get(k, "") for k in ("strategy", "bucket_mb", "async_op", "batch_size", "lr")}}
 
 
 def system_rows(rec: Recording, first: int | None = None, stop: int | None = None) -> Iterator[dict]:

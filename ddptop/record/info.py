@@ -6,8 +6,10 @@ import datetime
 import os
 from typing import Any
 
+from ddptop import tables
 from ddptop.errors import DdptopError
-from ddptop.events import LogLine, RunFinished
+from ddptop.metrics import table_rows
+from ddptop.events import LogLine, ModelsDiverged, RunFinished
 from ddptop.record.reader import Recording, damaged
 
 
@@ -23,7 +25,8 @@ def summary(rec: Recording) -> dict[str, Any]:
     model = rec.meta.get("model") if isinstance(rec.meta.get("model"), dict) else {}
     ranks = rec.meta.get("ranks") if isinstance(rec.meta.get("ranks"), dict) else {}
     kinds = dict(rec.query("SELECT kind, count(*) FROM events GROUP BY kind"))
-    notable = [e for (blob,) in rec.query("SELECT data FROM events WHERE kind IN ('run_finished', 'log') ORDER BY seq")
+    notable = [e for (blob,) in rec.query("SELECT data FROM events WHERE kind IN ('run_finished', 'log', "
+                                          "'models_diverged') ORDER BY seq")
                for e in [_decode(rec, blob)]]
     errors = [e for e in notable if (isinstance(e, RunFinished) and e.reason.startswith("error"))
               or (isinstance(e, LogLine) and e.level == "error")]
@@ -39,6 +42,7 @@ def summary(rec: Recording) -> dict[str, Any]:
         "segments": segment_stats(rec), "switches": max(0, len(rec.segments()) - 1),
         "ranks_lost": kinds.get("rank_lost", 0), "errors": [_error_text(e) for e in errors],
         "finished": _finished([e for e in notable if isinstance(e, RunFinished)]),
+        "warnings": [e.describe() for e in notable if isinstance(e, ModelsDiverged)],
     }
 
 
@@ -60,30 +64,13 @@ def _error_text(e) -> str:
 
 
 def segment_stats(rec: Recording) -> list[dict[str, Any]]:
-    """Per segment: steps, ranks, mean s/it and img/s (for a sweep, after its warm-up steps)."""
-    warmup = rec.config.get("sweep_warmup", 0) if rec.config.get("sweep") else 0
-    warmup = warmup if isinstance(warmup, int) else 0
-    rows = {seg: (lo, hi, n) for seg, lo, hi, n in
-            rec.query("SELECT segment, min(step), max(step), count(DISTINCT rank) FROM steps GROUP BY segment")}
+    """Per segment: the recording's switch (step, time, config, DDP buckets) and its figures (ddptop.metrics)."""
+    figures = {row["segment"]: row for row in table_rows(rec.segment_figures())}
     out = []
     for seg in rec.segments():
-        lo, hi, ranks = rows.get(seg["index"], (None, None, 0))
-        mean_iter, mean_batch = (None, None) if lo is None else rec.query(
-            "SELECT avg(iter_s), avg(batch_size) FROM steps WHERE segment = ? AND step >= ?",
-            (seg["index"], lo + warmup if hi - lo >= warmup else lo))[0]
-        rate = ranks * mean_batch / mean_iter if mean_iter and mean_batch else None
-        out.append({**seg, "first_step": lo, "last_step": hi, "ranks": ranks, "mean_iter_s": mean_iter,
-                    "images_per_s": rate, "warmup_skipped": warmup})
+        row = figures.get(seg["index"], {})
+        out.append({**seg, **{k: v for k, v in row.items() if k != "config"}})
     return out
-
-
-def describe(config: dict) -> str:
-    from ddptop.config import SyncConfig
-
-    try:
-        return f"{SyncConfig(**config).describe()} lr={config.get('lr', '?'):g}"
-    except (DdptopError, TypeError, ValueError):
-        return " ".join(f"{k}={v}" for k, v in config.items()) or "(unknown)"
 
 
 def render(s: dict[str, Any]) -> str:
@@ -105,24 +92,27 @@ def render(s: dict[str, Any]) -> str:
         f"recorded   {s['counts']['steps']} step summaries, {s['counts']['spans']} sampled steps with spans, "
         f"{s['counts']['system']} system samples, {s['counts']['events']} other events",
         f"events     {s['switches']} config switches, {s['ranks_lost']} ranks lost, {len(s['errors'])} errors",
-        "segments   #  steps        at      config                                 mean s/it    img/s",
     ]
+    timed = [seg for seg in s["segments"] if "step_s_slowest" in seg]
+    if timed:
+        lines += ["segments", *tables.row_lines(_figures_only(timed), indent="  ")]
     for seg in s["segments"]:
-        span = "-" if seg["first_step"] is None else f"{seg['first_step']}-{seg['last_step']}"
-        mean = "-" if seg["mean_iter_s"] is None else f"{seg['mean_iter_s']:.3f}"
-        rate = "-" if seg["images_per_s"] is None else f"{seg['images_per_s']:.0f}"
-        lines.append(f"           {seg['index']:<2} {span:<12} {_clock(seg['t']):>6}  {describe(seg['config']):<38} "
-                     f"{mean:>9} {rate:>8}")
         if seg.get("buckets"):
             sizes = " ".join(f"{b[1] / 1e6:.{1 if b[1] >= 1e6 else 3}f}" for b in seg["buckets"]
                              if isinstance(b, list) and len(b) == 2 and isinstance(b[1], (int, float)))
-            lines.append(f"              DDP buckets (MB, in launch order): {sizes}")
-    if s["segments"] and s["segments"][0]["warmup_skipped"]:
-        lines.append(f"           (mean over each segment's steps after its {s['segments'][0]['warmup_skipped']} "
-                     f"warm-up steps, all ranks)")
+            lines.append(f"  segment {seg['index']}: DDP buckets (MB, in launch order): {sizes}")
+        if seg.get("switch_mb"):
+            lines.append(f"  segment {seg['index']}: started at {_clock(seg['t'])}, one-off {seg['switch_mb']:.1f} MB "
+                         f"broadcast from rank 0, switch took {seg['switch_s']:.2f} s")
+    lines += [f"warning    {w}" for w in s["warnings"][:10]]
     lines += [f"error      {e}" for e in s["errors"][:10]]
     lines += [f"finished   {f}" for f in s["finished"]]
     return "\n".join(lines)
+
+
+def _figures_only(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """info's segment dicts carry the switch too; tables.cells wants a metrics row."""
+    return [{**seg, "segment": seg["index"]} for seg in segments]
 
 
 def _where(ranks: dict) -> str:

@@ -61,6 +61,8 @@ class Recording:
         self.path = path
         self.db = db
         self.meta = meta
+        self.select = schema.select_for({table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                                         for table in schema.TABLES})
         self.start, self.end = self._span()
         first, last = self._one("SELECT min(step), max(step) FROM steps")
         self.first_step, self.last_step = (None, None) if first is None else (_int(first), _int(last))
@@ -139,6 +141,18 @@ class Recording:
             out.append({"index": 0, "step": self.first_step, "t": 0.0, "config": sync, "buckets": buckets.get("0")})
         return out
 
+    def segment_figures(self, warmup: int | None = None) -> list:
+        """The per-segment table (ddptop.metrics) over every step in the file: what `info`, `report`,
+        `export --csv` and a replayed screen show. `warmup`: the run's own (metrics.warmup_for) unless given."""
+        from ddptop import metrics
+        from ddptop.events import ConfigApplied
+
+        table = metrics.SegmentTable(metrics.warmup_for(self.config) if warmup is None else warmup)
+        switches = self.query("SELECT seq, at, data FROM events WHERE kind = 'config_applied' ORDER BY seq")
+        table.apply_all(e for e in (self._decode("events", row) for row in switches) if isinstance(e, ConfigApplied))
+        table.apply_all(self.step_events())
+        return table.segments()
+
     def count(self, table: str) -> int:
         return self._one(f"SELECT count(*) FROM {table}")[0]
 
@@ -155,13 +169,13 @@ class Recording:
 
     def events(self) -> Iterator[Event]:
         """Every event in the order it was recorded."""
-        streams = [self._stream(table, f"{schema.SELECT[table]} ORDER BY seq") for table in schema.TABLES]
+        streams = [self._stream(table, f"{self.select[table]} ORDER BY seq") for table in schema.TABLES]
         for _seq, table, row in heapq.merge(*streams):
             yield self._decode(table, row)
 
     def between(self, lo: float, hi: float) -> list[Event]:
         """Events with lo < at ≤ hi (playback clock), in recorded order."""
-        return self._merged({table: (f"{schema.SELECT[table]} WHERE at > ? AND at <= ?", (lo, hi))
+        return self._merged({table: (f"{self.select[table]} WHERE at > ? AND at <= ?", (lo, hi))
                              for table in schema.TABLES})
 
     def history(self, at: float, steps: int = 200, seconds: float = 30.0, spans_per_rank: int = 2) -> list[Event]:
@@ -171,12 +185,12 @@ class Recording:
         low = -1 if step is None else step - steps
         high = -1 if step is None else step + 1  # ranks may be one step apart
         return self._merged({
-            "events": (f"{schema.SELECT['events']} WHERE at <= ?", (at,)),
+            "events": (f"{self.select['events']} WHERE at <= ?", (at,)),
             # `+at` keeps SQLite on the step index: the at-range would cover the whole file
-            "steps": (f"{schema.SELECT['steps']} WHERE step > ? AND step <= ? AND +at <= ?", (low, high, at)),
-            "spans": (f"{schema.SELECT['spans']} WHERE at <= ? ORDER BY at DESC LIMIT ?",
+            "steps": (f"{self.select['steps']} WHERE step > ? AND step <= ? AND +at <= ?", (low, high, at)),
+            "spans": (f"{self.select['spans']} WHERE at <= ? ORDER BY at DESC LIMIT ?",
                       (at, spans_per_rank * self.world_size)),
-            "system": (f"{schema.SELECT['system']} WHERE at > ? AND at <= ?", (at - seconds, at)),
+            "system": (f"{self.select['system']} WHERE at > ? AND at <= ?", (at - seconds, at)),
         })
 
     def step_at_time(self, at: float) -> int | None:
@@ -190,7 +204,7 @@ class Recording:
     def step_events(self, first: int | None = None, stop: int | None = None, table: str = "steps") -> Iterator[Event]:
         """StepDone (or StepSpans with table="spans") of steps first ≤ step < stop, in recorded order."""
         lo, hi = -(1 << 62) if first is None else first, (1 << 62) if stop is None else stop
-        sql = f"{schema.SELECT[table]} WHERE step >= ? AND step < ? ORDER BY seq"
+        sql = f"{self.select[table]} WHERE step >= ? AND step < ? ORDER BY seq"
         return (self._decode(table, row) for _seq, table, row in self._stream(table, sql, (lo, hi)))
 
     def system_events(self, first: int | None = None, stop: int | None = None) -> Iterator[Event]:
@@ -200,7 +214,7 @@ class Recording:
             window = self._one("SELECT min(at - iter_s), max(at) FROM steps WHERE step >= ? AND step < ?",
                                (-(1 << 62) if first is None else first, (1 << 62) if stop is None else stop))
             lo, hi = (0.0, -1.0) if window[0] is None else window
-        sql = f"{schema.SELECT['system']} WHERE at >= ? AND at <= ? ORDER BY seq"
+        sql = f"{self.select['system']} WHERE at >= ? AND at <= ? ORDER BY seq"
         return (self._decode(t, row) for _seq, t, row in self._stream("system", sql, (lo, hi)))
 
     def _merged(self, queries: dict[str, tuple[str, tuple]]) -> list[Event]:

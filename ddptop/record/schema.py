@@ -16,7 +16,8 @@ from ddptop.events import (Event, EventDecodeError, GpuStat, NicStat, Span, Step
                            event_from_dict)
 
 FORMAT = "ddptop-recording"
-SCHEMA_VERSION = 1  # of the file layout; events inside carry their own events.SCHEMA_VERSION
+SCHEMA_VERSION = 2  # of the file layout; events inside carry their own events.SCHEMA_VERSION
+# schema 1 files lack the step columns added since (fwd_s, bwd_s, opt_s, own_s): they read back as 0
 
 STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepDone))
 SYSTEM_FIELDS = tuple(f.name for f in dataclasses.fields(SystemSample))
@@ -182,6 +183,23 @@ SELECT = {
     "system": f"SELECT seq, at, {', '.join(SYSTEM_FIELDS)} FROM system",
     "events": "SELECT seq, at, data FROM events",
 }
+
+
+def select_for(columns: dict[str, set[str]]) -> dict[str, str]:
+    """SELECT statements for a file whose tables have `columns` (older files lack newer step columns)."""
+    out = dict(SELECT)
+    have = columns.get("steps", set(STEP_FIELDS))
+    if not set(STEP_FIELDS) <= have:
+        defaults = {f.name: f.default for f in dataclasses.fields(StepDone)}
+        picked = [name if name in have else f"{_literal(defaults.get(name))} AS {name}" for name in STEP_FIELDS]
+        out["steps"] = f"SELECT seq, at, {', '.join(picked)} FROM steps"
+    return out
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EventDecodeError("a recording lacks a step column that has no default")
+    return repr(value)
 
 
 def decode_row(table: str, row: tuple) -> Event:

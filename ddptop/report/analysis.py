@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from ddptop import metrics
 from ddptop.config import SyncConfig
 from ddptop.events import ConfigApplied, Event, RunStarted, StepDone, SystemSample
 from ddptop.probes import wire
@@ -21,9 +22,9 @@ class SegmentStats:
     world_size: int
     first_step: int
     measured_steps: int
-    mean_step_s: float
-    median_step_s: float
-    images_per_s: float  # the whole job's, summed over ranks
+    mean_step_s: float  # the slowest rank's mean step time
+    median_step_s: float  # the slowest rank's median
+    images_per_s: float  # the whole job's: every rank's images / the slowest rank's time
     compute_s: float
     comm_s: float
     exposed_comm_s: float
@@ -37,6 +38,9 @@ class SegmentStats:
     final_loss: float
     allreduce_gbps: float | None  # ring all-reduce bus bandwidth: 2(N−1)/N·S / comm time (HPML Lab 4 Q3.2)
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss over ranks), all steps
+    mean_rank_step_s: float = 0.0  # the mean over ranks of their mean step time (mean_step_s: the slowest rank's)
+    own_s: float = 0.0  # ddptop's own time per step
+    other_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -49,63 +53,48 @@ def _mean(values: list[float]) -> float:
 
 def segment_stats(events: list[Event], label: str = "", warmup: int | None = None,
                   run_config: dict | None = None) -> list[SegmentStats]:
-    """Statistics of every segment. `warmup` steps at each segment's start are not measured (default: the
-    sweep's warm-up when the run was a sweep, else 1: the first step of a segment builds buckets and caches)."""
-    run_config = run_config or {}
-    if warmup is None:
-        warmup = int(run_config.get("sweep_warmup", 5)) if run_config.get("sweep") else 1
+    """Statistics of every segment: the figures of ddptop.metrics (the same numbers `info`, `export --csv` and the
+    screen show), plus what only a report adds (NIC bytes, CPU, memory, bus bandwidth). `warmup` steps at each
+    segment's start are not measured (default: metrics.warmup_for the run)."""
+    warmup = metrics.warmup_for(run_config) if warmup is None else warmup
     started = next((e for e in events if isinstance(e, RunStarted)), None)
     steps = [e for e in events if isinstance(e, StepDone)]
     world = started.world_size if started else len({d.rank for d in steps}) or 1
     param_bytes = started.param_bytes if started else 0
-    switches = sorted({(e.segment, e.step, tuple(sorted(e.config.items())))
-                       for e in events if isinstance(e, ConfigApplied) and e.rank == 0})
+    table = metrics.SegmentTable.of((e for e in events if isinstance(e, (ConfigApplied, StepDone))), warmup)
     out = []
-    for segment, first_step, items in switches:
-        seg_steps = [d for d in steps if d.segment == segment]
-        if not seg_steps:
+    for fig in table.segments():
+        if not fig.slowest.steps:
             continue
-        config = SyncConfig(**dict(items))
-        measured = [d for d in seg_steps if d.step >= first_step + warmup] or seg_steps
+        seg_steps = [d for d in steps if d.segment == fig.index]
+        measured = [d for d in seg_steps if d.step >= fig.first_step + warmup and not d.sampled] or seg_steps
         samples = [e for e in events if isinstance(e, SystemSample)
                    and min(d.t for d in seg_steps) - 1.0 <= e.t <= max(d.t for d in seg_steps)]
-        out.append(_stats(label, segment, config, world, first_step, measured, seg_steps, samples, param_bytes))
+        out.append(_stats(label, fig, world, measured, seg_steps, samples, param_bytes))
     return out
 
 
-def _per_step_max(measured: list[StepDone]) -> list[float]:
-    """The job's step time is its slowest rank's."""
-    by_step: dict[int, float] = {}
-    for d in measured:
-        by_step[d.step] = max(by_step.get(d.step, 0.0), d.iter_s)
-    return list(by_step.values())
-
-
-def _stats(label, segment, config, world, first_step, measured, seg_steps, samples, param_bytes) -> SegmentStats:
-    step_times = _per_step_max(measured)
+def _stats(label, fig, world, measured, seg_steps, samples, param_bytes) -> SegmentStats:
+    config = SyncConfig(**fig.config)
     ranks = sorted({d.rank for d in measured})
     nic = _nic_per_step(ranks, samples, measured)
-    own = samples  # every rank's process, over the segment's time
-    comm_s = _mean([d.comm_s for d in measured])
+    mean = fig.mean
     ring_bytes = wire.ring_allreduce(param_bytes, world)[0]
-    gbps = ring_bytes / comm_s / 1e9 if comm_s > 0 and config.strategy in ("allreduce", "ddp") and world > 1 else None
-    last_step = max(d.step for d in seg_steps)
+    gbps = (ring_bytes / mean.comm_s / 1e9 if mean.comm_s > 0 and config.strategy in ("allreduce", "ddp")
+            and world > 1 else None)
     by_step: dict[int, list[float]] = {}
     for d in seg_steps:
         by_step.setdefault(d.step, []).append(d.loss)
     return SegmentStats(
-        label=label, index=segment, config=config, world_size=world, first_step=first_step,
-        measured_steps=len(step_times), mean_step_s=_mean(step_times), median_step_s=statistics.median(step_times),
-        images_per_s=sum(_mean([d.images_per_s for d in measured if d.rank == r]) for r in ranks),
-        compute_s=_mean([d.compute_s for d in measured]), comm_s=comm_s,
-        exposed_comm_s=_mean([d.exposed_comm_s for d in measured]), overlap=_mean([d.overlap for d in measured]),
-        sent_mb_per_step=_mean([d.tx_bytes for d in measured]) / 1e6,
-        recv_mb_per_step=_mean([d.rx_bytes for d in measured]) / 1e6,
-        nic_sent_mb_per_step=nic[0], nic_recv_mb_per_step=nic[1],
-        cpu_percent=_mean([s.proc_cpu_percent for s in own]) if own else None,
-        rss_mb=_mean([s.proc_rss_bytes for s in own]) / 1e6 if own else None,
-        final_loss=_mean([d.loss for d in seg_steps if d.step == last_step]),
-        allreduce_gbps=gbps, losses=sorted((step, _mean(v)) for step, v in by_step.items()),
+        label=label, index=fig.index, config=config, world_size=world, first_step=fig.first_step,
+        measured_steps=fig.measured_steps, mean_step_s=fig.slowest.step_s, median_step_s=fig.slowest.median_step_s,
+        images_per_s=fig.images_per_s, compute_s=mean.compute_s, comm_s=mean.comm_s,
+        exposed_comm_s=mean.exposed_comm_s, overlap=mean.overlap, sent_mb_per_step=mean.tx_bytes / 1e6,
+        recv_mb_per_step=mean.rx_bytes / 1e6, nic_sent_mb_per_step=nic[0], nic_recv_mb_per_step=nic[1],
+        cpu_percent=_mean([s.proc_cpu_percent for s in samples]) if samples else None,
+        rss_mb=_mean([s.proc_rss_bytes for s in samples]) / 1e6 if samples else None,
+        final_loss=fig.final_loss, allreduce_gbps=gbps, losses=sorted((step, _mean(v)) for step, v in by_step.items()),
+        mean_rank_step_s=mean.step_s, own_s=mean.own_s, other_s=mean.other_s,
     )
 
 

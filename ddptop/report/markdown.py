@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from ddptop.report.analysis import Scaling, SegmentStats
 
-COLUMNS = ("segment", "config", "ranks", "steps", "mean s/step", "median s/step", "img/s", "compute s", "comm s",
-           "exposed comm s", "overlap %", "MB sent/step (formula)", "MB recv/step (formula)", "MB sent/step (NIC)",
+COLUMNS = ("segment", "config", "ranks", "steps", "mean s/step (slowest rank)", "median s/step (slowest rank)",
+           "mean s/step (mean over ranks)", "img/s", "compute s", "comm s", "exposed comm s", "overlap %",
+           "ddptop ms/step", "other s", "MB sent/step (formula)", "MB recv/step (formula)", "MB sent/step (NIC)",
            "MB recv/step (NIC)", "CPU %", "RSS MB", "all-reduce GB/s", "final loss")
 
 
@@ -15,8 +16,9 @@ def _opt(value: float | None, fmt: str) -> str:
 
 def row(s: SegmentStats) -> list[str]:
     return [f"{s.label} {s.index}".strip(), s.config.describe(), str(s.world_size), str(s.measured_steps),
-            f"{s.mean_step_s:.4f}", f"{s.median_step_s:.4f}", f"{s.images_per_s:.1f}", f"{s.compute_s:.4f}",
-            f"{s.comm_s:.4f}", f"{s.exposed_comm_s:.4f}", f"{100 * s.overlap:.1f}", f"{s.sent_mb_per_step:.2f}",
+            f"{s.mean_step_s:.4f}", f"{s.median_step_s:.4f}", f"{s.mean_rank_step_s:.4f}", f"{s.images_per_s:.1f}",
+            f"{s.compute_s:.4f}", f"{s.comm_s:.4f}", f"{s.exposed_comm_s:.4f}", f"{100 * s.overlap:.1f}",
+            f"{s.own_s * 1e3:.2f}", f"{s.other_s:.4f}", f"{s.sent_mb_per_step:.2f}",
             f"{s.recv_mb_per_step:.2f}", _opt(s.nic_sent_mb_per_step, ".2f"), _opt(s.nic_recv_mb_per_step, ".2f"),
             _opt(s.cpu_percent, ".0f"), _opt(s.rss_mb, ".0f"), _opt(s.allreduce_gbps, ".3f"), f"{s.final_loss:.4f}"]
 
@@ -42,7 +44,9 @@ def document(runs: list[dict], stats: list[SegmentStats], figures: list[tuple[st
                      f"{run['world_size']} ranks ({run['source']}), {run['duration']:.0f} s, "
                      f"{run['segments']} segment(s), warm-up steps dropped per segment: {run['warmup']}")
     parts += ["", "## Per segment", "", table(stats), "",
-              "Step time is the slowest rank's; compute, communication and overlap are per-rank means; "
+              "Step time: wall clock from one step boundary to the next (README glossary), for the slowest rank "
+              "and the mean over ranks; each segment's warm-up steps and its sampled steps (layer hooks) are left "
+              "out; compute, communication, overlap, ddptop's own cost and other are means over ranks; "
               "*formula* bytes follow the algorithm (ring all-reduce 2(N−1)/N·S each way; gather+scatter "
               "(N−1)·S in and out at rank 0, S at the others); *NIC* bytes are what each rank's network "
               "interface counted over the same steps (– when all ranks share one machine's loopback). "

@@ -7,13 +7,16 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
-from ddptop.events import (EpochDone, Event, LogLine, RankJoined, RunFinished, RunStarted, StepDone, StepSpans,
-                           SystemSample)
+from ddptop import metrics
+from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, RankJoined, RunFinished, RunStarted, StepDone,
+                           StepSpans, SystemSample)
+from ddptop.metrics import Figures, SegmentFigures
 from ddptop.state.expected import expected_bytes
 from ddptop.state.nodes import NodeTracker
 from ddptop.state.views import EvalPoint, RankView, Segment, SpanStore, UtilView
 
 STEP_HISTORY = 2000  # steps kept per rank for the loss and iteration-time plots
+RECENT_STEPS = 10  # the window of "now" figures (header img/s, the ranks' rolling means)
 SPAN_STEPS = 64  # sampled steps kept (all ranks together) for moving through the timeline
 UTIL_HISTORY = 240  # system samples kept per rank (2 minutes at the sampler's 0.5 s)
 NOTICES = 50
@@ -35,6 +38,8 @@ class Snapshot:
     notices: tuple[str, ...] = ()
     paused: bool = False
     t: float = 0.0  # time of the newest event
+    segment_figures: tuple[SegmentFigures, ...] = ()  # the per-segment table (ddptop.metrics), all steps so far
+    diverged: tuple[ModelsDiverged, ...] = ()  # points where ranks that must hold one model did not
 
     @property
     def config(self) -> Mapping:
@@ -57,9 +62,19 @@ class Snapshot:
     def epoch(self) -> int:
         return max((r.last.epoch for r in self.ranks if r.last), default=0)
 
+    def recent(self, rank: int, steps: int = RECENT_STEPS) -> Figures:
+        """One rank over its last `steps` steps (sampled steps left out), by ddptop.metrics' definitions."""
+        history = self.history.get(rank, ())
+        return metrics.window(history[-steps:])
+
     @property
     def images_per_s(self) -> float:
-        return sum(r.last.images_per_s for r in self.ranks if r.last and r.state != "lost")
+        """The job's images/s over every running rank's last RECENT_STEPS steps."""
+        cached = self.__dict__.get("_rate")
+        if cached is None:
+            live = [r.rank for r in self.ranks if r.state in ("running", "starting")]
+            cached = self.__dict__["_rate"] = metrics.job_images_per_s(self.recent(r) for r in live)
+        return cached
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -101,11 +116,14 @@ class SessionState:
         self.notices: collections.deque[str] = collections.deque(maxlen=NOTICES)
         self.paused = False
         self.t = 0.0
+        self.table = metrics.SegmentTable()
+        self.diverged: list[ModelsDiverged] = []
         self._snapshot: Snapshot | None = None
         self._handlers = {RankJoined: self._joined, RunStarted: self._started, StepDone: self._step,
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
                           RunFinished: self._finished, ConfigApplied: self._config, ControlRefused: self._refused,
-                          RankLost: self._lost, RunState: self._run_state, LogLine: self._log}
+                          RankLost: self._lost, RunState: self._run_state, LogLine: self._log,
+                          ModelsDiverged: self._diverged}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -132,12 +150,14 @@ class SessionState:
 
     def _started(self, e: RunStarted) -> None:
         self.run = e
+        self.table.warmup = e.warmup
 
     def _step(self, e: StepDone) -> None:
         view = self._rank(e.rank)
         state = "running" if view.state in ("starting", "running") else view.state
         self._set(e.rank, last=e, state=state)
         self.history.setdefault(e.rank, collections.deque(maxlen=STEP_HISTORY)).append(e)
+        self.table.apply(e)
 
     def _spans(self, e: StepSpans) -> None:
         self.spans[(e.rank, e.step)] = e
@@ -169,6 +189,7 @@ class SessionState:
             self.notices.append(f"rank {e.rank}: {e.reason}")
 
     def _config(self, e: ConfigApplied) -> None:
+        self.table.apply(e)
         if e.rank != 0:
             return
         self.segments[e.segment] = Segment(e.segment, e.step, dict(e.config), e.who, e.t)
@@ -194,6 +215,10 @@ class SessionState:
     def _log(self, e: LogLine) -> None:
         self.notices.append(f"rank {e.rank} {e.level}: {e.message}")
 
+    def _diverged(self, e: ModelsDiverged) -> None:
+        self.diverged.append(e)
+        self.notices.append(f"WARNING {e.describe()}")
+
     # -- snapshot --------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """The current state, frozen; the same object until another event is applied."""
@@ -206,7 +231,8 @@ class SessionState:
             history={r: tuple(d) for r, d in sorted(self.history.items())}, spans=SpanStore(dict(self.spans)),
             nodes=self.nodes.views(lambda rank: expected_bytes(self.run, config, rank)),
             util={r: UtilView(r, **{k: tuple(v) for k, v in h.items()}) for r, h in sorted(self.util.items())},
-            notices=tuple(self.notices), paused=self.paused, t=self.t)
+            notices=tuple(self.notices), paused=self.paused, t=self.t,
+            segment_figures=tuple(self.table.segments()), diverged=tuple(self.diverged))
         return self._snapshot
 
     def _current_config(self) -> Mapping:

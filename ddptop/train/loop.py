@@ -1,4 +1,5 @@
-"""The per-rank training loop: segments of one sync configuration, steps measured by the step probe."""
+"""The per-rank training loop: segments of one sync configuration, each started in one place, steps measured
+from one step boundary to the next."""
 
 from __future__ import annotations
 
@@ -9,21 +10,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddptop import metrics
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.agent import Decision
 from ddptop.control.commands import ConfigApplied
 from ddptop.errors import UsageError
 from ddptop.events import EpochDone, Event, RunFinished, RunStarted
+from ddptop.probes.own import now
 from ddptop.train.data import build_datasets, make_loader
-from ddptop.train.models import build_model, layer_param_counts
+from ddptop.train.models import build_model, layer_param_counts, test_tweaks
 from ddptop.train.strategies import Strategy, build_strategy
+from ddptop.train.sync_state import broadcast_state, fingerprint, model_bytes
 
 
 class Trainer:
     """Trains one rank. `emit` receives every event; it must not block (the bus queues them)."""
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device,
-                 emit: Callable[[Event], None], probe: Any, model: nn.Module | None = None):
+                 emit: Callable[[Any], None], probe: Any, model: nn.Module | None = None):
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
@@ -31,34 +35,60 @@ class Trainer:
         self.emit = emit
         self.probe = probe
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = (model or build_model(cfg.model)).to(device)
+        self.model = (model or build_model(cfg.model, **test_tweaks())).to(device)
         self.train_set, self.test_set = build_datasets(cfg)
         self.sync: SyncConfig | None = None
         self.strategy: Strategy | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
         self.segment = -1
+        self.segment_start = 0
         self.step = 0
         self.epoch = 0
         self.stop_reason = "done"
+        self._iterator = None
 
     # -- segments ---------------------------------------------------------------------------------------
-    def start_segment(self, sync: SyncConfig) -> None:
-        """Apply a sync configuration at a step boundary: rebuild what it changes, never mid-step."""
+    def start_segment(self, decision: Decision, agent=None) -> None:
+        """The one place a segment starts (the first one, a sweep's next one, a live switch), at a step boundary.
+
+        Rebuilds what the configuration changes; when the previous segment let the ranks drift apart
+        (`single`) and the new one synchronizes gradients, every rank takes rank 0's parameters, buffers and
+        optimizer state first, so all ranks train one model again. The bytes that costs and the switch's time
+        are reported once, in ConfigApplied, with the model's fingerprint."""
+        began = now()
+        sync, previous = decision.config, self.sync
         if self.strategy is not None:
             self.strategy.teardown()
-        previous = self.sync
+        if previous is None:
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=sync.lr, momentum=0.9, weight_decay=1e-4)
+        sync_bytes = 0
+        if (previous is not None and previous.strategy == "single" and sync.strategy != "single"
+                and self.world_size > 1):
+            sync_bytes += broadcast_state(self.model, self.optimizer, with_model=sync.strategy != "ddp")
+        if sync.strategy == "ddp" and self.world_size > 1:
+            sync_bytes += model_bytes(self.model)  # DDP broadcasts rank 0's parameters and buffers when built
         self.sync = sync
         self.segment += 1
+        self.segment_start = self.step
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.strategy = build_strategy(sync, self.rank, self.world_size, self.probe.comm, device_ids)
         self.forward_module = self.strategy.prepare(self.model)
         self.probe.watch(self.model, overlapped_backward=sync.strategy == "ddp")
         if previous is None or previous.batch_size != sync.batch_size:
+            # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)
             self.loader, self.sampler = make_loader(self.train_set, sync.batch_size, self.rank, self.world_size,
                                                     self.cfg.seed, train=True)
-        if previous is None:
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=sync.lr, momentum=0.9, weight_decay=1e-4)
+            self._iterator = None
         for group in self.optimizer.param_groups:
             group["lr"] = sync.lr
+        print_ = fingerprint(self.model)
+        if agent is not None:
+            agent.applied(decision, self.step, self.segment)
+        switch_s = now() - began
+        self.probe.aside(switch_s)
+        self.emit(ConfigApplied(self.rank, self.step, self.segment, sync.to_dict(), decision.request_id,
+                                decision.who, time.time(), fingerprint=print_, sync_bytes=sync_bytes,
+                                switch_s=switch_s))
 
     def check(self, sync: SyncConfig) -> None:
         """Rank 0 refuses a configuration this data cannot train before any rank sees it."""
@@ -72,7 +102,7 @@ class Trainer:
             return len(self.cfg.sweep) * self.cfg.sweep_steps()
         return self.cfg.steps or len(self.loader) * self.cfg.epochs
 
-    def _sweep_decision(self):
+    def _sweep_decision(self) -> Decision | None:
         """The sweep's next configuration when this step starts a new sweep segment (the same on every rank)."""
         per = self.cfg.sweep_steps()
         if not self.cfg.sweep or self.step == 0 or self.step % per:
@@ -81,59 +111,62 @@ class Trainer:
 
     def run(self, agent=None) -> int:
         """Train until the step budget is spent or a stop arrives; `agent` is the control plane (None: no control)."""
-        first = self.cfg.sweep[0] if self.cfg.sweep else self.cfg.sync
-        self.start_segment(first)
+        self.start_segment(Decision(0, self.cfg.first_sync, "start"))
         if self.rank == 0:
             self.emit(self._run_started())
-        self.emit(ConfigApplied(self.rank, 0, 0, first.to_dict(), 0, "start", time.time()))
         criterion = nn.CrossEntropyLoss()
         total = self.total_steps()
-        evaluated_at = -1
-        iterator = self._epoch_iterator()
+        self._evaluated_at = -1
+        probe = self.probe
         while self.step < total:
-            sweep = self._sweep_decision()
-            if sweep is not None and self._switch(sweep, agent):
-                iterator = self._epoch_iterator()
-            if agent is not None:
-                boundary = agent.boundary(self.step)
-                if boundary.stop:
-                    self.stop_reason = "stopped"
-                    break
-                if boundary.decision is not None and self._switch(boundary.decision, agent):
-                    iterator = self._epoch_iterator()
-            self.probe.start(self.step)
-            try:
-                inputs, labels = next(iterator)
-            except StopIteration:  # end of an epoch
-                if self.cfg.eval:
-                    self._evaluate(criterion)
-                    evaluated_at = self.step
-                self.epoch += 1
-                iterator = self._epoch_iterator()
-                continue
+            probe.begin()
+            if not self._boundary(agent):
+                break
+            probe.ready(self.step, self.segment, self.segment_start)
+            inputs, labels = self._next_batch(criterion)
             self._train_step(inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True),
                              criterion)
-            self._flush_events()
-        if self.cfg.eval and self.stop_reason == "done" and evaluated_at != self.step:
+        probe.close()
+        if self.cfg.eval and self.stop_reason == "done" and self._evaluated_at != self.step:
             self._evaluate(criterion)
-        self._flush_events(final=True)
-        self.emit(RunFinished(self.rank, self.step, self.stop_reason, time.time()))
+        self._finish()
         return self.step
 
-    def _epoch_iterator(self):
-        self.sampler.set_epoch(self.epoch)
-        return iter(self.loader)
+    def _boundary(self, agent) -> bool:
+        """The step boundary: a sweep's switch, then the control exchange (ddptop's cost; a pause is set aside).
+        False when every rank is to stop here."""
+        sweep = self._sweep_decision()
+        if sweep is not None:
+            self.start_segment(sweep, agent)
+        if agent is None:
+            return True
+        began = now()
+        boundary = agent.boundary(self.step)
+        self.probe.own.add(now() - began - boundary.waited_s)
+        self.probe.aside(boundary.waited_s)
+        if boundary.stop:
+            self.stop_reason = "stopped"
+            return False
+        if boundary.decision is not None:
+            self.start_segment(boundary.decision, agent)
+        return True
 
-    def _switch(self, decision, agent) -> bool:
-        """Apply an agreed configuration before this step; True when the data loader was rebuilt."""
-        rebuilt = decision.config.batch_size != self.sync.batch_size
-        self.start_segment(decision.config)
-        if agent is not None:
-            agent.applied(decision, self.step, self.segment)
-        self.emit(ConfigApplied(self.rank, self.step, self.segment, decision.config.to_dict(), decision.request_id,
-                                decision.who, time.time()))
-        # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)
-        return rebuilt
+    def _next_batch(self, criterion: nn.Module):
+        """The next batch; at an epoch's end, the test pass (set aside: not part of any step) and a new epoch."""
+        while True:
+            if self._iterator is None:
+                self.sampler.set_epoch(self.epoch)
+                self._iterator = iter(self.loader)
+            try:
+                return next(self._iterator)
+            except StopIteration:
+                began = now()
+                if self.cfg.eval:
+                    self._evaluate(criterion)
+                    self._evaluated_at = self.step
+                self.epoch += 1
+                self._iterator = None
+                self.probe.aside(now() - began)
 
     def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module) -> None:
         probe = self.probe
@@ -148,13 +181,15 @@ class Trainer:
         probe.mark("sync")
         self.optimizer.step()
         probe.mark("opt")
-        probe.finish(loss, step=self.step, epoch=self.epoch, segment=self.segment,
-                     batch_size=int(labels.shape[0]))
+        probe.finish(loss, epoch=self.epoch, batch_size=int(labels.shape[0]))
         self.step += 1
 
-    def _flush_events(self, final: bool = False) -> None:
-        for event in self.probe.drain(flush=final):
-            self.emit(event)
+    def _finish(self) -> None:
+        """The run's last word: the final fingerprint, and (`--save`) rank 0's model on disk."""
+        print_ = fingerprint(self.model)
+        if self.rank == 0 and self.cfg.save:
+            torch.save(self.model.state_dict(), self.cfg.save)
+        self.emit(RunFinished(self.rank, self.step, self.stop_reason, time.time(), fingerprint=print_))
 
     def _evaluate(self, criterion: nn.Module) -> None:
         """Test loss and accuracy over the whole test set: each rank scores its shard, sums are all-reduced."""
@@ -179,11 +214,12 @@ class Trainer:
 
     def _run_started(self) -> RunStarted:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        sync = self.cfg.sync
+        sync = self.sync  # the configuration segment 0 runs
         return RunStarted(
             model=self.cfg.model, dataset=self.cfg.dataset, world_size=self.world_size, strategy=sync.strategy,
             bucket_mb=sync.bucket_mb, async_op=sync.async_op, batch_size=sync.batch_size, lr=sync.lr,
             param_count=sum(p.numel() for p in params), param_bytes=sum(p.numel() * p.element_size() for p in params),
             param_tensors=len(params), layers=layer_param_counts(self.model), steps_per_epoch=len(self.loader),
             t=time.time(), total_steps=self.total_steps(), sweep_segments=len(self.cfg.sweep),
+            warmup=metrics.warmup_for(self.cfg.to_dict()),
         )

@@ -63,15 +63,50 @@ def _resnet18() -> nn.Module:
     return model
 
 
-def build_model(name: str, batch_norm: bool = True) -> nn.Module:
+class SleepBefore(nn.Module):
+    """Test-only: sleeps a known time before the wrapped model's forward, so tests can check that an injected
+    delay shows up as compute (and nowhere else). Enabled only through DDPTOP_TEST_MODEL (see test_tweaks)."""
+
+    def __init__(self, model: nn.Module, seconds: float):
+        super().__init__()
+        self.model = model
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(self.seconds)
+        return self.model(x)
+
+
+def test_tweaks() -> dict:
+    """Test-only model changes from DDPTOP_TEST_MODEL ("no-batch-norm", "sleep-ms=40", comma-separated):
+    tests need a BatchNorm-free model (BN statistics are per rank) and a forward pass of known extra length."""
+    import os
+
+    out: dict = {}
+    for item in filter(None, (x.strip() for x in os.environ.get("DDPTOP_TEST_MODEL", "").split(","))):
+        key, _, value = item.partition("=")
+        if key == "no-batch-norm":
+            out["batch_norm"] = False
+        elif key == "sleep-ms":
+            out["sleep_s"] = float(value) / 1000.0
+        else:
+            raise UsageError(f"DDPTOP_TEST_MODEL: unknown item {item!r} (no-batch-norm, sleep-ms=N)")
+    return out
+
+
+def build_model(name: str, batch_norm: bool = True, sleep_s: float = 0.0) -> nn.Module:
     """A freshly initialized model; call after seeding so every rank starts from the same weights."""
     if name == "vgg11":
-        return VGG(batch_norm=batch_norm)
-    if name == "tiny":
-        return TinyCNN(batch_norm=batch_norm)
-    if name == "resnet18":
-        return _resnet18()
-    raise UsageError(f"unknown model {name!r}: choose one of vgg11, resnet18, tiny")
+        model: nn.Module = VGG(batch_norm=batch_norm)
+    elif name == "tiny":
+        model = TinyCNN(batch_norm=batch_norm)
+    elif name == "resnet18":
+        model = _resnet18()
+    else:
+        raise UsageError(f"unknown model {name!r}: choose one of vgg11, resnet18, tiny")
+    return SleepBefore(model, sleep_s) if sleep_s > 0 else model
 
 
 def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -22,8 +22,6 @@ from ddptop.control.bus import Publisher
 from ddptop.errors import DdptopError, PeerLost, RendezvousError
 from ddptop.events import RankJoined
 from ddptop.probes.clock import clock_for
-from ddptop.probes.comm import CommRecorder
-from ddptop.probes.off import MinimalStepProbe
 from ddptop.probes.step import StepProbe
 from ddptop.sources.sampler import SystemSampler
 from ddptop.sources.system import job_interface
@@ -100,8 +98,9 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
         sampler.start()
     agent = None
     try:
-        trainer = Trainer(cfg, rdv.rank, rdv.world_size, device, emit, make_probe(cfg, rdv.rank, device))
-        agent = ControlAgent(rdv.rank, rdv.world_size, options.token, connect, emit, trainer.check, cfg.sync)
+        trainer = Trainer(cfg, rdv.rank, rdv.world_size, device, emit, make_probe(cfg, rdv.rank, device, emit))
+        agent = ControlAgent(rdv.rank, rdv.world_size, options.token, connect, emit, trainer.check, cfg.first_sync,
+                             sweep_segments=len(cfg.sweep))
         return trainer.run(agent)
     except RuntimeError as exc:
         reason = _peer_failure(exc)
@@ -117,11 +116,9 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
         _leave()
 
 
-def make_probe(cfg: RunConfig, rank: int, device: torch.device):
-    if cfg.probes != "all":
-        return MinimalStepProbe(rank)
-    clock = clock_for(device.type)
-    return StepProbe(rank, clock, CommRecorder(clock), cfg.span_every, spans=True)
+def make_probe(cfg: RunConfig, rank: int, device: torch.device, emit):
+    """`--probes all`: phases, collectives and per-layer spans; `system`/`off`: step time, ddptop's cost, loss."""
+    return StepProbe(rank, clock_for(device.type), emit, cfg.span_every, spans=True, detail=cfg.probes == "all")
 
 
 PEER_FAILURES = ("connection closed by peer", "connection reset by peer", "timed out", "broken pipe",

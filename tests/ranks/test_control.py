@@ -11,7 +11,7 @@ from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.client import ControlClient, ControlError
 from ddptop.control.commands import ConfigApplied, ControlRefused
 from ddptop.control.store import free_port
-from ddptop.events import RunFinished
+from ddptop.events import ModelsDiverged, RunFinished
 from jobs import run_job, steps_of
 
 TOKEN = "test-token-123"
@@ -19,7 +19,8 @@ TOKEN = "test-token-123"
 PATH = ["gather-scatter", "single", "allreduce", "single", "ddp", "gather-scatter", "allreduce", "gather-scatter",
         "ddp", "allreduce", "ddp", "single"]
 EXTRA = [{"strategy": "ddp", "bucket_mb": 0.01}, {"bucket_mb": 25.0}, {"batch_size": 8, "scale_lr": True},
-         {"strategy": "allreduce", "async_op": True}, {"async_op": False}, {"batch_size": 16}]
+         {"strategy": "allreduce", "async_op": True}, {"async_op": False}, {"batch_size": 16},
+         {"strategy": "single"}]  # ends alone: each rank trains its own shard, so the final models differ
 WORLD = 3
 
 
@@ -36,7 +37,7 @@ def switched():
             ControlClient("127.0.0.1", port, "not-the-token").send("set", {"strategy": "ddp"})
         except ControlError as exc:
             refused.append(str(exc))
-        time.sleep(0.5)
+        time.sleep(1.0)
         client.send("stop")
 
     cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="single", batch_size=16, lr=0.05), steps=100000,
@@ -70,17 +71,17 @@ def test_every_switch_lands_on_the_same_step_on_every_rank(switched):
     assert [a["step"] for _, a in answers] == [step for step, _, _ in per_rank[0]]
     strategies = [config["strategy"] for _, _, config in per_rank[0]]
     assert strategies[:len(PATH)] == PATH
-    last = per_rank[0][-1][2]
+    last = per_rank[0][-2][2]
     assert last == {"strategy": "allreduce", "bucket_mb": 25.0, "async_op": False, "batch_size": 16, "lr": 0.025}
     scaled = next(config for _, _, config in per_rank[0] if config["batch_size"] == 8)
     assert scaled["lr"] == pytest.approx(0.025)  # linear scaling: half the batch, half the rate
 
 
-def test_switches_are_applied_within_two_steps_of_being_accepted(switched):
+def test_switches_are_applied_within_three_steps_of_being_accepted(switched):
     _, _, answers, _ = switched
     for _, answer in answers:
         assert answer["state"] == "applied"
-        assert 0 <= answer["step"] - answer["accepted_step"] <= 2
+        assert 0 <= answer["step"] - answer["accepted_step"] <= 3  # one poll, one pipelined broadcast
 
 
 def test_each_step_of_each_rank_arrives_once_with_its_segment(switched):
@@ -106,3 +107,27 @@ def test_a_wrong_token_changes_nothing(switched):
     refusals = [e for e in events if isinstance(e, ControlRefused)]
     assert len(refusals) == 1 and "bad MAC" in refusals[0].reason
     assert len([e for e in events if isinstance(e, ConfigApplied) and e.rank == 0 and e.request_id]) == len(answers)
+
+
+def test_every_rank_holds_the_same_model_at_every_segment_start(switched):
+    """Segments after `single` start from rank 0's state, broadcast; the fingerprints say so, and a run that ends
+    under `single` shows that without that broadcast the ranks' models really differ."""
+    _, events, _, _ = switched
+    starts: dict[int, dict[int, ConfigApplied]] = {}
+    for e in events:
+        if isinstance(e, ConfigApplied):
+            starts.setdefault(e.segment, {})[e.rank] = e
+    assert len(starts) == len(PATH) + len(EXTRA) + 1
+    for segment, by_rank in sorted(starts.items()):
+        assert len(by_rank) == WORLD
+        prints = {e.fingerprint for e in by_rank.values()}
+        assert len(prints) == 1 and len(next(iter(prints))) == 64, (segment, prints)
+        previous = starts.get(segment - 1, {}).get(0)
+        rank0 = by_rank[0]
+        if previous is not None and previous.config["strategy"] == "single" and rank0.config["strategy"] != "single":
+            assert rank0.sync_bytes > 0, "leaving single re-synchronizes the ranks from rank 0"
+        elif rank0.config["strategy"] != "ddp":
+            assert rank0.sync_bytes == 0
+    finals = {e.rank: e.fingerprint for e in events if isinstance(e, RunFinished)}
+    assert len(finals) == WORLD and len(set(finals.values())) == WORLD, "under single every rank trained alone"
+    assert not [e for e in events if isinstance(e, ModelsDiverged)]

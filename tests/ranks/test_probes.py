@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddptop import metrics
 from ddptop.events import RunStarted, SystemSample
 from ddptop.probes import wire
 from ddptop.train.models import build_model
@@ -32,7 +33,9 @@ def jobs():
 @pytest.mark.parametrize("name", ["allreduce", "async", "gather-scatter", "ddp-big-bucket"])
 def test_spans_are_well_nested_and_ordered(jobs, name):
     sampled = spans_of(jobs[name])
-    assert len(sampled) == 8  # 4 steps x 2 ranks, span_every=1
+    # 4 steps x 2 ranks, span_every=1: every step but the segment's first (DDP's first has one bucket for all)
+    assert sorted((s.rank, s.step) for s in sampled) == [(r, k) for r in (0, 1) for k in (1, 2, 3)]
+    assert sorted(d.step for d in steps_of(jobs[name]) if d.sampled) == [1, 1, 2, 2, 3, 3]
     for step in sampled:
         done = next(d for d in steps_of(jobs[name], step.rank) if d.step == step.step)
         spans = step.spans
@@ -96,6 +99,11 @@ def test_step_summary_is_consistent(jobs):
             assert done.comm_s > 0 and 0 <= done.exposed_comm_s <= done.comm_s + EPS
             assert done.compute_s <= done.iter_s + EPS
             assert done.images_per_s == pytest.approx(16 / done.iter_s)
+            # compute is the phases' time less hook time, the same on sampled and unsampled steps
+            assert done.compute_s == pytest.approx(done.fwd_s + done.bwd_s + done.opt_s)
+            assert done.own_s > 0  # the boundary exchange and the marks, at least
+            parts = metrics.parts(done)
+            assert sum(parts.values()) == pytest.approx(done.iter_s, abs=1e-9) or parts["other"] == 0
         started = [e for e in events if isinstance(e, RunStarted)]
         assert len(started) == 1 and started[0].param_bytes == TINY_BYTES
 

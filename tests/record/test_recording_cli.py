@@ -50,7 +50,7 @@ def test_info_says_what_ran_where_and_for_how_long(recorded, capsys):
     assert main(["info", path, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     (segment,) = info["segments"]
-    assert segment["config"]["strategy"] == "allreduce" and segment["mean_iter_s"] > 0 and info["world_size"] == 2
+    assert segment["config"]["strategy"] == "allreduce" and segment["step_s_slowest"] > 0 and info["world_size"] == 2
     with Recording.open(path) as rec:
         assert rec.meta["config"]["sync"]["strategy"] == "allreduce" and rec.meta["rendezvous"]["source"] == "local"
         assert "--record" in rec.meta["argv"]

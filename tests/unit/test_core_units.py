@@ -6,6 +6,7 @@ import io
 
 import pytest
 
+from ddptop import metrics
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.handshake import mismatch
 from ddptop.errors import UsageError
@@ -123,7 +124,7 @@ def test_handshake_names_the_first_mismatch():
 
 def test_printed_lines_match_the_course_formats():
     done = _samples()[0]
-    line = progress_line(20, 196, done, 197.4)
+    line = progress_line(20, 196, done.loss, metrics.window([done]), 197.4)
     assert line.startswith("step 20/196 loss 2.3000 0.500 s/it 197 img/s")
     assert "comm 40% overlap 50% exposed 100 ms sent 0.0 MB" in line
     assert evaluation_line(EpochDone(0, 0, 196, 2.0345, 2292, 10000, 0.0)) == \

@@ -11,6 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddptop.probes import wire
+from ddptop.probes.own import now
 from ddptop.train.strategies.base import Strategy
 
 
@@ -30,15 +31,20 @@ class DDP(Strategy):
 
 
 def _timed_allreduce(strategy: DDP, bucket):
+    began = now()
     comm = strategy.comm
     buffer = bucket.buffer()
     size = buffer.numel() * buffer.element_size()
     index = bucket.index()
     start = comm.now()
+    comm.own.since(began)  # the hook's own Python runs on the training path: ddptop's cost, not DDP's
     future = default_hooks.allreduce_hook(None, bucket)
+    began = now()
 
     def stamp(fut):
         comm.add(f"bucket {index}", start, comm.now(), size, *wire.ring_allreduce(size, strategy.world_size))
         return fut.value()
 
-    return future.then(stamp)
+    chained = future.then(stamp)
+    comm.own.since(began)
+    return chained

@@ -1,0 +1,57 @@
+"""The per-segment table as text: one layout for `ddptop info`, the headless run's closing lines and the screen."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+from ddptop.metrics import SegmentFigures, table_rows
+
+HEADER = ("#", "steps", "config", "s/step slowest", "s/step mean", "img/s", "compute", "comm", "exposed", "overlap",
+          "ddptop", "MB/step", "loss")
+
+
+def describe(config: Mapping[str, Any]) -> str:
+    """A configuration as users read it: only the settings that mean something for its strategy."""
+    from ddptop.config import SyncConfig
+    from ddptop.errors import DdptopError
+
+    try:
+        return f"{SyncConfig(**config).describe()} lr={config.get('lr', '?'):g}"
+    except (DdptopError, TypeError, ValueError):
+        return " ".join(f"{k}={v}" for k, v in config.items()) or "(unknown)"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.1f} ms"
+
+
+def cells(row: dict[str, Any]) -> tuple[str, ...]:
+    """One segment's row (a `metrics.table_rows` row) as text cells under HEADER."""
+    loss = row["final_loss"]
+    return (str(row["segment"]), f"{row['first_step']}-{row['last_step']}", describe(row["config"]),
+            f"{row['step_s_slowest']:.3f}", f"{row['step_s_mean']:.3f}", f"{row['images_per_s']:.0f}",
+            _ms(row["compute_s"]), _ms(row["comm_s"]), _ms(row["exposed_comm_s"]), f"{row['overlap']:.0%}",
+            f"{_ms(row['ddptop_s'])} {row['ddptop_share']:.1%}", f"{row['sent_mb']:.1f}",
+            "nan" if math.isnan(loss) else f"{loss:.4f}")
+
+
+def lines(segments: Iterable[SegmentFigures], indent: str = "") -> list[str]:
+    """The table, aligned, and one line saying which steps it counts."""
+    return row_lines(table_rows(segments), indent)
+
+
+def row_lines(rows: list[dict[str, Any]], indent: str = "") -> list[str]:
+    """`lines` for rows already made by `metrics.table_rows`."""
+    if not rows:
+        return []
+    body = [HEADER, *(cells(r) for r in rows)]
+    widths = [max(len(line[i]) for line in body) for i in range(len(HEADER))]
+    out = [indent + "  ".join(c.rjust(w) if i not in (2,) else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
+           for line in body]
+    warmup = rows[0]["warmup"]
+    left = sum(r["sampled_left_out"] for r in rows)
+    out.append(f"{indent}(each segment's first {warmup} step{'s' if warmup != 1 else ''} left out as warm-up"
+               f"{f', and {left} sampled steps (layer hooks)' if left else ''}; s/step of the slowest rank and the "
+               f"mean over ranks; the rest are means over ranks; MB/step sent by the algorithm's formula)")
+    return out

@@ -1,0 +1,80 @@
+"""One recording, every consumer, the same segment figures: `info --json`, `export --csv`, `report` and the state a
+replayed screen draws from all give each segment's numbers as ddptop.metrics defines them."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddptop import metrics
+from ddptop.cli import main
+from ddptop.record.replay import ReplaySource
+from ddptop.state.session import SessionState
+from test_report import table_rows
+
+KEYS = ("step_s_slowest", "median_step_s_slowest", "step_s_mean", "images_per_s", "compute_s", "comm_s",
+        "exposed_comm_s", "overlap", "ddptop_s", "other_s", "sent_mb", "final_loss", "measured_steps")
+
+
+@pytest.fixture(scope="module")
+def figures(smoke, tmp_path_factory):
+    record, report = smoke
+    out = {}
+    info = subprocess.run([sys.executable, "-m", "ddptop", "info", str(record), "--json"], capture_output=True,
+                          text=True, timeout=60)
+    assert info.returncode == 0, info.stderr
+    out["info"] = {s["index"]: s for s in json.loads(info.stdout)["segments"]}
+    folder = tmp_path_factory.mktemp("csv")
+    assert main(["export", str(record), "--csv", str(folder)]) == 0
+    with open(folder / "segments.csv") as f:
+        out["export"] = {int(r["segment"]): {k: float(v) for k, v in r.items() if k in KEYS} for r in csv.DictReader(f)}
+    out["replay"] = {row["segment"]: row for row in metrics.table_rows(_replayed(str(record)).segment_figures)}
+    out["report"] = {int(r["segment"]): r for r in table_rows(report / "report.md")}
+    return out
+
+
+def _replayed(path: str):
+    """Play the whole file into SessionState, as the replay screen does (16×), and take its snapshot."""
+    state = SessionState()
+    source = ReplaySource(path, speed=16)
+    try:
+        deadline = time.monotonic() + 60
+        while not source.finished and time.monotonic() < deadline:
+            state.apply_all(source.poll())
+            time.sleep(0.02)
+        state.apply_all(source.poll())
+    finally:
+        source.close()
+    return state.snapshot()
+
+
+def test_info_export_and_the_replayed_screen_agree_exactly(figures):
+    info, export, replay = figures["info"], figures["export"], figures["replay"]
+    assert sorted(info) == sorted(export) == sorted(replay) == [0, 1, 2, 3, 4]
+    for segment in info:
+        for key in KEYS:
+            a, b, c = float(info[segment][key]), float(export[segment][key]), float(replay[segment][key])
+            assert _same(a, b) and _same(a, c), (segment, key, a, b, c)
+
+
+def test_the_report_prints_the_same_numbers(figures):
+    info, report = figures["info"], figures["report"]
+    columns = {"step_s_slowest": ("mean s/step (slowest rank)", 1), "step_s_mean": ("mean s/step (mean over ranks)", 1),
+               "median_step_s_slowest": ("median s/step (slowest rank)", 1), "images_per_s": ("img/s", 1),
+               "compute_s": ("compute s", 1), "comm_s": ("comm s", 1), "exposed_comm_s": ("exposed comm s", 1),
+               "overlap": ("overlap %", 100), "ddptop_s": ("ddptop ms/step", 1000), "final_loss": ("final loss", 1)}
+    for segment, row in report.items():
+        for key, (column, scale) in columns.items():
+            printed = row[column]
+            decimals = len(printed.split(".")[1]) if "." in printed else 0
+            assert float(printed) == pytest.approx(scale * info[segment][key], abs=0.6 * 10 ** -decimals), (key, row)
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-9, abs=1e-12)
