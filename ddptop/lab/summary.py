@@ -1,96 +1,79 @@
 """A lab run's figures against the lab's own link: ring bus bandwidth as % of the link, NIC bytes per host.
 
 `ddptop report` knows the job; only the lab knows the link it ran on, so `ddptop lab --record-dir DIR` adds
-`DIR/report/lab.md` with these tables (HPML Lab 4 Q3.2's bandwidth utilization; CS744's node-0 traffic).
-Numbers come from the recording: StepDone (step, compute and communication times) and SystemSample (each
-host's own eth0 counters), over each segment's steps after its warm-up.
+`DIR/report/lab.md`: the report's own per-segment figures (ddptop.report.analysis, i.e. ddptop.metrics) set
+against the link (HPML Lab 4 Q3.2's bandwidth utilization), and each host's NIC bytes per step from its own
+eth0 counters (CS744's node-0 traffic). A configuration that ran in several segments (a sweep repeated in
+rounds) is pooled over all its measured steps.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass
 
-from ddptop.events import ConfigApplied, RunStarted, StepDone, SystemSample
+from ddptop.events import RunStarted, StepDone, SystemSample
 from ddptop.lab.links import Link
+from ddptop.probes import wire
+from ddptop.report.analysis import segment_stats
 
 QUIET_BYTES_S = 1e6  # a NIC moving less than this (telemetry, heartbeats) is between collectives
 
 
 @dataclass(frozen=True)
 class Segment:
-    """One configuration's measured steps in one run: a segment, or every segment that ran it (interleaved rounds)."""
+    """One configuration in one run: a segment, or every segment that ran it, pooled."""
 
     run: str
     nodes: int
     segments: tuple[int, ...]
     config: str
-    step_times: tuple[float, ...]  # per step: the slowest rank's step time
-    computes: tuple[float, ...]  # per step: the mean over ranks
-    comms: tuple[float, ...]
-    ring_mb: float  # what a ring all-reduce moves per rank and step each way: 2(N−1)/N·S
+    steps: int  # measured steps (the slowest rank's)
+    step_s: float  # the slowest rank's mean step time (ddptop.metrics)
+    compute_s: float  # means over ranks
+    comm_s: float
+    ring_bytes: int  # what a ring all-reduce moves per rank and step each way, 2(N−1)/N·S; 0 when none runs
     nic: tuple[tuple[float, float] | None, ...]  # per rank: (sent, received) MB per step on its eth0
 
-    @property
-    def step_s(self) -> float:
-        return statistics.median(self.step_times)
-
-    @property
-    def compute_s(self) -> float:
-        return statistics.median(self.computes)
-
-    @property
-    def comm_s(self) -> float:
-        return statistics.median(self.comms)
-
     def bus_gbit(self) -> float | None:
-        """Ring bus bandwidth in Gbit/s: 2(N−1)/N·S / communication time (HPML Lab 4 Q3.2)."""
-        return self.ring_mb * 8e-3 / self.comm_s if self.comm_s > 0 and self.ring_mb > 0 else None
+        """The report's all-reduce bus bandwidth, 2(N−1)/N·S / communication time, in Gbit/s."""
+        return self.ring_bytes * 8 / self.comm_s / 1e9 if self.comm_s > 0 and self.ring_bytes else None
 
 
 def segments(events: list, run: str, warmup: int) -> list[Segment]:
-    """Every segment's measured steps (its first `warmup` steps left out), in order."""
+    """Every segment's measured figures, in order."""
+    steps = [e for e in events if isinstance(e, StepDone)]
+    samples = [e for e in events if isinstance(e, SystemSample)]
     started = next((e for e in events if isinstance(e, RunStarted)), None)
-    if started is None:
-        return []
-    n, size = started.world_size, started.param_bytes
-    configs = {e.segment: e.config for e in events if isinstance(e, ConfigApplied) and e.rank == 0}
-    done: dict[int, dict[int, list[StepDone]]] = defaultdict(lambda: defaultdict(list))
-    samples = defaultdict(list)
-    for e in events:
-        if isinstance(e, StepDone):
-            done[e.segment][e.step].append(e)
-        elif isinstance(e, SystemSample):
-            samples[e.rank].append(e)
+    size = started.param_bytes if started else 0
     out = []
-    for seg, by_step in sorted(done.items()):
-        rows = [by_step[s] for s in sorted(by_step)[warmup:] if len(by_step[s]) == n]
-        if not rows:
-            continue
-        config = configs.get(seg, {})
-        ring = 0.0 if config.get("strategy") in ("single", "gather-scatter") or n < 2 else 2 * (n - 1) / n * size
-        nic = tuple(nic_per_step(samples[r], [d for row in rows for d in row if d.rank == r]) for r in range(n))
-        out.append(Segment(run, n, (seg,), _describe(config), tuple(max(d.iter_s for d in row) for row in rows),
-                           tuple(statistics.fmean(d.compute_s for d in row) for row in rows),
-                           tuple(statistics.fmean(d.comm_s for d in row) for row in rows), ring / 1e6, nic))
+    for s in segment_stats(events, warmup=warmup):
+        n = s.world_size
+        measured = [d for d in steps if d.segment == s.index and d.step >= s.first_step + warmup]
+        nic = tuple(nic_per_step([x for x in samples if x.rank == r], [d for d in measured if d.rank == r])
+                    for r in range(n))
+        ring = wire.ring_allreduce(size, n)[0] if s.allreduce_gbps is not None else 0  # where the report has one
+        out.append(Segment(run, n, (s.index,), s.config.describe(), s.measured_steps, s.mean_step_s, s.compute_s,
+                           s.comm_s, ring, nic))
     return out
 
 
 def by_config(rows: list[Segment]) -> list[Segment]:
-    """Segments that ran the same configuration in the same run, pooled: a profile that repeats its sweep in
-    rounds compares configurations under the same background load, however the machine's load drifts."""
+    """Segments of one run that ran the same configuration, pooled (means weighted by measured steps): a profile
+    that repeats its sweep in rounds compares configurations under the same drift of background load."""
     groups: dict[tuple[str, str], list[Segment]] = {}
     for row in rows:
         groups.setdefault((row.run, row.config), []).append(row)
     out = []
     for same in groups.values():
-        first = same[0]
-        nic = tuple(_mean([row.nic[r] for row in same]) for r in range(first.nodes))
-        out.append(Segment(first.run, first.nodes, tuple(s for row in same for s in row.segments), first.config,
-                           tuple(t for row in same for t in row.step_times),
-                           tuple(t for row in same for t in row.computes),
-                           tuple(t for row in same for t in row.comms), first.ring_mb, nic))
+        first, total = same[0], sum(r.steps for r in same)
+
+        def pooled(name: str) -> float:
+            return sum(getattr(r, name) * r.steps for r in same) / total if total else 0.0
+
+        nic = tuple(_mean([r.nic[i] for r in same]) for i in range(first.nodes))
+        out.append(Segment(first.run, first.nodes, tuple(i for r in same for i in r.segments), first.config, total,
+                           pooled("step_s"), pooled("compute_s"), pooled("comm_s"), first.ring_bytes, nic))
     return out
 
 
@@ -123,34 +106,29 @@ def nic_per_step(samples: list[SystemSample], steps: list[StepDone],
     return (nb.tx_bytes - na.tx_bytes) / counted / 1e6, (nb.rx_bytes - na.rx_bytes) / counted / 1e6
 
 
-def _describe(config: dict) -> str:
-    strategy = config.get("strategy", "?")
-    extra = f" {config.get('bucket_mb', 0):g} MB" if strategy == "ddp" else ""
-    extra += " async" if config.get("async_op") else ""
-    return f"{strategy}{extra}, batch {config.get('batch_size', '?')}"
-
-
 def _ids(row: Segment) -> str:
     return ", ".join(str(s) for s in row.segments)
 
 
 def markdown(rows: list[Segment], link: Link, lab: str) -> str:
-    """The lab's tables: step times and link utilization per segment, then every host's NIC bytes per step."""
+    """The lab's tables: step times and link utilization per configuration, then every host's NIC bytes."""
     lines = ["# The lab", "", lab, "",
-             "| run | nodes | segments | config | steps | median s/step | compute s | comm s | ring bus Gbit/s | "
-             "% of link |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| run | nodes | segments | config | steps | mean s/step (slowest rank) | compute s | comm s | "
+             "ring bus Gbit/s | % of link |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         bus = r.bus_gbit()
         pct = f"{bus * 1e9 / link.bits_per_s:.0%}" if bus and link.bits_per_s else "–"
-        lines.append(f"| {r.run or '-'} | {r.nodes} | {_ids(r)} | {r.config} | {len(r.step_times)} | {r.step_s:.3f} | "
+        lines.append(f"| {r.run or '-'} | {r.nodes} | {_ids(r)} | {r.config} | {r.steps} | {r.step_s:.3f} | "
                      f"{r.compute_s:.3f} | {r.comm_s:.3f} | {f'{bus:.3f}' if bus else '–'} | {pct} |")
     width = max((r.nodes for r in rows), default=0)
-    lines += ["", "Ring bus bandwidth: 2(N−1)/N·S divided by the measured communication time per step; % of link: "
-              f"against the lab's {link.describe()} each way.", "",
+    lines += ["", "Step time, compute and communication as in `report.md` (ddptop.metrics), pooled over a "
+              "configuration's segments; ring bus bandwidth: 2(N−1)/N·S divided by the communication time per "
+              f"step; % of link: against the lab's {link.describe()} each way.", "",
               "| run | segments | config | " + " | ".join(f"node {i} sent / received MB/step" for i in range(width))
               + " |", "|---|---|---|" + "---|" * width]
     for r in rows:
         cells = [f"{nic[0]:.1f} / {nic[1]:.1f}" if nic else "–" for nic in r.nic] + [""] * (width - r.nodes)
         lines.append(f"| {r.run or '-'} | {_ids(r)} | {r.config} | " + " | ".join(cells) + " |")
-    lines += ["", "NIC bytes: each host's own eth0 counters (kernel-counted) over the segment's measured steps."]
+    lines += ["", "NIC bytes: each host's own eth0 counters (kernel-counted) over the segment's measured steps, "
+              "between two samples taken while that NIC was quiet (between two steps' traffic)."]
     return "\n".join(lines) + "\n"
