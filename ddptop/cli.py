@@ -221,6 +221,7 @@ SUBCOMMANDS = {
     "replay": _lazy("ddptop.record.commands", "cmd_replay"),
     "report": _lazy("ddptop.report.commands", "cmd_report"),
     "attach": _lazy("ddptop.attach", "cmd_attach"),
+    "lab": _lazy("ddptop.lab.command", "cmd_lab"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Makes the shared test helpers (jobs.py, netns_cluster.py, the CLI helpers) importable from every test folder."""
+"""Makes the shared test helpers (jobs.py, labs.py, the CLI helpers) importable from every test folder."""
 
 from __future__ import annotations
 
