@@ -46,9 +46,9 @@ def load_profile(name: str, flags: dict[str, Any]) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"profile {path} cannot be read: {exc}") from None
     where = f"profile {path.name}"
-    unknown = sorted(set(data) - {"run", "sweep"})
+    unknown = sorted(set(data) - {"run", "sweep", "lab"})  # [lab] is `ddptop lab`'s (ddptop.lab.profile checks it)
     if unknown:
-        raise UsageError(f"{where}: unknown section(s) {', '.join(unknown)}: only [run] and [sweep]")
+        raise UsageError(f"{where}: unknown section(s) {', '.join(unknown)}: only [run], [sweep] and [lab]")
     run, sweep = _table(data, "run", where), _table(data, "sweep", where)
     bad = sorted(k for k in run if k not in flags or k in NOT_IN_PROFILES)
     if bad:
