@@ -64,7 +64,9 @@ def run_parser() -> argparse.ArgumentParser:
     where.add_argument("--token", help="job token for control messages (default: DDPTOP_TOKEN, else generated)")
     look.add_argument("--profile", metavar="NAME", help="load profiles/NAME.toml (flags you type override it)")
     look.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
-    look.add_argument("--record", metavar="FILE", help="record the run to FILE (SQLite; FILE must not exist)")
+    look.add_argument("--record", metavar="FILE", help="record the run to FILE (SQLite; FILE must not exist); "
+                      "default: a new file in ./ddptop-runs/ named by date, time and strategy")
+    look.add_argument("--no-record", action="store_true", help="do not record the run")
     what.add_argument("--save", metavar="FILE", help="at the end, rank 0 writes the model's state_dict to FILE "
                                                     "(torch.save; FILE must not exist)")
     return p
@@ -123,9 +125,12 @@ def cmd_run(argv: Sequence[str]) -> int:
     if args.local is not None and args.world_size not in (None, args.local):
         raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
     ensure_dataset(cfg)
-    from ddptop.run import run
+    from ddptop.front.recording import choose
+    from ddptop.run import records_here, run
 
-    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=args.record,
+    record = choose(args.record, args.no_record, cfg.profile or cfg.first_sync.strategy) if records_here(rdv) \
+        else args.record
+    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
                headless=args.headless)
 
 

@@ -63,6 +63,16 @@ def parts(d: StepDone) -> dict[str, float]:
             "optimizer": d.opt_s, "ddptop": d.own_s, "other": other_s(d)}
 
 
+def mean_parts(steps: Iterable[StepDone]) -> dict[str, float]:
+    """`parts` averaged over steps (a window of one rank): still adds up to the mean step time."""
+    steps = list(steps)
+    out = dict.fromkeys(("data", "forward", "backward", "exposed comm", "optimizer", "ddptop", "other"), 0.0)
+    for d in steps:
+        for name, value in parts(d).items():
+            out[name] += value / len(steps)
+    return out
+
+
 class _Sums:
     """Running sums over the steps of one rank in one window; `figures()` turns them into means."""
 

@@ -5,6 +5,7 @@ DDPTOP_PREFIX = "ddptop"
 
 VERDICT = "join/verdict"  # rank 0's answer to the handshake: {"ok": true} or {"ok": false, "error": "..."}
 FRONT = "front"  # the front process (TUI/printer) says it is listening
+RECORDING = "front/recording"  # where the front records the job ({"path", "host"}; path "" when it does not)
 
 
 def join(rank: int) -> str:

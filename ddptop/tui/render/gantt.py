@@ -10,9 +10,9 @@ from rich.text import Text
 
 from ddptop.events import Span
 from ddptop.probes.timeline import intersection
-from ddptop.tui.render.breakdown import STYLES
 from ddptop.tui.render.cells import styled_runs
-from ddptop.tui.render.units import ellipsize, fmt_s
+from ddptop.tui.render.palette import SPANS
+from ddptop.tui.render.units import ellipsize, fmt_s, safe
 
 LABEL = 18  # columns for the row names
 
@@ -23,22 +23,21 @@ def _cells(span_start: float, span_end: float, total: float, cols: int) -> range
     return range(max(0, a), min(cols, b))
 
 
-def _lane(name: str, spans: Sequence[Span], total: float, cols: int, char: str = "█") -> Text:
+def _lane(name: str, spans: Sequence[Span], total: float, cols: int) -> Text:
     cells: list[tuple[str, str] | None] = [None] * cols
     for s in spans:
+        style, glyph = SPANS.get(s.kind, ("", "█"))
         for c in _cells(s.start_s, s.end_s, total, cols):
-            cells[c] = (char, STYLES.get(s.kind, ""))
-    label = Text(ellipsize(name, LABEL - 1).ljust(LABEL), style="bold" if not name.startswith(" ") else "")
+            cells[c] = (glyph, style)
+    label = Text(ellipsize(safe(name), LABEL - 1).ljust(LABEL), style="bold" if not name.startswith(" ") else "")
     return styled_runs((cell or ("·", "grey23") for cell in cells), label)
 
 
 def _overlap_lane(spans: Sequence[Span], total: float, cols: int) -> Text:
     compute = [(s.start_s, s.end_s) for s in spans if s.kind in ("fwd", "bwd", "opt")]
-    comm = [(s.start_s, s.end_s) for s in spans if s.kind in ("comm", "wait")]
+    comm = [(s.start_s, s.end_s) for s in spans if s.kind == "comm"]  # waiting on a handle is not communication
     hidden = [Span("overlap", "", a, b - a) for a, b in intersection(compute, comm)]
-    out = _lane("overlap", hidden, total, cols, "▀")
-    out.stylize("green", LABEL)
-    return out
+    return _lane("overlap", hidden, total, cols)
 
 
 def _axis(total: float, cols: int) -> Text:
@@ -51,9 +50,9 @@ def _axis(total: float, cols: int) -> Text:
     return Text(" " * LABEL + "".join(ticks[:cols]), style="dim")
 
 
-def gantt(spans: Sequence[Span], width: int, height: int, iter_s: float | None = None) -> Text:
-    """Rows: time axis, compute, comm, overlap, then per-layer fwd/bwd rows and per-collective rows until
-    `height` is used; what does not fit is counted on the last row."""
+def gantt(spans: Sequence[Span], width: int, height: int | None = None, iter_s: float | None = None) -> Text:
+    """Rows: time axis, compute, comm, overlap, then per-layer fwd/bwd rows and per-collective (and wait) rows;
+    with `height`, what does not fit is counted on the last row (None: every row, for a panel that scrolls)."""
     cols = max(8, width - LABEL)
     total = max([iter_s or 0.0] + [s.end_s for s in spans]) or 1.0
     lines = [_axis(total, cols),
@@ -64,7 +63,7 @@ def gantt(spans: Sequence[Span], width: int, height: int, iter_s: float | None =
     comms = [s for s in spans if s.kind in ("comm", "wait")]
     rows = [(f" {name}", [s for s in spans if s.name == name and s.kind in ("fwd", "bwd")]) for name in layers]
     rows += [(f" {s.name}", [s]) for s in comms]
-    room = max(0, height - len(lines))
+    room = len(rows) if height is None else max(0, height - len(lines))
     if len(rows) > room:
         shown = rows[: max(0, room - 1)]
         lines += [_lane(name, row, total, cols) for name, row in shown]
@@ -72,4 +71,4 @@ def gantt(spans: Sequence[Span], width: int, height: int, iter_s: float | None =
             lines.append(Text(f" … {len(rows) - len(shown)} more rows (taller terminal shows them)", style="dim"))
     else:
         lines += [_lane(name, row, total, cols) for name, row in rows]
-    return Text("\n").join(lines[: max(1, height)])
+    return Text("\n").join(lines if height is None else lines[: max(1, height)])

@@ -26,7 +26,7 @@ def current_segment(status: dict) -> int:
 
 
 def status_line(status: dict) -> str:
-    """`▶ 2× step 120/400 t 3.1/7.2s seg 2/4`."""
+    """`▶ 2× step 120/400 t 3.1/7.2s segment 2 of 0–3`: segments are numbered from 0, as everywhere else."""
     if not status:
         return ""
     mark = "▶" if status.get("playing") else "⏸"
@@ -34,8 +34,8 @@ def status_line(status: dict) -> str:
     step = status.get("step")
     current = current_segment(status)
     return (f"{mark} {status.get('speed', 1):g}× step {'-' if step is None else step}/{status.get('step_end') or 0} "
-            f"t {status.get('t', 0):.1f}/{status.get('t_end', 0):.1f}s seg {current + 1 if segments else 0}"
-            f"/{len(segments)}")
+            f"t {status.get('t', 0):.1f}/{status.get('t_end', 0):.1f}s segment {current if segments else 0}"
+            f" of 0–{max(0, len(segments) - 1)}")
 
 
 class TransportBar(Horizontal):
