@@ -67,7 +67,6 @@ def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_ever
     """This machine hosts the store and starts its ranks; the feed records and shows them (screen or lines)."""
     from ddptop.train.launch import run_front
 
-    print(f"ddptop: {rdv.world_size} ranks, master {rdv.master} (ranks found by {rdv.source})", file=sys.stderr)
     sinks = [recorder] if recorder else []
     printer = None
     if headless or not _terminal():
@@ -77,19 +76,23 @@ def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_ever
         from ddptop.tui.live import TuiConsumer
 
         consumer = TuiConsumer(sinks, record, state=state)
-    return run_front(cfg, rdv, options, _Announcing(consumer, record)), printer
+    return run_front(cfg, rdv, options, _Announcing(consumer, record, rdv)), printer
 
 
 class _Announcing:
-    """Says in the job's store where the job is recorded before watching it (`ddptop attach` shows it)."""
+    """Once the store is up and the ranks started: one line on stderr, and where the job is recorded in its store
+    (`ddptop attach` shows it). Before that, a failure (a port in use) is the only line."""
 
-    def __init__(self, consumer, path: str | None):
-        self.consumer, self.path = consumer, path
+    def __init__(self, consumer, path: str | None, rdv: Rendezvous):
+        self.consumer, self.path, self.rdv = consumer, path, rdv
 
     def __call__(self, source, job) -> None:
         from ddptop.control import store as stores
         from ddptop.front.recording import announce
 
+        rdv = self.rdv
+        print(f"ddptop: {rdv.world_size} ranks, master {rdv.master}:{job.front.port} (ranks found by {rdv.source})"
+              + (f"; recording to {self.path}" if self.path else "; not recording"), file=sys.stderr)
         try:
             announce(stores.ddptop_view(stores.connect(job.front.master, job.front.port, 5, "front")), self.path)
         except Exception:  # attach then says it does not know: nothing here depends on it

@@ -9,8 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from ddptop.config import SyncConfig
-from ddptop.control import keys
-from ddptop.control import store as stores
+from ddptop.control import keys, litestore
 from ddptop.control.commands import apply_changes, make_request, who_am_i
 from ddptop.control.token import TOKEN_ENV, find_job
 from ddptop.errors import DdptopError, RendezvousError, UsageError
@@ -25,7 +24,8 @@ class ControlClient:
                  prefix: str = ""):
         self.master, self.port, self.token, self.prefix = master, port, token, prefix
         self.who = who_am_i(role)
-        self.store = stores.ddptop_view(stores.connect(master, port, timeout_s, "ctl"), prefix)
+        # plain Python, not torch's TCPStore: `ddptop ctl` answers in a fraction of a second (README)
+        self.store = litestore.connect(master, port, timeout_s, keys.DDPTOP_PREFIX + prefix)
 
     @classmethod
     def find(cls, master: str | None, port: int | None, token: str | None, role: str = "ctl",
@@ -35,10 +35,13 @@ class ControlClient:
         if port is None and job is None:
             raise RendezvousError("no ddptop job runs on this machine: give --master and --port")
         token = token or os.environ.get(TOKEN_ENV) or (job or {}).get("token")
+        master = master or (job or {}).get("master", "127.0.0.1")
+        port = port or job["port"]
         if not token:
-            raise UsageError("no token for that job: pass --token or set DDPTOP_TOKEN")
+            litestore.connect(master, port, 5.0).close()  # nothing there: say that, not that a token is missing
+            raise UsageError(f"no token for the job on {master}:{port}: pass --token or set DDPTOP_TOKEN")
         prefix = prefix if prefix is not None else str((job or {}).get("prefix", ""))
-        return cls(master or (job or {}).get("master", "127.0.0.1"), port or job["port"], token, role, prefix=prefix)
+        return cls(master, port, token, role, prefix=prefix)
 
     def status(self) -> dict[str, Any]:
         if not self.store.check([keys.STATUS]):

@@ -27,7 +27,8 @@ class Sink(Protocol):
 class SharedState:
     """The one SessionState of a front, behind a lock: the feed applies events, readers take frozen snapshots.
 
-    Listeners (the headless printer) get each batch right after it is applied, so what they read matches it."""
+    Listeners (the headless printer) get each event right after it is applied, so what they read is the state as
+    of that event, however the events were batched (a live run and its replay print the same lines)."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -36,9 +37,13 @@ class SharedState:
 
     def handle(self, events: list[Event]) -> None:
         with self._lock:
-            self.state.apply_all(events)
-            for listener in self.listeners:
-                listener(events)
+            if not self.listeners:
+                self.state.apply_all(events)
+                return
+            for event in events:
+                self.state.apply(event)
+                for listener in self.listeners:
+                    listener([event])
 
     def reset(self) -> None:
         """A replay seeked: what comes next is the history up to the new position."""

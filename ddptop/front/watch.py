@@ -30,6 +30,8 @@ def run_direct(cfg: RunConfig, rdv: Rendezvous, options, log_every: int, record:
     from ddptop.front.recording import check_new
     from ddptop.train.worker import run_rank
 
+    if rdv.rank != 0 or rdv.agent_store:  # an unreachable master is the one line this run prints
+        wait_for_master(rdv.master, rdv.port, options.timeout_s, rdv.source)
     print(f"ddptop: rank {rdv.rank} of {rdv.world_size}, master {rdv.master}:{rdv.port} "
           f"(ranks found by {rdv.source})", file=sys.stderr)
     server = collector = None
@@ -54,6 +56,24 @@ def run_direct(cfg: RunConfig, rdv: Rendezvous, options, log_every: int, record:
         del server
     print(f"ddptop: rank {rdv.rank} finished {steps} steps", file=sys.stderr)
     return 0
+
+
+def wait_for_master(host: str, port: int, timeout_s: float, source: str) -> None:
+    """Until the master's port accepts a connection (it may start after this rank), at most `timeout_s`."""
+    import socket
+
+    from ddptop.errors import RendezvousError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise RendezvousError(f"cannot reach the ddptop master at {host}:{port} (from {source}) after "
+                                      f"{timeout_s:g} s: is rank 0 running and the port open?") from None
+            time.sleep(0.2)
 
 
 class CollectorProcess:

@@ -116,9 +116,10 @@ class SessionState:
         if e.rank != 0:
             return
         self.segments[e.segment] = Segment(e.segment, e.step, dict(e.config), e.who, e.t)
-        if e.who != "start":
+        if e.who != "start":  # with the switch's one-off cost: its time, and the bytes that re-synchronized ranks
+            synced = f", {e.sync_bytes / 1e6:.1f} MB broadcast from rank 0" if e.sync_bytes else ""
             self.notices.append(f"step {e.step}: now {self.segments[e.segment].label()} (segment {e.segment}, "
-                                f"asked by {e.who})")
+                                f"asked by {e.who}; one-off: the switch took {e.switch_s:.2f} s{synced})")
 
     def _refused(self, e: ControlRefused) -> None:
         self.notices.append(f"request {e.request_id} refused: {e.reason}")

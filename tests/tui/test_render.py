@@ -7,7 +7,7 @@ from rich.console import Console
 
 from ddptop.events import NicStat, Span
 from ddptop.state.session import SessionState
-from ddptop.tui.render.breakdown import breakdown_bar, span_parts
+from ddptop.tui.render.breakdown import breakdown_bar, breakdown_legend, span_parts
 from ddptop.tui.render.gantt import gantt
 from ddptop.tui.render.plot import Marker, Series, line_plot
 from ddptop.tui.render.slurm import slurm_graph, slurm_stats
@@ -57,9 +57,9 @@ def test_gantt_draws_lanes_layers_and_collectives_on_one_time_axis():
     names = [line[:18].strip() for line in lines[1:]]
     assert names == ["compute", "comm", "overlap", "features.0", "bucket 0"]
     cells = {name: line[18:] for name, line in zip(names, lines[1:])}
-    assert cells["comm"] == "····████··" and cells["compute"] == "██████··██"
+    assert cells["comm"] == "····████··" and cells["compute"] == "░██▓▓▓··≡≡"  # each part its own glyph
     assert cells["overlap"] == "····▀▀····"  # backward (0.03-0.06) under the bucket (0.04-0.08)
-    assert cells["features.0"] == "·█████····"
+    assert cells["features.0"] == "·██▓▓▓····"
 
 
 def test_gantt_counts_rows_that_do_not_fit():
@@ -70,11 +70,34 @@ def test_gantt_counts_rows_that_do_not_fit():
 
 def test_breakdown_parts_and_bar():
     parts, overlap = span_parts(_spans(), iter_s=0.1)
-    assert dict(parts) == pytest.approx({"data": 0.01, "fwd": 0.02, "bwd": 0.03, "comm": 0.02, "opt": 0.02})
+    assert dict(parts) == pytest.approx({"data": 0.01, "forward": 0.02, "backward": 0.03, "exposed comm": 0.02,
+                                         "optimizer": 0.02})
     assert overlap == pytest.approx(0.5)  # half of the 40 ms bucket ran beside backward
     bar = breakdown_bar(parts, 10).plain.split("\n")
-    assert len(bar[0]) == 10 and "exposed comm 20 ms 20%" in bar[1]
+    assert bar[0] == "░██▓▓▓╳╳≡≡" and "╳ exposed comm 20 ms 20%" in "\n".join(bar[1:])
     assert len(breakdown_bar([("data", 1.0)], 20, legend=False, scale=2.0).plain) == 10
+
+
+def test_the_bar_of_a_step_adds_up_to_its_step_time_and_wait_is_not_communication():
+    from ddptop.events import StepDone
+    from ddptop.tui.render.breakdown import step_parts
+
+    done = StepDone(0, 5, 0, 0, 0.0, 0.100, 0.010, 0.060, 0.030, 0.020, 0.3, 16, 1.0, 0, 0, 0, False,
+                    fwd_s=0.020, bwd_s=0.030, opt_s=0.010, own_s=0.004)
+    parts = dict(step_parts(done))
+    assert sum(parts.values()) == pytest.approx(0.100)
+    assert parts["other"] == pytest.approx(0.100 - 0.010 - 0.060 - 0.020 - 0.004)
+    waited = _spans() + (Span("wait", "wait p0", 0.08, 0.01),)
+    assert dict(span_parts(waited, 0.1)[0])["exposed comm"] == pytest.approx(0.02)
+
+
+def test_legends_wrap_between_items_never_inside_one():
+    legend = breakdown_legend({"data": 0.01, "forward": 0.02, "backward": 0.03, "exposed comm": 0.02,
+                               "optimizer": 0.02, "ddptop": 0.001, "other": 0.005}, width=40).plain.split("\n")
+    assert len(legend) > 1 and all(len(line) <= 40 for line in legend)
+    for line in legend:
+        for item in line.split("  "):
+            assert item[:2] in ("░ ", "█ ", "▓ ", "╳ ", "≡ ", "• ", "· "), line
 
 
 def test_sparkline_and_bar():
@@ -97,9 +120,9 @@ def test_tables_show_every_rank_and_the_slowest(events):
     state.apply_all(events[:300])
     snap = state.snapshot()
     text = _plain(ranks_table(snap, width=160))
-    assert "rank" in text and "MB/s" in text and "GPU%" in text
+    assert "rank" in text and "mean10" in text and "ddptop" in text and "GPU%" in text
     assert text.count("running") == 2 and "◀ slowest" in text
     narrow = _plain(ranks_table(snap, width=80), width=80)
-    assert "GPU%" not in narrow and "slowest" in narrow
+    assert "GPU%" not in narrow and "slowest" in narrow and "mean10" in narrow
     util = util_rows(snap, 120).plain
     assert "r0" in util and "r1" in util and "CPU [" in util and "GPU -" in util

@@ -67,8 +67,9 @@ def breakdown_bar(parts: Sequence[tuple[str, float]] | Mapping[str, float], widt
     return bar
 
 
-def breakdown_legend(parts: Sequence[tuple[str, float]] | Mapping[str, float], width: int = 10_000) -> Text:
-    """`░ data 303 µs 2%  █ forward 4.7 ms 37% …`, wrapped between items, never inside one."""
+def breakdown_legend(parts: Sequence[tuple[str, float]] | Mapping[str, float], width: int = 10_000,
+                     indent: str = "", note: str = "") -> Text:
+    """`░ data 303 µs 2%  █ forward 4.7 ms 37% …`, wrapped between items, never inside one (then `note`)."""
     parts = list(parts.items()) if isinstance(parts, Mapping) else list(parts)
     total = sum(max(0.0, v) for _, v in parts) or 1.0
     items = []
@@ -78,4 +79,6 @@ def breakdown_legend(parts: Sequence[tuple[str, float]] | Mapping[str, float], w
         item = Text(f"{part_glyph(kind)} ", style=part_style(kind))
         item.append(f"{kind} {fmt_s(value)} {value / total:.0%}", style="default")
         items.append(item)
-    return wrap_items(items, width)
+    if note:
+        items.append(Text(note, style="dim"))
+    return wrap_items(items, width, indent=indent)

@@ -17,10 +17,10 @@ from ddptop.tui.render.palette import MARKER, ORANGE, SKY, VERMILLION, part_styl
 from ddptop.tui.render.plot import Marker, Series, line_plot
 from ddptop.tui.render.slurm import expected_line, slurm_graph
 from ddptop.tui.render.spark import sparkline
-from ddptop.tui.render.tables import WIDE, gpu_text, ranks_table, segment_note, segment_table
+from ddptop.tui.render.tables import WIDE, gpu_text, ranks_table, segment_table
 from ddptop.tui.render.units import fmt_bytes, fmt_rate, fmt_s, safe
 
-PLOT_ROWS = 7
+PLOT_ROWS = 6
 BARS = 4  # ranks with a breakdown bar of their own; more ranks show the slowest and the fastest
 
 
@@ -37,18 +37,27 @@ def overview(snap: Snapshot, width: int, banner: str = "") -> Group:
     if not snap.ranks:
         return Group(*parts, Text("waiting for the ranks to join", style="dim"))
     wide = width >= WIDE
-    parts += [_title("ranks", f"latest step, then means over each rank's last {RECENT_STEPS} steps "
-                              "(* a sampled step: layer hooks slow it, means leave it out)"),
-              ranks_table(snap, width=width), Text("")]
-    parts += [_title("where a step's time goes", f"mean of the last {RECENT_STEPS} steps, by rank"),
-              time_bars(snap, width), Text(OTHER_NOTE, style="dim"), Text("")]
-    parts += [_title("segments", "one row per configuration, the same figures as `ddptop info`"),
-              segment_table(snap, width, last=None if wide else 4), Text(segment_note(snap), style="dim"), Text("")]
-    parts += [_columns(snap, width)] if wide else _narrow(snap, width)
-    notes = [Text(safe(n), style="dim") for n in snap.notices[-3:]]
-    if notes:
-        parts += [Text(""), _title("events", "")] + notes
-    return Group(*parts)
+    ranks = [_title("ranks", f"latest step, then means over each rank's last {RECENT_STEPS} steps "
+                             "(* a sampled step: layer hooks slow it, means leave it out)", width),
+             ranks_table(snap, width=width), Text("")]
+    time = [_title("where a step's time goes", f"mean of the last {RECENT_STEPS} steps, by rank", width),
+            time_bars(snap, width), Text("")]
+    segments = [_title("segments", "as `ddptop info` shows them: " + short_note(snap), width),
+                segment_table(snap, width, last=None if wide else 4), Text("")]
+    if wide:
+        return Group(*parts, *ranks, *time, *segments, _columns(snap, width))
+    return Group(*parts, *ranks, *segments, *time, *_narrow(snap, width))
+
+
+def short_note(snap: Snapshot) -> str:
+    """Which steps the segment table counts, in one line (`ddptop info` says it at length)."""
+    segments = snap.segment_figures
+    if not segments:
+        return ""
+    warmup, left = segments[0].warmup, sum(s.sampled_left_out for s in segments)
+    return (f"each one's first {warmup} step{'s' if warmup != 1 else ''}"
+            f"{f' and {left} sampled steps' if left else ''} left out; s/step: slowest rank and mean over ranks, "
+            "the rest: means over ranks")
 
 
 def warnings(snap: Snapshot) -> list[Text]:
@@ -60,10 +69,13 @@ def warnings(snap: Snapshot) -> list[Text]:
     return out
 
 
-def _title(name: str, note: str) -> Text:
-    out = Text(name, style="bold")
+def _title(name: str, note: str, width: int = 0) -> Text:
+    """A section's name and what it shows, on one line (the note is cut to `width`)."""
+    out = Text(name, style="bold", no_wrap=True, overflow="ellipsis")
     if note:
         out.append(f"  {note}", style="dim")
+    if width and out.cell_len > width:
+        out.truncate(width, overflow="ellipsis")
     return out
 
 
@@ -85,7 +97,7 @@ def time_bars(snap: Snapshot, width: int) -> Text:
         out.append(f" {fmt_s(sum(parts[r.rank].values()))}\n")
     slowest = max(parts, key=lambda k: sum(parts[k].values()))
     out.append("    ")
-    out.append_text(breakdown_legend(parts[slowest], width - 4))
+    out.append_text(breakdown_legend(parts[slowest], width, indent="    ", note=OTHER_NOTE.replace("other: ", "other = ")))
     return out
 
 
@@ -115,11 +127,11 @@ def _columns(snap: Snapshot, width: int) -> Table:
     half = (width - 3) // 2
     series = _series(snap)
     left = Group(_plot("loss", "mean over ranks  ┊ a configuration change", series["loss"], snap, half), Text(""),
-                 _plot("step time", "per step over ranks; sampled steps left out", series["step time"], snap, half,
-                       fmt=fmt_s, y_range=(0.0, max([y for s in series["step time"] for _, y in s.points] or [1.0]))))
+                 _plot("step time", "over ranks; sampled steps left out; top at 3× the median", series["step time"],
+                       snap, half, fmt=fmt_s, y_range=(0.0, step_top(series["step time"]))))
     right = Group(_plot("communication", "% of the step: comm, and exposed (nothing hid it)", series["comm"], snap,
                         half, fmt=lambda v: f"{v:.0f}%", y_range=(0.0, 100.0)), Text(""),
-                  *network(snap, half), Text(""), *utilization(snap, half))
+                  *network(snap, half, rows=4), Text(""), *utilization(snap, half))
     grid = Table.grid(padding=(0, 3))
     grid.add_column(width=half)
     grid.add_column(width=half)
@@ -127,9 +139,17 @@ def _columns(snap: Snapshot, width: int) -> Table:
     return grid
 
 
-def network(snap: Snapshot, width: int, rows: int = 5) -> list[Text]:
+def step_top(series: list[Series]) -> float:
+    """The step-time plot's top: 3× the median step, so a segment's slow first steps do not flatten the rest."""
+    values = sorted(y for s in series for _, y in s.points)
+    if not values:
+        return 1.0
+    return min(values[-1], 3 * values[len(values) // 2]) or 1.0
+
+
+def network(snap: Snapshot, width: int, rows: int = 4) -> list[Text]:
     """Per node: a small slurm graph of its job interface (RX up, TX down) and bytes per step against the formulas."""
-    out = [_title("network", "per node, its job interface: RX ▲ above the line, TX ▼ below")]
+    out = [_title("network", "per node, its job interface: RX ▲ above the line, TX ▼ below", width)]
     strategy = str(snap.config.get("strategy", "?"))
     for node in snap.nodes:
         nic = node.nic()
@@ -142,15 +162,13 @@ def network(snap: Snapshot, width: int, rows: int = 5) -> list[Text]:
         head.append("  TX ", style=ORANGE)
         head.append(fmt_rate(nic.stat.tx_rate))
         out += [head, slurm_graph(nic.rx_history, nic.tx_history, width, rows)]
-        line = expected_line(node, node.job_iface, strategy)
-        line.truncate(width * 2, overflow="fold")
-        out.append(line)
+        out.append(expected_line(node, node.job_iface, strategy, short=True))
     return out
 
 
 def utilization(snap: Snapshot, width: int) -> list[Text]:
     """Per rank: CPU and memory histories (and the GPU's, where there is one)."""
-    out = [_title("utilization", "per rank: process CPU, memory, GPU")]
+    out = [_title("utilization", "per rank: process CPU, memory, GPU", width)]
     spark = max(6, min(30, (width - 40) // 2))
     for r in snap.ranks:
         hist, s = snap.util.get(r.rank), r.system
@@ -170,7 +188,7 @@ def _narrow(snap: Snapshot, width: int) -> list[RenderableType]:
     """Below WIDE columns: sparklines for the plots, one line per node and per rank."""
     series = _series(snap)
     spark = max(8, width - 34)
-    out = [_title("trends", f"the last {spark} steps; sampled steps left out")]
+    out = [_title("trends", f"the last {spark} steps; sampled steps left out", width)]
     for name, s, fmt in (("loss", series["loss"][0], lambda v: f"{v:.4f}"),
                          ("step time", series["step time"][1], fmt_s),
                          ("comm %", series["comm"][0], lambda v: f"{v:.0f}%"),

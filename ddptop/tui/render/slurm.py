@@ -9,7 +9,7 @@ from rich.text import Text
 from ddptop.events import NicStat
 from ddptop.state.expected import formula
 from ddptop.state.views import NodeView
-from ddptop.traffic import not_comparable
+from ddptop.traffic import SHARED_IFACES, not_comparable
 from ddptop.tui.render.palette import RX as RX_STYLE, TX as TX_STYLE
 from ddptop.tui.render.units import fmt_bytes, fmt_count, fmt_rate, safe
 
@@ -72,17 +72,21 @@ def nic_summary_line(host: str, nic: NicStat, width: int) -> str:
     return text[:width]
 
 
-def expected_line(node: NodeView, iface: str, strategy: str) -> Text:
+def expected_line(node: NodeView, iface: str, strategy: str, short: bool = False) -> Text:
     """Bytes per step the node's ranks should send (the sum over them, by the formulas) beside what its NIC counted;
     on a shared counter (lo, or one moving more than the job explains) it says why there is no comparison."""
     nic = node.nic(iface)
     ranks = ", ".join(map(str, node.ranks))
-    out = Text("per step  expected ", style="bold")
+    whose = f"rank{'s' if len(node.ranks) != 1 else ''} {ranks}"
+    out = Text("per step  expected " if not short else "expected/step ", style="bold")
     out.append(f"TX {fmt_bytes(node.expected_tx)} RX {fmt_bytes(node.expected_rx)}", style=TX_STYLE)
-    out.append(f" (sum over rank{'s' if len(node.ranks) != 1 else ''} {ranks}: {formula(strategy)}, S = gradient bytes)")
+    out.append(f" (Σ {whose})" if short else f" (sum over {whose}: {formula(strategy)}, S = gradient bytes)")
     counted = nic.per_step_tx if nic is not None else None
     why = not_comparable(iface, counted, node.expected_tx)
-    if why:
+    if why and short:
+        out.append(f"  NIC: no comparison ({f'{iface} shared' if iface in SHARED_IFACES else 'other traffic'})",
+                   style="dim")
+    elif why:
         out.append(f"  NIC: no comparison: {why}", style="dim")
     elif counted is not None:
         out.append(f"  NIC counted TX {fmt_bytes(counted)} RX {fmt_bytes(nic.per_step_rx)}", style=RX_STYLE)

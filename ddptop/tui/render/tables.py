@@ -71,6 +71,7 @@ def _loss(value: float) -> str:
 
 
 SEGMENT_NARROW = ("#", "config", "s/step slowest", "img/s", "comm", "exposed", "overlap")
+NARROW_NAMES = {"s/step slowest": "s/step"}  # narrow: the slowest rank's, as the wide table says
 
 
 def segment_table(snap: Snapshot, width: int = 160, last: int | None = None) -> Table:
@@ -78,14 +79,15 @@ def segment_table(snap: Snapshot, width: int = 160, last: int | None = None) -> 
     segment in force is marked ▶, one still in its warm-up says so; `last` keeps the newest segments only."""
     table = _table()
     wide = width >= WIDE
-    header = list(tables.HEADER) + (["switch"] if wide else [])
+    header = list(tables.HEADER)
     keep = [i for i, name in enumerate(header) if wide or name in SEGMENT_NARROW]
     for i in keep:
-        table.add_column(header[i], justify="left" if header[i] == "config" else "right", no_wrap=True)
+        table.add_column(header[i] if wide else NARROW_NAMES.get(header[i], header[i]), no_wrap=True,
+                         justify="left" if header[i] == "config" else "right", min_width=2 if i == 0 else None)
     segments = list(snap.segment_figures)[-last:] if last else list(snap.segment_figures)
     for seg, row in zip(segments, metrics.table_rows(segments)):
-        cells = list(tables.cells(row)) + ([_switch(row)] if wide else [])
-        cells[2] = safe(cells[2])
+        cells = list(tables.cells(row))
+        cells[2] = safe(cells[2] if wide else short_config(cells[2]))
         if seg.measured_steps == 0:  # still in its warm-up: no figure yet rather than zeros
             cells = cells[:3] + [f"warm-up ({row['warmup']} step{'s' if row['warmup'] != 1 else ''})"] + \
                 ["" for _ in cells[4:]]
@@ -95,11 +97,9 @@ def segment_table(snap: Snapshot, width: int = 160, last: int | None = None) -> 
     return table
 
 
-def _switch(row: dict) -> str:
-    """The one-off cost of starting the segment: re-synchronizing broadcast and the switch's time."""
-    if row["segment"] == 0 and not row["switch_mb"]:
-        return "-"
-    return f"{row['switch_s']:.2f} s" + (f" {row['switch_mb']:.1f} MB" if row["switch_mb"] else "")
+def short_config(text: str) -> str:
+    """`ddp bucket=0.02MB batch=16 lr=0.05` → `ddp 0.02MB b16 lr 0.05`, for 80 columns."""
+    return text.replace("bucket=", "").replace(" batch=", " b").replace(" lr=", " lr ")
 
 
 def segment_note(snap: Snapshot) -> str:

@@ -42,6 +42,8 @@ def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: 
     if lr is not None:
         wanted["lr"] = _number(lr, float, "learning rate")
     changes = {k: v for k, v in wanted.items() if current.get(k) != v}
+    if wanted["async_op"] and "strategy" in changes:  # asked for with a new strategy: rank 0 would judge it, so do we
+        changes["async_op"] = True
     if not changes:
         raise UsageError("nothing to change: that is the config in force")
     if scale_lr:

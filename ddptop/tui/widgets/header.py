@@ -20,8 +20,8 @@ def run_state(snap: Snapshot, mode: str, replay: dict | None) -> tuple[str, str]
         return state, STATES.get(state, "dim")
     if not replay:
         return f"replay · {state}", "dim"
-    playing = f"▶ {replay.get('speed', 1):g}×" if replay.get("playing") else "⏸ stopped"
-    return f"{playing} · the job was {state}", STATES.get(state, "dim")
+    playing = f"▶ playing {replay.get('speed', 1):g}×" if replay.get("playing") else "⏸ paused"
+    return f"{playing} · job {state}", STATES.get(state, "dim")
 
 
 def own_cost(snap: Snapshot) -> str:
@@ -76,9 +76,7 @@ class StatusHeader(Widget):
         out.append(f" · segment {snap.segment}" + (f" (sweep {min(snap.segment + 1, sweep)}/{sweep})" if sweep else ""))
         if snap.paused and live:
             out.append(" · img/s paused", style="yellow")
-        elif snap.finished:
-            out.append(" · finished")
-        else:
+        elif not snap.finished:
             out.append(f" · {snap.images_per_s:,.0f} img/s")
         cost = own_cost(snap)
         if cost and wide and not snap.finished:

@@ -47,8 +47,8 @@ class NetworkPanel(Widget, can_focus=True):
         nodes = self.snapshot.nodes
         out = self._title(node, iface)
         summary_rows = len(nodes) + 2
-        visible = self.parent.size.height if self.parent is not None else 24  # the graph fills what is in view;
-        graph_rows = max(5, visible - STATS_ROWS - 5 - summary_rows)  # the all-nodes table below may scroll
+        visible = self.screen.size.height - 8  # header, tabs, footer (and a replay's bar): the graph fills the view,
+        graph_rows = max(5, visible - STATS_ROWS - 6 - summary_rows)  # the all-nodes table below may scroll
         out.append("\n")
         out.append_text(slurm_graph(nic.rx_history, nic.tx_history, width, graph_rows))
         out.append("\n")

@@ -1,0 +1,56 @@
+"""Provides what `ddptop ctl status` prints: the job's step and config, and each rank's recent figures, read from
+the telemetry the ranks already publish (the newest batches still in the store), by ddptop.metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddptop import metrics
+from ddptop.control import keys
+from ddptop.events import EventDecodeError, StepDone, decode_events
+
+BATCHES = 3  # newest telemetry batches read per rank: at 4 batches/s, the last ~0.75 s (or the last few steps)
+WINDOW = 10
+
+
+def recent_steps(store, world_size: int) -> dict[int, list[StepDone]]:
+    """Each rank's StepDone from its newest telemetry batches (what a collector has not deleted)."""
+    out: dict[int, list[StepDone]] = {}
+    for rank in range(world_size):
+        try:
+            if not store.check([keys.tel_head(rank)]):
+                continue
+            head = int(store.get(keys.tel_head(rank)))
+        except (ValueError, OSError):
+            continue
+        steps: list[StepDone] = []
+        for seq in range(max(1, head - BATCHES + 1), head + 1):
+            try:
+                if store.check([keys.tel_batch(rank, seq)]):
+                    steps += [e for e in decode_events(store.get(keys.tel_batch(rank, seq))) if isinstance(e, StepDone)]
+            except (EventDecodeError, OSError):
+                continue
+        out[rank] = steps[-WINDOW:]
+    return out
+
+
+def format_status(status: dict[str, Any], where: str, steps: dict[int, list[StepDone]]) -> str:
+    """One line for the job (state, one step number, the config in force), one per rank with its figures."""
+    from ddptop import tables
+
+    state = "paused" if status.get("paused") else "running"
+    lines = [f"job {where} · {state} · step {status['step']} · segment {status['segment']}: "
+             f"{tables.describe(status['config'])}"]
+    lines.append(f"  rank  s/step  comm  exposed  ddptop   (means of each rank's newest steps, at most {WINDOW})")
+    job_step = int(status.get("step", 0))
+    for rank in status.get("ranks", []):
+        r = rank["rank"]
+        f = metrics.window(steps.get(r, []))
+        behind = job_step - int(rank.get("step", job_step)) if isinstance(rank.get("step"), int) else 0
+        note = f"  ({behind} steps behind rank 0)" if behind > 1 else ""
+        if f.steps:
+            lines.append(f"  {r:>4}  {f.step_s:6.3f}  {f.share(f.comm_s):4.0%}  {f.exposed_comm_s * 1e3:5.1f} ms  "
+                         f"{f.share(f.own_s):5.1%}{note}")
+        else:
+            lines.append(f"  {r:>4}  (no recent step in the store){note}")
+    return "\n".join(lines)
