@@ -50,7 +50,8 @@ class DdptopApp(App):
     ENABLE_COMMAND_PALETTE = False
     CSS = """
     TabbedContent { height: 1fr; }
-    TabPane { padding: 0; overflow-y: auto; }
+    TabbedContent > ContentSwitcher { height: 1fr; }
+    TabPane { height: 1fr; padding: 0; overflow-y: auto; }
     """
     BINDINGS = [
         Binding("q", "quit_app", "Quit"),

@@ -78,9 +78,16 @@ def expected_line(node: NodeView, iface: str, strategy: str, short: bool = False
     nic = node.nic(iface)
     ranks = ", ".join(map(str, node.ranks))
     whose = f"rank{'s' if len(node.ranks) != 1 else ''} {ranks}"
-    out = Text("per step  expected " if not short else "expected/step ", style="bold")
-    out.append(f"TX {fmt_bytes(node.expected_tx)} RX {fmt_bytes(node.expected_rx)}", style=TX_STYLE)
-    out.append(f" (Σ {whose})" if short else f" (sum over {whose}: {formula(strategy)}, S = gradient bytes)")
+    if short:
+        out = Text("expected ", style="bold")
+        same = node.expected_tx == node.expected_rx
+        out.append(f"{fmt_bytes(node.expected_tx, 0)}/step each way" if same else
+                   f"TX {fmt_bytes(node.expected_tx, 0)} RX {fmt_bytes(node.expected_rx, 0)}/step", style=TX_STYLE)
+        out.append(f" (Σ {whose})")
+    else:
+        out = Text("per step  expected ", style="bold")
+        out.append(f"TX {fmt_bytes(node.expected_tx)} RX {fmt_bytes(node.expected_rx)}", style=TX_STYLE)
+        out.append(f" (sum over {whose}: {formula(strategy)}, S = gradient bytes)")
     counted = nic.per_step_tx if nic is not None else None
     why = not_comparable(iface, counted, node.expected_tx)
     if why and short:
