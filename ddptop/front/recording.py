@@ -52,6 +52,15 @@ def check_new(path: str) -> None:
         raise UsageError(f"--record {path}: cannot write in {folder}")
 
 
+def shown(path: str) -> str:
+    """A path as short as it can be said: relative to the current folder when it is inside it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
+
+
 def report_dir(path: str) -> str:
     stem = path[:-3] if path.endswith(".db") else path
     return stem + "-report"
@@ -59,6 +68,7 @@ def report_dir(path: str) -> str:
 
 def closing_lines(path: str, steps: int, ranks: int) -> list[str]:
     """What a run prints when it ends: where its recording is and what to do with it."""
+    path = shown(path)
     if steps <= 0:
         return [f"recorded no training steps to {path}"]
     return [f"recorded {steps} steps of {ranks} rank{'s' if ranks != 1 else ''} to {path}",

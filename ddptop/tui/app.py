@@ -13,7 +13,7 @@ from textual.widgets import Footer, TabbedContent, TabPane
 
 from ddptop.events import Source
 from ddptop.front.feed import Feed
-from ddptop.front.recording import report_dir
+from ddptop.front.recording import report_dir, shown
 from ddptop.tui import control
 from ddptop.tui.messages import ApplyRequested, ControlUpdate, RankChosen, TransportCommand
 from ddptop.tui.widgets.controls import ControlsPanel
@@ -82,7 +82,8 @@ class DdptopApp(App):
         # live, the front's feed runs on its own thread; a replay's feed is pumped by this app's timer
         self.feed = source if isinstance(source, Feed) else Feed(source, sinks, job=job)
         self.source, self.mode, self.job, self.connect = self.feed.source, mode, job, connect
-        self.recording, self.total_steps, self.refresh_hz = recording, total_steps, refresh_hz
+        self.recording = shown(recording) if recording and ":" not in recording else recording  # host:path (attach)
+        self.total_steps, self.refresh_hz = total_steps, refresh_hz
         self.state = self.feed.state  # `.snapshot()`: what every panel draws
         self._drawn: dict[str, float] = {}  # panel id → when it last got a snapshot
         self._stop_deadline: float | None = None
