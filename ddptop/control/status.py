@@ -42,15 +42,12 @@ def format_status(status: dict[str, Any], where: str, steps: dict[int, list[Step
     lines = [f"job {where} · {state} · step {status['step']} · segment {status['segment']}: "
              f"{tables.describe(status['config'])}"]
     lines.append(f"  rank  s/step  comm  exposed  ddptop   (means of each rank's newest steps, at most {WINDOW})")
-    job_step = int(status.get("step", 0))
     for rank in status.get("ranks", []):
         r = rank["rank"]
         f = metrics.window(steps.get(r, []))
-        behind = job_step - int(rank.get("step", job_step)) if isinstance(rank.get("step"), int) else 0
-        note = f"  ({behind} steps behind rank 0)" if behind > 1 else ""
         if f.steps:
             lines.append(f"  {r:>4}  {f.step_s:6.3f}  {f.share(f.comm_s):4.0%}  {f.exposed_comm_s * 1e3:5.1f} ms  "
-                         f"{f.share(f.own_s):5.1%}{note}")
+                         f"{f.share(f.own_s):5.1%}")
         else:
-            lines.append(f"  {r:>4}  (no recent step in the store){note}")
+            lines.append(f"  {r:>4}  (no recent step in the store)")
     return "\n".join(lines)

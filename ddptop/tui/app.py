@@ -34,7 +34,7 @@ PANELS = (("overview", "1 Overview", OverviewPanel), ("ranks", "2 Ranks", RanksP
 REFRESH_HZ = 4  # the issue asks for 4–10 Hz; with PANEL_EVERY_S the app stays under 15% of a core with 8 ranks
 # Plots redraw less often than the header and ranks table: a braille plot of 8 ranks × 2000 steps costs ~50 ms,
 # and the timeline only changes every --span-every steps (benchmarks/tui_cpu.py, README).
-PANEL_EVERY_S = {"overview": 0.5, "loss": 1.0, "timeline": 0.5, "network": 0.5, "util": 0.5}
+PANEL_EVERY_S = {"overview": 0.5, "ranks": 0.5, "loss": 1.0, "timeline": 0.5, "network": 0.5, "util": 0.5}
 STOP_WAIT_S = 20.0  # after `q`, ranks get this long to leave at a step boundary before the front terminates them
 
 
@@ -124,22 +124,25 @@ class DdptopApp(App):
             pass
 
     def push(self, force: bool = False) -> None:
-        """Header and the visible panel get the newest snapshot; plots at most every PANEL_EVERY_S seconds."""
+        """Header and the visible panel get the newest snapshot together (so their figures never disagree); plots
+        at most every PANEL_EVERY_S seconds, at once when the run's state changes (paused, finished)."""
         snap = self.state.snapshot()
         header = self.query_one(StatusHeader)
-        if header.snapshot is not snap:
-            header.snapshot = snap
         active = self.query_one(TabbedContent).active or PANELS[0][0]
         panel = self.query_one(f"#{active}-panel")
+        shown = header.snapshot
+        force = force or shown is None or (shown.run_state, shown.segment) != (snap.run_state, snap.segment)
+        now = time.monotonic()
+        if not force and now - self._drawn.get(active, 0.0) < PANEL_EVERY_S.get(active, 0):
+            return
+        self._drawn[active] = now
+        header.snapshot = snap
         if isinstance(panel, ControlsPanel):
             panel.show_config(snap)
             return
         if isinstance(panel, OverviewPanel):
             panel.banner = self.ending(snap)
-        now = time.monotonic()
-        if panel.snapshot is not snap and (force or now - self._drawn.get(active, 0.0) >= PANEL_EVERY_S.get(active, 0)):
-            panel.snapshot = snap
-            self._drawn[active] = now
+        panel.snapshot = snap
 
     def ending(self, snap) -> str:
         """How a session ended, where it was recorded and what to do next (live only: a replay has its bar)."""
