@@ -112,7 +112,10 @@ def cmd_replay(argv: Sequence[str]) -> int:
         if run_replay is not None:
             from ddptop.record.replay import ReplaySource
 
-            source = ReplaySource(args.file, speed=args.speed)
+            from ddptop.state.session import STEP_HISTORY
+
+            # after a seek the screen's plots show as much of the run as they ever hold
+            source = ReplaySource(args.file, speed=args.speed, history_steps=STEP_HISTORY)
             if args.step is not None:
                 source.seek_step(args.step)
             try:
