@@ -97,7 +97,8 @@ def time_bars(snap: Snapshot, width: int) -> Text:
         out.append(f" {fmt_s(sum(parts[r.rank].values()))}\n")
     slowest = max(parts, key=lambda k: sum(parts[k].values()))
     out.append("    ")
-    out.append_text(breakdown_legend(parts[slowest], width, indent="    ", note=OTHER_NOTE.replace("other: ", "other = ")))
+    note = OTHER_NOTE.replace("other: ", "other = ") if width >= WIDE else "other = zero_grad, Python between phases"
+    out.append_text(breakdown_legend(parts[slowest], width, indent="    ", note=note))
     return out
 
 

@@ -39,20 +39,20 @@ def ranks_table(snap: Snapshot, selected: int | None = None, width: int = 160, w
     for i in keep:
         table.add_column(columns[i][0], justify=columns[i][1], no_wrap=True)
     for r in snap.ranks:
-        table.add_row(*[c for i, c in enumerate(_rank_cells(snap, r, window)) if i in keep],
+        table.add_row(*[c for i, c in enumerate(_rank_cells(snap, r, window, wide)) if i in keep],
                       style=(("underline" if r.rank == selected else "") or None))
     return table
 
 
-def _rank_cells(snap: Snapshot, r, window: int) -> list:
+def _rank_cells(snap: Snapshot, r, window: int, wide: bool = True) -> list:
     last, f = r.last, snap.recent(r.rank, window)
     state = Text(r.state, style=STATES.get(r.state, ""))
     if r.slowest:
-        state.append(" ◀ slowest", style="bold")
+        state.append(" ◀ slowest" if wide else " ◀", style="bold")
     if last is None:
         return [str(r.rank), safe(r.host), state, "0", "-", "-", "-", "-", "-", "-", "-", "-", _cpu(r), _gpu(r)]
     rate = "paused" if snap.paused and r.state != "lost" else f"{f.images_per_s:.0f}"
-    own = f"{fmt_s(f.own_s)} {f.share(f.own_s):.1%}" if f.steps else "-"
+    own = (f"{fmt_s(f.own_s)} {f.share(f.own_s):.1%}" if wide else f"{f.share(f.own_s):.1%}") if f.steps else "-"
     return [str(r.rank), safe(r.host), state, str(r.step), fmt_s(last.iter_s) + ("*" if last.sampled else ""),
             fmt_s(f.step_s) if f.steps else "-", rate, f"{f.share(f.comm_s):.0%}", fmt_s(f.exposed_comm_s),
             f"{f.overlap:.0%}", own, _loss(last.loss), _cpu(r), _gpu(r)]

@@ -79,25 +79,26 @@ def bucket_preview(snap: Snapshot | None, bucket_mb: float) -> Text:
 class ControlsPanel(VerticalScroll, can_focus=False):
     DEFAULT_CSS = """
     ControlsPanel { height: 1fr; padding: 0 1; }
-    ControlsPanel Horizontal { height: auto; margin-bottom: 1; }
-    ControlsPanel #intro { margin-bottom: 1; }
+    ControlsPanel Horizontal { height: auto; }
+    ControlsPanel #intro { margin-bottom: 0; }
     ControlsPanel Label { width: 16; }
     ControlsPanel .hint { width: auto; color: $text-muted; margin-left: 2; }
     ControlsPanel Input { width: 16; }
     ControlsPanel Input:focus { background: $accent; color: $text; text-style: bold; }
     ControlsPanel Switch { border: none; height: 1; padding: 0; }
     ControlsPanel Switch:focus { background: $accent; }
-    ControlsPanel Select { width: 24; }
+    ControlsPanel Select { width: 24; height: auto; }
     ControlsPanel Select:focus > SelectCurrent { background: $accent; text-style: bold; }
     ControlsPanel Button:focus { text-style: bold reverse; }
     ControlsPanel .switch-text { width: 4; margin-left: 1; }
-    ControlsPanel #status { height: auto; margin-top: 1; }
+    ControlsPanel #status { height: auto; }
     ControlsPanel #status.error { color: $error; }
     ControlsPanel #status.ok { color: $success; }
     ControlsPanel #preview, ControlsPanel #buckets { height: auto; margin-top: 1; }
     """
     BINDINGS = [Binding("up", "app.focus_previous", "Previous field", show=False),
-                Binding("down", "app.focus_next", "Next field", show=False)]
+                Binding("down", "app.focus_next", "Next field", show=False),
+                Binding("escape", "leave", "Leave the field", show=False)]
 
     status: reactive[str] = reactive("")
     """Inline outcome: an error, pending, or applied at step k."""
@@ -115,7 +116,8 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         disabled = not self.enabled
         yield Static("Replay: the controls are disabled; they act on a live job." if disabled else
                      "Change the running job; every rank switches at the same step. tab / ↑↓ move between fields, "
-                     "enter applies.", id="intro")
+                     "enter applies; what you type goes to the highlighted field (esc leaves it).", id="intro")
+        yield Static("", id="status")  # above the form: the outcome stays in sight at 80×24
         rows = (("strategy", Select([(s, s) for s in STRATEGIES], allow_blank=False, value="ddp", id="strategy",
                                     disabled=disabled, compact=True), ""),
                 ("bucket MB", NumberInput("25", id="bucket", disabled=disabled, compact=True), "ddp only"),
@@ -132,7 +134,6 @@ class ControlsPanel(VerticalScroll, can_focus=False):
                     yield Static("off", id=f"{field.id}-text", classes="switch-text")
                 yield Static(hint, classes="hint")
         yield Button("Apply", id="apply", variant="primary", disabled=disabled, compact=True)
-        yield Static("", id="status")
         yield Static("", id="preview")
         yield Static("", id="buckets")
 
@@ -174,6 +175,10 @@ class ControlsPanel(VerticalScroll, can_focus=False):
             bucket_mb = 0.0
         strategy = self.query_one("#strategy", Select).value
         buckets.update(bucket_preview(self.snapshot, bucket_mb) if strategy == "ddp" and bucket_mb > 0 else "")
+
+    def action_leave(self) -> None:
+        """Out of the form: digits switch panels again."""
+        self.app.set_focus(None)
 
     def watch_status(self, text: str) -> None:
         self.query_one("#status", Static).update(safe(text))
