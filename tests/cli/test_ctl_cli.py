@@ -99,6 +99,8 @@ def test_attach_watches_a_running_job_and_detaching_leaves_it_running(tmp_path):
         watcher.send_signal(2)  # Ctrl-C: detach
         out, err = watcher.communicate(timeout=30)
         assert watcher.returncode == 0 and "detached; the job goes on" in err and "Traceback" not in err
+        runs = os.environ["DDPTOP_RUNS_DIR"]  # the job records by default: attach says where, truly
+        assert re.search(rf"the job records to [^:]+:{re.escape(runs)}/\S+\.db", err), err
         assert sum(line.startswith("step ") for line in lines) >= 2
         before = int(ctl("status", "--json", env=env).stdout.split('"step": ')[1].split(",")[0])
         time.sleep(1.5)

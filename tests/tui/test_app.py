@@ -257,6 +257,8 @@ async def test_typed_characters_go_to_the_focused_field(replay_at_end):
         assert lr.value == "0.01" and _active(app) == "controls"
         await pilot.pause()
         assert "lr=0.01" in str(app.query_one("#preview").render())
+        await pilot.press("escape", "1")  # out of the field, digits switch panels again
+        assert _active(app) == "overview" and lr.value == "0.01"
 
 
 async def test_space_in_a_live_session_sends_pause(replay_at_end):

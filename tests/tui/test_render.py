@@ -126,3 +126,33 @@ def test_tables_show_every_rank_and_the_slowest(events):
     assert "GPU%" not in narrow and "running ◀" in narrow and "mean10" in narrow
     util = util_rows(snap, 120).plain
     assert "r0" in util and "r1" in util and "CPU [" in util and "GPU -" in util
+
+
+def test_a_shared_or_unexplained_counter_is_not_compared_with_the_formulas():
+    from ddptop.traffic import not_comparable
+
+    assert "shared by every process" in not_comparable("lo", 1000, 1000)
+    assert not_comparable("eth0", 1.05e6, 1e6) == ""  # TCP/IP headers and telemetry: a few percent
+    assert "other traffic" in not_comparable("eth0", 5e6, 1e6)  # 5× what the ranks send: someone else's
+
+
+def test_gpu_text_shows_whatever_the_gpu_reports_and_fields_added_later():
+    import dataclasses
+
+    from ddptop.events import GpuStat, SystemSample
+    from ddptop.state.views import RankView
+    from ddptop.tui.render.tables import gpu_text
+
+    Newer = dataclasses.make_dataclass("Newer", [("sm_clock_mhz", float, None), ("pcie_tx_bytes_s", float, None)],
+                                       bases=(GpuStat,), frozen=True)
+    gpu = Newer(0, "H100", 80.0, 10_000_000_000, 80_000_000_000, 300.0, 61.0, 1980.0, 12e9)
+
+    def sample(g):
+        return SystemSample(0, "a", 0.0, 1.0, 1.0, 1, 1, 2, "eth0", (), (g,), "ok")
+
+    text = gpu_text(RankView(0, system=sample(gpu)), None).plain
+    for words in ("80%", "mem 10 GB/80 GB", "power 300 W", "temp 61°C", "sm clock 1980 MHz", "pcie tx 12.0 GB/s"):
+        assert words in text, text
+    bare = gpu_text(RankView(0, system=sample(GpuStat(0, "MIG", None, None, None, None, None))), None).plain
+    assert bare.startswith("GPU [") and "W" not in bare
+    assert gpu_text(RankView(0), None).plain == "GPU -"
