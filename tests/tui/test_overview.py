@@ -113,3 +113,4 @@ async def test_a_replay_says_it_is_a_replay_and_its_counters_agree(events):
         text = screen_text(app)
         assert text.startswith("  REPLAY  ⏸ paused · job finished") and "rec off" not in text
         assert "· segment 3 ·" in text.split("\n")[0] and "segment 3 of 0–3" in text
+        assert "· step 400/400 ·" in text.split("\n")[0] and "step 400/400 t " in text  # one way to count steps

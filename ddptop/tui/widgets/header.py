@@ -32,7 +32,7 @@ def own_cost(snap: Snapshot) -> str:
         return ""
     own = sum(f.own_s for f in figures) / len(figures)
     step = sum(f.step_s for f in figures) / len(figures)
-    return f"ddptop {fmt_s(own)} {own / step:.1%} of a step" if step > 0 else ""
+    return f"ddptop {fmt_s(own)} {own / step:.1%} of a step" if step > 0 and own > 0 else ""  # 0: an older file
 
 
 class StatusHeader(Widget):
