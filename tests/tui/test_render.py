@@ -156,3 +156,14 @@ def test_gpu_text_shows_whatever_the_gpu_reports_and_fields_added_later():
     bare = gpu_text(RankView(0, system=sample(GpuStat(0, "MIG", None, None, None, None, None))), None).plain
     assert bare.startswith("GPU [") and "W" not in bare
     assert gpu_text(RankView(0), None).plain == "GPU -"
+
+
+def test_a_step_from_before_compute_was_split_still_adds_up():
+    from ddptop import metrics
+    from ddptop.events import StepDone
+
+    old = StepDone(0, 5, 0, 0, 0.0, 1.6, 0.001, 1.45, 0.4, 0.15, 0.6, 64, 1.0, 0, 0, 0, False)  # schema-1 file
+    parts = metrics.parts(old)
+    assert list(parts) == ["data", "compute", "exposed comm", "ddptop", "other"]
+    assert sum(parts.values()) == pytest.approx(1.6)
+    assert sum(metrics.mean_parts([old, old]).values()) == pytest.approx(1.6)
