@@ -162,7 +162,7 @@ def test_a_step_from_before_compute_was_split_still_adds_up():
     from ddptop import metrics
     from ddptop.events import StepDone
 
-    old = StepDone(0, 5, 0, 0, 0.0, 1.6, 0.001, 1.45, 0.4, 0.15, 0.6, 64, 1.0, 0, 0, 0, False)  # schema-1 file
+    old = StepDone(0, 5, 0, 0, 0.0, 1.6, 0.001, 1.45, 0.4, 0.10, 0.6, 64, 1.0, 0, 0, 0, False)  # schema-1 file
     parts = metrics.parts(old)
     assert list(parts) == ["data", "compute", "exposed comm", "ddptop", "other"]
     assert sum(parts.values()) == pytest.approx(1.6)
