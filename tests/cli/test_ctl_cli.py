@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -130,6 +131,9 @@ def test_a_sweep_reports_segment_0_everywhere_and_refuses_set(tmp_path):
         assert "single batch=16" in status and "segment 0" in status, status
         assert_one_line_error(ctl("set", "lr=0.05", env=env), 1, "sweep")
         assert "single batch=16" in ctl("status", env=env).stdout
+        deadline = time.monotonic() + 60  # ctl answers in well under a second now: let a few steps happen first
+        while json.loads(ctl("status", "--json", env=env).stdout)["step"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert ctl("stop", env=env).returncode == 0
         out, err = job.communicate(timeout=60)
     finally:
