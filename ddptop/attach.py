@@ -79,13 +79,19 @@ def cmd_attach(argv: Sequence[str]) -> int:
 
     source = LiveSource(Collector(view(), world, keys, from_start=False), liveness=Liveness(view(), world, keys))
     job = AttachedJob(client, world)
-    print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks); Ctrl-C detaches", file=sys.stderr)
+    from ddptop.front.recording import announced
+
+    recording = announced(client.store, client.token)
+    said = {None: "the job did not say whether it records", "": "the job does not record"}.get(
+        recording, f"the job records to {recording}")
+    print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks; {said}); Ctrl-C detaches",
+          file=sys.stderr)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
         consumer = _NoteFinished(HeadlessConsumer(HeadlessPrinter(every=args.log_every)), job)
     else:
         from ddptop.tui.live import TuiConsumer
 
-        consumer = _NoteFinished(TuiConsumer(), job)
+        consumer = _NoteFinished(TuiConsumer(recording=recording or None), job)
     try:
         consumer(source, job)
     except KeyboardInterrupt:

@@ -14,8 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from ddptop.config import SyncConfig
-from ddptop.control import keys
-from ddptop.control import store as stores
+from ddptop.control import keys, litestore
 from ddptop.control.auth import BadValue, JobKeys, namespace, token_bytes
 from ddptop.control.commands import apply_changes, make_request, open_json, who_am_i
 from ddptop.control.token import TOKEN_ENV, check_token, find_job
@@ -34,7 +33,9 @@ class ControlClient:
                  prefix: str = ""):
         self.master, self.port, self.token, self.prefix = master, port, check_token(token), prefix
         self.who = who_am_i(role)
-        self.store = stores.job_view(stores.connect(master, port, timeout_s, "ctl"), prefix, namespace(token))
+        # plain Python, not torch's TCPStore: `ddptop ctl` answers in a fraction of a second (README); the keys
+        # live under the job's secret namespace (stores.job_view)
+        self.store = litestore.connect(master, port, timeout_s, f"{keys.DDPTOP_PREFIX}{prefix}/{namespace(token)}")
         self._job: JobKeys | None = None
 
     @classmethod
@@ -47,10 +48,13 @@ class ControlClient:
         if port is None and job is None:
             raise RendezvousError("no ddptop job runs on this machine: give --master and --port")
         token = token or os.environ.get(TOKEN_ENV) or (job or {}).get("token")
+        master = master or (job or {}).get("master", "127.0.0.1")
+        port = port or job["port"]
         if not token:
-            raise UsageError("no token for that job: pass --token or set DDPTOP_TOKEN")
+            litestore.connect(master, port, 5.0).close()  # nothing there: say that, not that a token is missing
+            raise UsageError(f"no token for the job on {master}:{port}: pass --token or set DDPTOP_TOKEN")
         prefix = prefix if prefix is not None else str((job or {}).get("prefix", ""))
-        return cls(master or (job or {}).get("master", "127.0.0.1"), port or job["port"], token, role, prefix=prefix)
+        return cls(master, port, token, role, prefix=prefix)
 
     @property
     def job(self) -> JobKeys:

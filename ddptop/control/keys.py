@@ -40,6 +40,7 @@ def tel_batch(rank: int, seq: int) -> str:
 
 CTL_SEQ = "ctl/seq"  # store.add counter: the id of the newest control request
 STATUS = "ctl/status"  # rank 0's view, refreshed twice a second: step, config in force, segment, paused, job id
+RECORDING = "front/recording"  # where the front records the job ({"path", "host"}; path "" when it does not), sealed
 
 
 def ctl_request(request_id: int) -> str:

@@ -125,7 +125,10 @@ def cmd_replay(argv: Sequence[str]) -> int:
 
             with reading(args.file) as rec:  # the same verdict as info and export before the screen opens
                 note_incomplete(rec)
-            source = ReplaySource(args.file, speed=args.speed)
+            from ddptop.state.session import STEP_HISTORY
+
+            # after a seek the screen's plots show as much of the run as they ever hold
+            source = ReplaySource(args.file, speed=args.speed, history_steps=STEP_HISTORY)
             if args.step is not None:
                 source.seek_step(args.step)
             try:

@@ -140,7 +140,9 @@ class RecordingWriter:
                 for table, table_rows in rows.items():
                     if table_rows:
                         self._db.executemany(schema.INSERT[table], table_rows)
-                self._db.executemany("INSERT OR IGNORE INTO segments VALUES (?, ?, ?, ?, ?)", segments)
+                for rank0, row in segments:  # rank 0's switch is the one screens follow: it wins, others fill in
+                    self._db.execute(f"INSERT OR {'REPLACE' if rank0 else 'IGNORE'} INTO segments VALUES (?, ?, ?, ?, ?)",
+                                     row)
                 self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                      [(k, schema._dumps(v)) for k, v in meta.items()])
         except (sqlite3.Error, OSError, OverflowError, ValueError, TypeError) as exc:  # disk full, I/O error
@@ -187,7 +189,7 @@ class RecordingWriter:
         elif isinstance(event, RunStarted):
             meta["model"] = {k: v for k, v in event.to_dict().items() if k not in ("kind", "v")}
         elif isinstance(event, ConfigApplied):
-            return [(event.segment, event.step, event.t, self._at, schema._dumps(event.config))]
+            return [(event.rank == 0, (event.segment, event.step, event.t, self._at, schema._dumps(event.config)))]
         elif isinstance(event, StepSpans) and event.rank == 0:
             buckets = [[s.name, s.nbytes] for s in event.spans if s.kind == "comm" and s.name.startswith("bucket ")]
             # DDP rebuilds its buckets after the first step (one 36.9 MB bucket, then 28.3 + 8.6 MB for VGG-11):

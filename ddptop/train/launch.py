@@ -49,6 +49,7 @@ class LocalJob:
         self.stopped = False  # the user stopped the job (Ctrl-C, SIGTERM, q): ranks ended by that are no failure
         self._failed_before_stop = False
         self.front: FrontInfo | None = None  # set by run_front once the store's port and the token are known
+        self.keys = None  # the job's keys (auth.JobKeys), set with `front`
         self._first_failure: float | None = None
         self._reported: set[int] = set()
 
@@ -114,6 +115,7 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         job = _start_ranks(cfg, rdv, options)
         write_job_file(rdv.master, rdv.port, token, rdv.world_size)
         job.front = FrontInfo(rdv.master, rdv.port, token)
+        job.keys = keys
         source = LiveSource(Collector(_view(rdv, options, keys), rdv.world_size, keys),
                             liveness=Liveness(_view(rdv, options, keys), rdv.world_size, keys, options.lost_after_s))
         if on_source is not None:

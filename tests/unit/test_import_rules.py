@@ -11,7 +11,8 @@ CORE = ["ddptop.train.worker", "ddptop.train.launch", "ddptop.probes.step", "ddp
         "ddptop.control.agent", "ddptop.control.client", "ddptop.record.sqlite", "ddptop.headless", "ddptop.run"]
 NO_TORCH = ["ddptop.events", "ddptop.record.reader", "ddptop.record.replay", "ddptop.record.export",
             "ddptop.state.session", "ddptop.report.analysis", "ddptop.traffic", "ddptop.cli", "ddptop.lab.command",
-            "ddptop.lab.launch", "ddptop.lab.summary"]
+            "ddptop.lab.launch", "ddptop.lab.summary", "ddptop.control.client", "ddptop.control.status",
+            "ddptop.front.feed", "ddptop.headless"]
 
 
 def loaded(module: str) -> set[str]:
