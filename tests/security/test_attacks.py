@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from conftest import LOST_AFTER_S, stranger
+from security_job import LOST_AFTER_S, stranger
 from ddptop.control import keys
 from ddptop.control.commands import make_request
 from ddptop.events import ConfigApplied, ControlRefused, RankBack, RankLost, StepDone

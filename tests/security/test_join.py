@@ -8,7 +8,7 @@ import socket
 import subprocess
 import time
 
-from conftest import stranger
+from security_job import stranger
 from ddptop.control.store import free_port
 from test_run_cli import DDPTOP, TINY
 

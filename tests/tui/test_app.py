@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from textual.widgets import Input, Select, Switch, TabbedContent
+from textual.widgets import Input, Select, TabbedContent
 
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.keys import GLOBAL_KEYS, REPLAY_KEYS
