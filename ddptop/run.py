@@ -80,7 +80,7 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
     token_value, given = resolve_token(token)
     options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local",
                             lost_after_s=lost_after_s)
-    if not options.check_token and rdv.world_size > 1:
+    if not options.check_token and rdv.world_size > 1 and rdv.rank == 0:  # said where the job's store lives
         print(f"ddptop: no job token (--token or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join this "
               "job or disturb its start; give every rank the same --token", file=sys.stderr)
     if not (rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)):

@@ -31,8 +31,9 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
         if not sep or key not in SETTABLE:
             raise UsageError(f"cannot set {item!r}: use KEY=VALUE with KEY one of {', '.join(SETTABLE)}")
         changes[key] = _typed(key, text.strip())
-        if key != "scale_lr":  # each value's own range, before anything connects (strategy name, batch 1..65536)
-            SyncConfig().replace(**{key: changes[key]})
+        if key != "scale_lr":  # each value's own range, before anything connects (strategy name, batch 1..65536);
+            # on allreduce, where every setting means something (async_op's meaning is checked with the whole set)
+            SyncConfig(strategy="allreduce").replace(**{key: changes[key]})
     if not changes:
         raise UsageError("nothing to set: give KEY=VALUE pairs, e.g. strategy=allreduce")
     return changes

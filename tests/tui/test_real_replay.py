@@ -42,7 +42,8 @@ async def test_replay_of_a_recording_plays_seeks_and_jumps(recording):
             await pilot.press("6")
             await pilot.pause(0.5)
             text = screen_text(app)
-            assert "┊3 allreduce async" in text or "allreduce async┊" in text, text  # right of the line or left
+            # the marker's label, right of its line or left of it when it would not fit
+            assert "┊3 allreduce async" in text or "3 allreduce async batch=16┊" in text, text
     finally:
         source.close()
 
