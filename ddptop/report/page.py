@@ -73,7 +73,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
                    ("p", "As nvidia-smi shows them: the most memory used during the segment's measured steps over "
                          "the board's total, and the mean of the volatile GPU-util readings.")]
     if scaling_rows:
-        blocks += hpml_tables(runs, stats)
+        blocks += hpml_tables(runs, stats, scaling_rows)
     blocks.append(("h2", "Figures"))
     for m in made:
         blocks += [("h3", m.title), ("figure", m)]
@@ -82,11 +82,11 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     return blocks
 
 
-def hpml_tables(runs: list[RunData], stats: list[SegmentStats]) -> list[tuple]:
+def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scaling]) -> list[tuple]:
     """HPML Lab 4 tables 1-3 over several world sizes: epoch time and speedup, compute vs communication per epoch,
     bandwidth utilization. An epoch is the run's images per epoch at the measured rate."""
     images = {r.label: r.epoch_images for r in runs}
-    configs = sorted({s.config.describe() for s in stats}, key=lambda c: (len(c), c))
+    configs = sorted({r.config for r in rows}, key=lambda c: (len(c), c))  # those run at several world sizes
     worlds = sorted({s.world_size for s in stats})
     cell = {(s.world_size, s.config.describe()): s for s in stats}
     base = {c: cell.get((worlds[0], c)) for c in configs}
@@ -107,8 +107,8 @@ def hpml_tables(runs: list[RunData], stats: list[SegmentStats]) -> list[tuple]:
                 row2 += ["–", "–"]
                 row3 += ["–"]
                 continue
-            row1 += [f"{epoch_s(s):.1f}", f"{epoch_s(b) / epoch_s(s):.2f}" if b and epoch_s(s) else "–"]
-            row2 += [f"{s.compute_s * steps(s):.1f}", f"{s.comm_s * steps(s):.1f}"]
+            row1 += [f"{epoch_s(s):.3g}", f"{epoch_s(b) / epoch_s(s):.2f}" if b and epoch_s(s) else "–"]
+            row2 += [f"{s.compute_s * steps(s):.3g}", f"{s.comm_s * steps(s):.3g}"]
             row3 += [_opt(s.allreduce_gbps)]
         t1.append(row1)
         if n > 1:

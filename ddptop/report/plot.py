@@ -54,7 +54,7 @@ def value_axis(ax, values: Sequence[float], label: str, axis: str = "y") -> None
         which = ax.yaxis if axis == "y" else ax.xaxis
         plain = FuncFormatter(lambda v, _: f"{v:g}")  # 20, not 2×10¹
         which.set_major_formatter(plain)
-        which.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+        which.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v > 0 and f"{v:.0e}"[0] in "25" else ""))
     set_label(f"{label} (log scale)" if log else label)
 
 

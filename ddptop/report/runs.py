@@ -110,8 +110,7 @@ def _warnings(events) -> list[str]:
     out = []
     for e in events:
         if isinstance(e, ModelsDiverged):
-            out.append(f"**Models differ**: {e.describe()}; figures after that compare ranks training different "
-                       "models")
+            out.append(f"**Warning:** {e.describe()}; from there on the ranks train different models")
         elif isinstance(e, RankLost):
             out.append(f"**Rank {e.rank} lost** after step {e.last_step}: {e.reason}")
         elif isinstance(e, RunFinished) and e.reason.startswith("error"):

@@ -123,7 +123,7 @@ def scaling_figure(rows: list[Scaling], out: Path) -> Made:
         ax.set_xticks(sizes)
         ax.set_ylabel(label)
         plot.legend_outside(ax)
-    b.set_ylim(0, 110)
+    b.set_ylim(0, max(110.0, 10 + max(100 * r.efficiency for r in rows)))
     data = plot.save(fig, out, "scaling", "Speedup and scaling efficiency")
     top = max(rows, key=lambda r: (r.world_size, r.speedup))
     text = (f"At {top.world_size} ranks {top.config} ran {top.speedup:.2f}× the throughput of "

@@ -65,3 +65,15 @@ def _connect(port: int, job) -> ControlClient:
             if time.monotonic() > deadline or job.poll() is not None:
                 raise
             time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def one_rank(tmp_path_factory):
+    """The smoke sweep's last configuration (ddp, 25 MB buckets, batch 32, tiny) on 1 rank: with the smoke sweep,
+    a weak-scaling pair (HPML Lab 4)."""
+    record = tmp_path_factory.mktemp("one") / "one.db"
+    run = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--local", "1", "--model", "tiny", "--strategy",
+                          "ddp", "--bucket-mb", "25", "--batch-size", "32", "--steps", "10", "--synthetic-size", "1280",
+                          "--span-every", "2", "--record", str(record)], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    return record
