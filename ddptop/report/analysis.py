@@ -17,81 +17,9 @@ from ddptop.config import SyncConfig
 from ddptop.errors import RecordingError, UsageError
 from ddptop.events import ConfigApplied, EpochDone, Event, RankJoined, RunStarted, StepDone, SystemSample
 from ddptop.probes import wire
-from ddptop.traffic import measured_vs_expected
+from ddptop.report.readings import GpuRow, LinkStats, RankStats, gpus, links, quantile, rank_stats
 
 PARTS = ("data", "forward", "backward", "exposed comm", "optimizer", "ddptop", "other")  # metrics.parts' keys
-LOOPBACK = ("lo", "lo0")
-
-
-def quantile(values: list[float], q: float) -> float:
-    """Linear interpolation between the closest ranks (numpy's default): q=0.1 is p10."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = q * (len(ordered) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-@dataclass(frozen=True)
-class Spread:
-    """Mean and p10-p90 of a set of readings."""
-
-    mean: float
-    p10: float
-    p90: float
-    n: int
-
-    @classmethod
-    def of(cls, values: list[float]) -> "Spread | None":
-        values = [v for v in values if math.isfinite(v)]
-        return cls(statistics.fmean(values), quantile(values, 0.1), quantile(values, 0.9), len(values)) if values else None
-
-
-@dataclass(frozen=True)
-class RankStats:
-    """One rank over a segment's measured steps."""
-
-    rank: int
-    host: str
-    step_s: float
-    sent_mb: float  # per step, by the formulas
-    recv_mb: float
-    cpu: Spread | None  # the rank's process, % of one core (top's convention), over the system samples
-    rss_mb: Spread | None
-    nic_sent_mb: float | None  # per step on the rank's job interface; None on a shared loopback
-    nic_recv_mb: float | None
-
-
-@dataclass(frozen=True)
-class LinkStats:
-    """One network interface over a segment: bytes counted per step against the formulas of the ranks behind it.
-
-    Ranks on one machine share its loopback: one LinkStats for all of them, whose counters see every rank's
-    traffic once each way (so its formula is the sum of theirs)."""
-
-    name: str
-    ranks: tuple[int, ...]
-    iface: str
-    host: str
-    sent_mb: float  # per step, counted by the interface
-    recv_mb: float
-    formula_sent_mb: float  # per step, what the ranks behind it send by the algorithm
-    formula_recv_mb: float
-
-
-@dataclass(frozen=True)
-class GpuRow:
-    """One GPU of one rank over a segment, as nvidia-smi shows it (seed 004's table)."""
-
-    rank: int
-    host: str
-    index: int
-    name: str
-    mem_used_mib: float | None  # the most used during the segment
-    mem_total_mib: float | None
-    util: Spread | None  # "volatile GPU-util", %
 
 
 @dataclass(frozen=True)
@@ -136,7 +64,7 @@ class SegmentStats:
     gpus: tuple[GpuRow, ...] = ()
     evals: tuple[tuple[int, float, float], ...] = ()  # (step, test accuracy, test loss) at epoch ends inside
     buckets_mb: tuple[float, ...] = ()  # DDP bucket sizes, launch order
-    links: tuple["LinkStats", ...] = ()  # what each network interface counted per step
+    links: tuple[LinkStats, ...] = ()  # what each network interface counted per step
     param_bytes: int = 0
 
     @property
@@ -152,8 +80,11 @@ class SegmentStats:
 def sync_config(config: dict) -> SyncConfig:
     """A segment's configuration as the recording gives it (unknown keys ignored; bad values are damage)."""
     known = {f.name for f in dataclasses.fields(SyncConfig)}
+    given = {k: v for k, v in config.items() if k in known}
+    if given.get("strategy", "ddp") != "allreduce":
+        given["async_op"] = False  # files from before async_op was cleared on leaving allreduce carry it along
     try:
-        return SyncConfig(**{k: v for k, v in config.items() if k in known})
+        return SyncConfig(**given)
     except UsageError as exc:
         raise RecordingError(f"a segment's configuration in the recording is damaged: {exc}") from None
 
@@ -214,7 +145,7 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
     window = [s for s in ctx.samples if t0 <= s.t <= t1]
     # NIC counters see every step's bytes, sampled steps' too: bytes per step count every step after the warm-up
     wire_steps = {r: [d for d in seg_steps if d.rank == r and d.step >= fig.first_step + fig.warmup] for r in measured}
-    ranks = tuple(_rank(r, fig.ranks[r], wire_steps[r], window, ctx) for r in sorted(measured))
+    ranks = tuple(rank_stats(r, fig.ranks[r], wire_steps[r], window, ctx.hosts) for r in sorted(measured))
     nic_ok = ranks and all(r.nic_sent_mb is not None for r in ranks)
     mean = fig.mean
     ring_bytes = wire.ring_allreduce(ctx.param_bytes, ctx.world)[0]
@@ -239,47 +170,10 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
         mean_rank_step_s=mean.step_s, own_s=mean.own_s, other_s=mean.other_s, last_step=fig.last_step,
         warmup=fig.warmup, slowest_rank=fig.slowest_rank, step_p10=quantile(slow, 0.1), step_p90=quantile(slow, 0.9),
         parts=_parts(measured), ranks=ranks, t0=t0, t1=t1, seg_t0=min(d.t - d.iter_s for d in seg_steps),
-        gpus=_gpus(window, ctx.hosts),
+        gpus=gpus(window, ctx.hosts),
         evals=tuple(e for e in ctx.evals if fig.first_step < e[0] <= fig.last_step + 1),
-        links=_links(wire_steps, window, ranks),
+        links=links(wire_steps, window, ranks),
         buckets_mb=tuple(_bucket_mb(ctx.buckets)), param_bytes=ctx.param_bytes)
-
-
-def _rank(rank: int, fig: metrics.Figures, steps: list[StepDone], window: list[SystemSample],
-          ctx: _Context) -> RankStats:
-    mine = [s for s in window if s.rank == rank]
-    traffic = measured_vs_expected(mine, steps)
-    nic = None
-    if traffic is not None and traffic.iface not in LOOPBACK and traffic.steps:
-        nic = (traffic.nic_tx / traffic.steps / 1e6, traffic.nic_rx / traffic.steps / 1e6)
-    host = ctx.hosts.get(rank) or (mine[0].host if mine else "?")
-    return RankStats(rank=rank, host=host, step_s=fig.step_s, sent_mb=fig.tx_bytes / 1e6, recv_mb=fig.rx_bytes / 1e6,
-                     cpu=Spread.of([s.proc_cpu_percent for s in mine]),
-                     rss_mb=Spread.of([s.proc_rss_bytes / 1e6 for s in mine]),
-                     nic_sent_mb=nic[0] if nic else None, nic_recv_mb=nic[1] if nic else None)
-
-
-def _links(wire_steps: dict[int, list[StepDone]], window: list[SystemSample],
-           ranks: tuple[RankStats, ...]) -> tuple[LinkStats, ...]:
-    groups: dict[tuple, list[RankStats]] = {}
-    for r in ranks:
-        mine = [s for s in window if s.rank == r.rank]
-        iface = mine[0].job_iface if mine else ""
-        groups.setdefault((r.host, iface) if iface in LOOPBACK else (r.rank, iface), []).append(r)
-    out = []
-    for (who, iface), members in groups.items():
-        first = members[0].rank
-        traffic = measured_vs_expected([s for s in window if s.rank == first], wire_steps[first])
-        if traffic is None or not traffic.steps or not iface:
-            continue
-        shared = iface in LOOPBACK
-        name = (f"{iface} on {who} (ranks {', '.join(str(m.rank) for m in members)}, shared)" if shared
-                else f"rank {who} {iface}")
-        out.append(LinkStats(name=name, ranks=tuple(m.rank for m in members), iface=iface, host=members[0].host,
-                             sent_mb=traffic.nic_tx / traffic.steps / 1e6, recv_mb=traffic.nic_rx / traffic.steps / 1e6,
-                             formula_sent_mb=sum(m.sent_mb for m in members),
-                             formula_recv_mb=sum(m.recv_mb for m in members)))
-    return tuple(out)
 
 
 def _parts(measured: dict[int, list[StepDone]]) -> dict[str, float]:
@@ -290,22 +184,6 @@ def _parts(measured: dict[int, list[StepDone]]) -> dict[str, float]:
             split = [metrics.parts(d) for d in steps]
             per_rank.append({k: _mean([p[k] for p in split]) for k in PARTS})
     return {k: _mean([p[k] for p in per_rank]) for k in PARTS}
-
-
-def _gpus(window: list[SystemSample], hosts: dict) -> tuple[GpuRow, ...]:
-    readings: dict[tuple[int, int], list] = {}
-    for s in window:
-        for g in s.gpus:
-            readings.setdefault((s.rank, g.index), []).append(g)
-    rows = []
-    for (rank, index), gs in sorted(readings.items()):
-        used = [g.mem_used_bytes for g in gs if g.mem_used_bytes is not None]
-        total = [g.mem_total_bytes for g in gs if g.mem_total_bytes is not None]
-        rows.append(GpuRow(rank=rank, host=hosts.get(rank, "?"), index=index, name=gs[-1].name,
-                           mem_used_mib=max(used) / 2**20 if used else None,
-                           mem_total_mib=max(total) / 2**20 if total else None,
-                           util=Spread.of([g.util_percent for g in gs if g.util_percent is not None])))
-    return tuple(rows)
 
 
 def test_accuracy(events: list[Event]) -> list[tuple[int, float, float]]:

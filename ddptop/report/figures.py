@@ -32,6 +32,8 @@ def step_time(stats: list[SegmentStats], names: list[str], out: Path, subtitle: 
               hi=[s.step_p90 for s in stats], label="mean (slowest rank)")
     plot.categories(ax, names)
     plot.value_axis(ax, means + [s.step_p10 for s in stats] + [s.step_p90 for s in stats], "seconds per step")
+    top = max(max(s.step_p90, s.mean_step_s) for s in stats)
+    ax.set_ylim(top=top * (1.6 if ax.get_yscale() == "log" else 1.12))  # room for the labels over the whiskers
     for i, s in enumerate(stats):
         ax.annotate(f"{s.mean_step_s:.3g} s", (i, max(s.step_p90, s.mean_step_s)), textcoords="offset points",
                     xytext=(0, 3), ha="center", va="bottom", fontsize=8)
@@ -171,8 +173,8 @@ def _bytes_finding(stats: list[SegmentStats], names: list[str]) -> str:
     busiest = max(stats, key=lambda s: max((r.sent_mb for r in s.ranks), default=0.0))
     if not text:
         top = max(busiest.ranks, key=lambda r: r.sent_mb)
-        text.append(f"the most any rank sent by the formulas was {top.sent_mb:.3g} MB per step (rank {top.rank}, "
-                    f"{names[stats.index(busiest)]})")
+        text.append(f"the most any rank sent by the formulas was {top.sent_mb:.3g} MB per step (rank {top.rank} "
+                    f"in {names[stats.index(busiest)]})")
     counted = [(l, n) for s, n in zip(stats, names) for l in s.links if l.formula_sent_mb > 0]
     if counted:
         ratios = [l.sent_mb / l.formula_sent_mb for l, _ in counted]

@@ -54,7 +54,14 @@ def value_axis(ax, values: Sequence[float], label: str, axis: str = "y") -> None
         which = ax.yaxis if axis == "y" else ax.xaxis
         plain = FuncFormatter(lambda v, _: f"{v:g}")  # 20, not 2×10¹
         which.set_major_formatter(plain)
-        which.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v > 0 and f"{v:.0e}"[0] in "25" else ""))
+        get = ax.get_ylim if axis == "y" else ax.get_xlim
+
+        def minor(v, _):  # 2 and 5 between the decades, while the axis spans at most two of them
+            lo, hi = get()
+            few = lo > 0 and hi / lo <= 100
+            return f"{v:g}" if few and v > 0 and f"{v:.0e}"[0] in "25" else ""
+
+        which.set_minor_formatter(FuncFormatter(minor))
     set_label(f"{label} (log scale)" if log else label)
 
 
@@ -122,8 +129,10 @@ def save(fig, out: Path, name: str, title: str) -> dict[str, Any]:
     with plt.rc_context(STYLE):
         fig.tight_layout(rect=(0, 0.03, 1, 1))
         data = readback(fig)
+        # the tight box once (legends outside included), not once per format: drawing is most of a report's time
+        box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)
         for fmt in FORMATS:
-            fig.savefig(out / f"{name}.{fmt}", dpi=DPI, bbox_inches="tight", metadata=_metadata(fmt))
+            fig.savefig(out / f"{name}.{fmt}", dpi=DPI, bbox_inches=box, metadata=_metadata(fmt))
     plt.close(fig)
     return {"title": title, "files": [f"{name}.{fmt}" for fmt in FORMATS], "axes": data}
 

@@ -31,14 +31,28 @@ def _times(stats: list[SegmentStats]):
             [s.step_p90 for s in stats])
 
 
+def _sweep(stats: list[SegmentStats], vary: str, same) -> list[SegmentStats]:
+    """The largest group of segments alike in `same(s)` that runs at least two values of `vary`."""
+    groups: dict = {}
+    for s in stats:
+        groups.setdefault(same(s), []).append(s)
+    swept = [g for g in groups.values() if len({getattr(s.config, vary) for s in g}) > 1]
+    return sorted(max(swept, key=len), key=lambda s: (s.label, getattr(s.config, vary), s.index)) if swept else []
+
+
+def _distinct(names: list[str], stats: list[SegmentStats]) -> list[str]:
+    return [f"{n} (#{s.index})" if names.count(n) > 1 else n for n, s in zip(names, stats)]
+
+
 def bucket_size(stats: list[SegmentStats], out: Path) -> Made | None:
-    ddp = sorted((s for s in stats if s.config.strategy == "ddp"), key=lambda s: (s.label, s.config.bucket_mb))
-    if len({s.config.bucket_mb for s in ddp}) < 2:
+    ddp = _sweep([s for s in stats if s.config.strategy == "ddp"], "bucket_mb",
+                 lambda s: (s.label, s.config.batch_size, s.config.lr))
+    if not ddp:
         return None
     several = len({s.label for s in ddp}) > 1
-    groups = [(f"{s.label} " if several else "") + f"{s.config.bucket_mb:g} MB"
-              + (f"\n{len(s.buckets_mb)} bucket{'s' if len(s.buckets_mb) > 1 else ''}" if s.buckets_mb else "")
-              for s in ddp]
+    groups = _distinct([(f"{s.label} " if several else "") + f"{s.config.bucket_mb:g} MB" for s in ddp], ddp)
+    groups = [g + (f"\n{len(s.buckets_mb)} bucket{'s' if len(s.buckets_mb) > 1 else ''}" if s.buckets_mb else "")
+              for g, s in zip(groups, ddp)]
     fig, (a, b) = plot.figure(2, 1, width=9.0, height=3.4)
     _grouped(a, groups, [_times(ddp), ("exposed communication", [s.exposed_comm_s for s in ddp], None, None)],
              "seconds per step")
@@ -51,9 +65,11 @@ def bucket_size(stats: list[SegmentStats], out: Path) -> Made | None:
     b.set_title("bytes per step", fontsize=9)
     data = plot.save(fig, out, "bucket_size", "DDP bucket size: iteration time and bytes")
     fast, slow = min(ddp, key=lambda s: s.mean_step_s), max(ddp, key=lambda s: s.mean_step_s)
+    what = "" if len({s.config.bucket_mb for s in ddp}) == len(ddp) else " (segments " + ", ".join(
+        f"#{s.index} {s.config.bucket_mb:g} MB" for s in ddp) + ")"
     text = (f"Step time was lowest at {fast.config.bucket_mb:g} MB ({fast.mean_step_s:.3g} s) and highest at "
             f"{slow.config.bucket_mb:g} MB ({slow.mean_step_s:.3g} s); communication overlapped with compute "
-            + ", ".join(f"{100 * s.overlap:.0f}% at {s.config.bucket_mb:g} MB" for s in ddp))
+            + ", ".join(f"{100 * s.overlap:.0f}% at {s.config.bucket_mb:g} MB" for s in ddp) + what)
     one = [s for s in ddp if len(s.buckets_mb) == 1]
     if one:
         text += f" (at {one[0].config.bucket_mb:g} MB all {one[0].buckets_mb[0]:.3g} MB of gradients are one bucket)"
@@ -61,10 +77,10 @@ def bucket_size(stats: list[SegmentStats], out: Path) -> Made | None:
 
 
 def batch_size(stats: list[SegmentStats], out: Path) -> Made | None:
-    if len({s.config.batch_size for s in stats}) < 2:
+    ordered = _sweep(stats, "batch_size", lambda s: (s.label, s.config.strategy, s.config.bucket_mb, s.config.async_op))
+    if not ordered:
         return None
-    ordered = sorted(stats, key=lambda s: (s.label, s.config.describe(), s.config.batch_size))
-    groups = [f"{s.name} (#{s.index})" if len(ordered) > len({s.name for s in ordered}) else s.name for s in ordered]
+    groups = _distinct([f"{s.label} batch {s.config.batch_size}".strip() for s in ordered], ordered)
     fig, (a, b) = plot.figure(2, 1, width=9.0, height=3.4)
     _grouped(a, groups, [_times(ordered)], "seconds per step")
     a.set_title("iteration time", fontsize=9)
@@ -73,7 +89,7 @@ def batch_size(stats: list[SegmentStats], out: Path) -> Made | None:
     data = plot.save(fig, out, "batch_size", "Batch size: iteration time and throughput")
     best = max(ordered, key=lambda s: s.images_per_s)
     small = min(ordered, key=lambda s: s.config.batch_size)
-    text = (f"Throughput was highest with {best.name} ({best.images_per_s:.0f} img/s, "
+    text = (f"Throughput was highest at batch {best.config.batch_size} ({best.images_per_s:.0f} img/s, "
             f"{best.images_per_s / small.images_per_s:.2f}× batch {small.config.batch_size}'s); loss and accuracy "
             "per batch size are on the loss figure, one segment after another.")
     return Made("batch_size", "Batch size", data, text)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddptop.report import plot
-from ddptop.report.analysis import LOOPBACK, SegmentStats
+from ddptop.report.analysis import SegmentStats
+from ddptop.report.readings import LOOPBACK
 from ddptop.report.figures import Made
 from ddptop.report.runs import RunData
 

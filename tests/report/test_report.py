@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import sqlite3
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
