@@ -19,7 +19,8 @@ from ddptop.events import ConfigApplied, EpochDone, Event, RankJoined, RunStarte
 from ddptop.probes import wire
 from ddptop.report.readings import GpuRow, LinkStats, RankStats, gpus, links, quantile, rank_stats
 
-PARTS = ("data", "forward", "backward", "exposed comm", "optimizer", "ddptop", "other")  # metrics.parts' keys
+# metrics.parts' keys, and "compute" for steps recorded before compute was split into forward, backward, optimizer
+PARTS = ("data", "compute", "forward", "backward", "exposed comm", "optimizer", "ddptop", "other")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class SegmentStats:
     buckets_mb: tuple[float, ...] = ()  # DDP bucket sizes, launch order
     links: tuple[LinkStats, ...] = ()  # what each network interface counted per step
     param_bytes: int = 0
+    own_recorded: bool = True  # False for files from before ddptop's own cost was measured (shown as –)
 
     @property
     def name(self) -> str:
@@ -173,7 +175,8 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
         gpus=gpus(window, ctx.hosts),
         evals=tuple(e for e in ctx.evals if fig.first_step < e[0] <= fig.last_step + 1),
         links=links(wire_steps, window, ranks),
-        buckets_mb=tuple(_bucket_mb(ctx.buckets)), param_bytes=ctx.param_bytes)
+        buckets_mb=tuple(_bucket_mb(ctx.buckets)), param_bytes=ctx.param_bytes,
+        own_recorded=any(d.own_s > 0 for d in seg_steps))
 
 
 def _parts(measured: dict[int, list[StepDone]]) -> dict[str, float]:
@@ -181,9 +184,16 @@ def _parts(measured: dict[int, list[StepDone]]) -> dict[str, float]:
     per_rank = []
     for steps in measured.values():
         if steps:
-            split = [metrics.parts(d) for d in steps]
-            per_rank.append({k: _mean([p[k] for p in split]) for k in PARTS})
+            split = [_split(d) for d in steps]
+            per_rank.append({k: _mean([p.get(k, 0.0) for p in split]) for k in PARTS})
     return {k: _mean([p[k] for p in per_rank]) for k in PARTS}
+
+
+def _split(d: StepDone) -> dict[str, float]:
+    parts = metrics.parts(d)
+    if d.fwd_s + d.bwd_s + d.opt_s == 0 and d.compute_s > 0:  # a file from before the split: compute whole
+        parts["compute"] = d.compute_s
+    return parts
 
 
 def test_accuracy(events: list[Event]) -> list[tuple[int, float, float]]:
@@ -228,5 +238,6 @@ def scaling(stats: list[SegmentStats]) -> list[Scaling]:
         base = same[0]
         for s in same:
             speedup = s.images_per_s / base.images_per_s if base.images_per_s else 0.0
-            out.append(Scaling(config, s.world_size, s.images_per_s, speedup, speedup / (s.world_size / base.world_size)))
+            efficiency = speedup / (s.world_size / base.world_size)
+            out.append(Scaling(config, s.world_size, s.images_per_s, speedup, efficiency))
     return out

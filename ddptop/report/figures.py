@@ -47,14 +47,16 @@ def _step_finding(stats: list[SegmentStats], names: list[str]) -> str:
     pairs = sorted(zip((s.mean_step_s for s in stats), names))
     (fast, fast_name), (slow, slow_name) = pairs[0], pairs[-1]
     if len(pairs) == 1:
-        return f"{fast_name} took {fast:.3g} s per step (p10–p90 {stats[0].step_p10:.3g}–{stats[0].step_p90:.3g} s)."
+        s = stats[0]
+        return f"{fast_name} took {fast:.3g} s per step (p10–p90 {s.step_p10:.3g}–{s.step_p90:.3g} s)."
     spread = max(zip(stats, names), key=lambda p: (p[0].step_p90 - p[0].step_p10) / p[0].mean_step_s)
     return (f"{fast_name} was fastest at {fast:.3g} s per step and {slow_name} slowest at {slow:.3g} s "
             f"({slow / fast:.2f}×); the widest spread was {spread[1]}'s, p10–p90 {spread[0].step_p10:.3g}–"
             f"{spread[0].step_p90:.3g} s.")
 
 
-PART_COLORS = {"data": "#8C8C8C", "forward": "#4C72B0", "backward": "#64B5CD", "exposed comm": "#C44E52",
+PART_COLORS = {"data": "#8C8C8C", "compute": "#2F4B7C", "forward": "#4C72B0", "backward": "#64B5CD",
+               "exposed comm": "#C44E52",
                "optimizer": "#55A868", "ddptop": "#DA8BC3", "other": "#CCB974"}
 
 
@@ -67,6 +69,8 @@ def breakdown(stats: list[SegmentStats], names: list[str], out: Path, subtitle: 
     totals = [sum(s.parts.values()) for s in stats]
     for part in PARTS:
         shares = [100 * s.parts.get(part, 0.0) / t if t > 0 else 0.0 for s, t in zip(stats, totals)]
+        if not any(shares):
+            continue  # a part no segment has (compute unsplit in older files, ddptop's own cost) stays off the legend
         plot.bars(a, x, shares, bottoms=bottom, label=part, color=PART_COLORS[part], width=0.6)
         bottom = [b0 + v for b0, v in zip(bottom, shares)]
     for i, t in enumerate(totals):
@@ -169,7 +173,8 @@ def _bytes_finding(stats: list[SegmentStats], names: list[str]) -> str:
         ring_rank = max(r.sent_mb for r in ring[0].ranks)
         if ring_rank > 0:
             text.append(f"gather-scatter's rank {top.rank} sent {top.sent_mb / ring_rank:.1f}× the ring's bytes per "
-                        f"step ({top.sent_mb:.3g} vs {ring_rank:.3g} MB, {ring[1]})")
+                        f"step ({top.sent_mb:.3g} vs {ring_rank:.3g} MB, {ring[1]})"
+                        + (": at N = 2, (N−1)·S and 2(N−1)/N·S are both S" if gs[0].world_size == 2 else ""))
     busiest = max(stats, key=lambda s: max((r.sent_mb for r in s.ranks), default=0.0))
     if not text:
         top = max(busiest.ranks, key=lambda r: r.sent_mb)

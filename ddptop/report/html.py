@@ -7,7 +7,8 @@ import html
 import re
 from pathlib import Path
 
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;
+line-height:1.45}
 table{border-collapse:collapse;font-size:12px;display:block;overflow-x:auto}th,td{border:1px solid #ccc;padding:2px 6px;
 text-align:right;white-space:nowrap}th{background:#f3f3f3}td:nth-child(2),th:nth-child(2){text-align:left}
 img{max-width:100%}blockquote{border-left:4px solid #c44e52;background:#fff4f4;margin:1em 0;padding:.5em 1em}
@@ -44,6 +45,7 @@ def render(blocks: list[tuple], folder: Path, title: str) -> str:
             made = block[1]
             png = base64.b64encode((folder / made.data["files"][0]).read_bytes()).decode()
             body.append(f'<figure><img alt="{html.escape(made.title)}" src="data:image/png;base64,{png}">'
-                        f'<figcaption class="what"><i>What this shows:</i> {_inline(made.finding)}</figcaption></figure>')
+                        f'<figcaption class="what"><i>What this shows:</i> {_inline(made.finding)}</figcaption>'
+                        '</figure>')
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

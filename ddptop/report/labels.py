@@ -36,6 +36,9 @@ def short_names(stats: list[SegmentStats]) -> list[str]:
 def common(stats: list[SegmentStats]) -> str:
     """What every segment shown shares: `2 ranks, batch 32/rank, lr 0.1`."""
     words = []
+    strategies = {s.config.strategy + (" async" if s.config.async_op else "") for s in stats}
+    if len(strategies) == 1:
+        words.append(next(iter(strategies)))
     worlds = {s.world_size for s in stats}
     if len(worlds) == 1:
         words.append(f"{next(iter(worlds))} rank{'s' if next(iter(worlds)) > 1 else ''}")

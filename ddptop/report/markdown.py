@@ -26,7 +26,8 @@ def row(s: SegmentStats) -> list[str]:
     return [segment_name(s), s.config.describe(), str(s.world_size), str(s.measured_steps),
             f"{s.mean_step_s:.4f}", f"{s.median_step_s:.4f}", f"{s.step_p10:.4f}–{s.step_p90:.4f}",
             f"{s.mean_rank_step_s:.4f}", f"{s.images_per_s:.1f}", f"{s.compute_s:.4f}", f"{s.comm_s:.4f}",
-            f"{s.exposed_comm_s:.4f}", f"{100 * s.overlap:.1f}", f"{s.own_s * 1e3:.2f}", f"{s.other_s:.4f}",
+            f"{s.exposed_comm_s:.4f}", f"{100 * s.overlap:.1f}", f"{s.own_s * 1e3:.2f}" if s.own_recorded else "–",
+            f"{s.other_s:.4f}",
             f"{s.sent_mb_per_step:.2f}", f"{s.recv_mb_per_step:.2f}", _opt(s.nic_sent_mb_per_step, ".2f"),
             _opt(s.nic_recv_mb_per_step, ".2f"), _opt(s.cpu_percent, ".0f"), _opt(s.rss_mb, ".0f"),
             _opt(s.allreduce_gbps, ".3f"), f"{s.final_loss:.4f}"]

@@ -39,7 +39,9 @@ class Spread:
     @classmethod
     def of(cls, values: list[float]) -> "Spread | None":
         values = [v for v in values if math.isfinite(v)]
-        return cls(statistics.fmean(values), quantile(values, 0.1), quantile(values, 0.9), len(values)) if values else None
+        if not values:
+            return None
+        return cls(statistics.fmean(values), quantile(values, 0.1), quantile(values, 0.9), len(values))
 
 
 @dataclass(frozen=True)

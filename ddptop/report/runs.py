@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.errors import RecordingError
-from ddptop.events import LogLine, ModelsDiverged, RankLost, RunFinished, RunStarted, StepDone, SystemSample
+from ddptop.events import (LogLine, ModelsDiverged, RankLost, RunFinished, RunStarted, RunState, StepDone,
+                           SystemSample)
 from ddptop.report.analysis import SegmentStats, segment_stats, test_accuracy
 
 
@@ -47,6 +48,7 @@ class RunData:
     evals: list[tuple[int, float, float]]  # (step, test accuracy over every rank's shard, test loss)
     provenance: dict
     warnings: list[str] = field(default_factory=list)
+    pauses: list[tuple[float, float]] = field(default_factory=list)  # wall clock, as rank 0 saw them
     param_bytes: int = 0
     steps_per_epoch: int = 0
     epoch_images: int = 0
@@ -79,6 +81,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         start=start, duration=duration, segments=stats, points=_points(events),
         samples=[e for e in events if isinstance(e, SystemSample)], evals=test_accuracy(events),
         provenance=provenance(meta, config, start, duration), warnings=_warnings(events),
+        pauses=_pauses(events, start + duration),
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
         epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0)
 
@@ -103,6 +106,18 @@ def _points(events) -> list[StepPoint]:
         out.append(StepPoint(step, ds[0].segment, max(d.t for d in ds), sum(losses) / len(losses), min(losses),
                              max(losses)))
     return out
+
+
+def _pauses(events, end: float) -> list[tuple[float, float]]:
+    out, since = [], None
+    for e in events:
+        if isinstance(e, RunState) and e.rank == 0:
+            if e.paused and since is None:
+                since = e.t
+            elif not e.paused and since is not None:
+                out.append((since, e.t))
+                since = None
+    return out + ([(since, end)] if since is not None else [])
 
 
 def _warnings(events) -> list[str]:
@@ -131,8 +146,7 @@ def provenance(meta: dict, config: dict, start: float, duration: float) -> dict:
     places = {}
     for rank, r in sorted(ranks.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
         if isinstance(r, dict):
-            key = (str(r.get("host", "?")), str(r.get("device", "?")), str(r.get("backend", "?")), str(r.get("threads", "?")),
-                   str(r.get("torch_version", "?")))
+            key = tuple(str(r.get(k, "?")) for k in ("host", "device", "backend", "threads", "torch_version"))
             places.setdefault(key, []).append(str(rank))
     hosts = [f"{host}: rank{'s' if len(rs) > 1 else ''} {', '.join(rs)} ({device}, {backend}, {threads} thread(s), "
              f"torch {torch})" for (host, device, backend, threads, torch), rs in places.items()]

@@ -63,7 +63,8 @@ def bucket_size(stats: list[SegmentStats], out: Path) -> Made | None:
                 None) for link in links]
     _grouped(b, groups, series, "MB sent per step")
     b.set_title("bytes per step", fontsize=9)
-    data = plot.save(fig, out, "bucket_size", "DDP bucket size: iteration time and bytes")
+    data = plot.save(fig, out, "bucket_size", f"DDP bucket size: iteration time and bytes (batch "
+                                              f"{ddp[0].config.batch_size}/rank, lr {ddp[0].config.lr:g})")
     fast, slow = min(ddp, key=lambda s: s.mean_step_s), max(ddp, key=lambda s: s.mean_step_s)
     what = "" if len({s.config.bucket_mb for s in ddp}) == len(ddp) else " (segments " + ", ".join(
         f"#{s.index} {s.config.bucket_mb:g} MB" for s in ddp) + ")"
@@ -86,7 +87,10 @@ def batch_size(stats: list[SegmentStats], out: Path) -> Made | None:
     a.set_title("iteration time", fontsize=9)
     _grouped(b, groups, [("job", [s.images_per_s for s in ordered], None, None)], "images per second")
     b.set_title("throughput: every rank's images / the slowest rank's time", fontsize=9)
-    data = plot.save(fig, out, "batch_size", "Batch size: iteration time and throughput")
+    c = ordered[0].config
+    what = c.strategy + (f" {c.bucket_mb:g} MB buckets" if c.strategy == "ddp" else "")
+    what += " async" if c.async_op else ""
+    data = plot.save(fig, out, "batch_size", f"Batch size: iteration time and throughput ({what})")
     best = max(ordered, key=lambda s: s.images_per_s)
     small = min(ordered, key=lambda s: s.config.batch_size)
     text = (f"Throughput was highest at batch {best.config.batch_size} ({best.images_per_s:.0f} img/s, "

@@ -57,7 +57,8 @@ def loss_accuracy(run: RunData, stats: list[SegmentStats], names: list[str], pos
 def _loss_finding(run: RunData, stats: list[SegmentStats], names: list[str]) -> str:
     points = run.points
     first, last = points[0], points[-1]
-    text = f"The mean training loss went from {first.loss:.3g} at step {first.step} to {last.loss:.3g} at step {last.step}"
+    text = (f"The mean training loss went from {first.loss:.3g} at step {first.step} to {last.loss:.3g} at step "
+            f"{last.step}")
     peak = max(points, key=lambda p: p.loss)
     if peak.loss > 1.5 * first.loss:
         text += f", peaking at {peak.loss:.3g} (step {peak.step})"
@@ -92,6 +93,12 @@ def _links(run: RunData) -> dict[str, list]:
     return out
 
 
+def _paused(ax, run: RunData, legend: bool) -> None:
+    for i, (t0, t1) in enumerate(run.pauses):
+        ax.axvspan(t0 - run.start, t1 - run.start, facecolor="none", edgecolor="#AAAAAA", hatch="//", linewidth=0,
+                   label="paused" if legend and i == 0 else None)
+
+
 def _time_spans(run: RunData, stats, names, positions):
     return [(n, s.seg_t0 - run.start, s.t1 - run.start, i) for s, n, i in zip(stats, names, positions)]
 
@@ -111,6 +118,7 @@ def network(run: RunData, stats: list[SegmentStats], names: list[str], positions
                     linewidth=1.0, label=name)
         ax.set_ylabel(label)
         plot.shade(ax, spans, label_top=ax is axes[0])
+        _paused(ax, run, ax is axes[0])
         plot.legend_outside(ax)
     axes[-1].set_xlabel("seconds since the recording started")
     name = f"network{_suffix(run, several)}"
@@ -145,6 +153,7 @@ def system(run: RunData, stats: list[SegmentStats], names: list[str], positions:
     for rank in sorted(by_rank):
         hosts.setdefault(by_rank[rank][0].host, by_rank[rank])
     gpu = any(s.gpus for s in run.samples)
+    by_rank = dict(sorted(by_rank.items()))
     panels = [("process CPU, % of one core", by_rank, lambda s: [s.proc_cpu_percent], "rank {}"),
               ("node CPU, % of all cores", hosts, lambda s: [s.node_cpu_percent], "{}"),
               ("process resident memory, MB", by_rank, lambda s: [s.proc_rss_bytes / 1e6], "rank {}")]
@@ -161,6 +170,7 @@ def system(run: RunData, stats: list[SegmentStats], names: list[str], positions:
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0, top=105 if "all cores" in label or "GPU" in label else None)
         plot.shade(ax, spans, label_top=ax is axes[0])
+        _paused(ax, run, ax is axes[0])
         plot.legend_outside(ax)
     axes[-1].set_xlabel("seconds since the recording started")
     name = f"system{_suffix(run, several)}"

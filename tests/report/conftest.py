@@ -35,7 +35,8 @@ def switched(tmp_path_factory):
     record, port = folder / "switched.db", free_port()
     env = {**os.environ, "DDPTOP_TEST_MODEL": "sleep-ms=150"}
     job = subprocess.Popen([sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--model", "tiny",
-                            "--strategy", "allreduce", "--batch-size", "16", "--synthetic-size", "1600", "--steps", "36",
+                            "--strategy", "allreduce", "--batch-size", "16", "--synthetic-size", "1600",
+                            "--steps", "36",
                             "--span-every", "5", "--port", str(port), "--token", TOKEN, "--record", str(record)],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     answers = []
