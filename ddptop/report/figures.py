@@ -180,6 +180,13 @@ def _bytes_finding(stats: list[SegmentStats], names: list[str]) -> str:
         top = max(busiest.ranks, key=lambda r: r.sent_mb)
         text.append(f"the most any rank sent by the formulas was {top.sent_mb:.3g} MB per step (rank {top.rank} "
                     f"in {names[stats.index(busiest)]})")
+    idle = [(l, n) for s, n in zip(stats, names) for l in s.links if l.formula_sent_mb == 0 and l.sent_mb > 0]
+    if idle:
+        text.append(f"{idle[0][0].iface} carried {idle[0][0].sent_mb:.3g} MB per step even in {idle[0][1]}, which "
+                    "sends nothing: a loopback counts every local process (telemetry, other jobs)"
+                    if idle[0][0].iface in ("lo", "lo0") else
+                    f"{idle[0][0].name} carried {idle[0][0].sent_mb:.3g} MB per step even in {idle[0][1]}, which "
+                    "sends nothing (telemetry, control)")
     counted = [(l, n) for s, n in zip(stats, names) for l in s.links if l.formula_sent_mb > 0]
     if counted:
         ratios = [l.sent_mb / l.formula_sent_mb for l, _ in counted]

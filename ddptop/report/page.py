@@ -35,9 +35,10 @@ def glossary_link(out: Path) -> str:
     return f"[README's glossary]({rel}#glossary) (and at the end of this page)"
 
 
-def run_lines(run: RunData, shown: list[SegmentStats], left_out: list[str], several: bool) -> list[str]:
+def run_lines(run: RunData, shown: list[SegmentStats], left_out: list[str], out: Path) -> list[str]:
     p = run.provenance
-    lines = [f"recording `{run.path}` ({run.size_bytes / 1e6:.2f} MB, SHA-256 `{run.sha256[:16]}…`)",
+    link = os.path.relpath(Path(run.path).resolve(), out.resolve())
+    lines = [f"recording [`{run.path}`]({link}) ({run.size_bytes / 1e6:.2f} MB, SHA-256 `{run.sha256[:16]}…`)",
              f"command: `{p['command']}`",
              f"{run.model} on {run.dataset}"
              + (f" ({p['synthetic_size']} training images)" if p.get("synthetic_size") else "")
@@ -65,7 +66,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     for run, kept, reasons in zip(runs, shown, left_out):
         if several:
             blocks.append(("h3", run.name))
-        blocks.append(("list", run_lines(run, kept, reasons, several)))
+        blocks.append(("list", run_lines(run, kept, reasons, out)))
     blocks += [("h2", "Per segment"), markdown.segment_table(stats), ("p", TABLE_NOTE)]
     gpu = markdown.gpu_table(stats)
     if gpu:

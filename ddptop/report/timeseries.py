@@ -138,7 +138,7 @@ def _network_finding(run: RunData, links: dict[str, list], stats, names) -> str:
     shared = any(k.endswith("shared)") for k in links)
     text = f"The highest receive rate was {rate:.3g} MB/s on {name}, during {where}; {totals}"
     if shared:
-        text += " (a shared loopback counts every rank's traffic once)"
+        text += " (a loopback counts every local process's traffic: both ranks', the telemetry's, other jobs')"
     return text + "."
 
 
