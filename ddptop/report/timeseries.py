@@ -110,8 +110,10 @@ def network(run: RunData, stats: list[SegmentStats], names: list[str], positions
         return None
     fig, axes = plot.figure(3, 1, width=10.0, height=2.8, sharex=True)
     spans = _time_spans(run, stats, names, positions)
+    most = max(s.nic().rx_bytes for samples in links.values() for s in samples)
+    unit, scale = ("GB", 1e9) if most >= 1e9 else ("MB", 1e6)
     panels = (("received, MB/s", lambda n: n.rx_rate / 1e6), ("sent, MB/s", lambda n: n.tx_rate / 1e6),
-              ("received since the start, GB", lambda n: n.rx_bytes / 1e9))
+              (f"received since the start, {unit}", lambda n: n.rx_bytes / scale))
     for ax, (label, value) in zip(axes, panels):
         for j, (name, samples) in enumerate(links.items()):
             ax.plot([s.t - run.start for s in samples], [value(s.nic()) for s in samples], color=plot.color(j),
@@ -131,10 +133,11 @@ def _network_finding(run: RunData, links: dict[str, list], stats, names) -> str:
     peaks = []
     for name, samples in links.items():
         top = max(samples, key=lambda s: s.nic().rx_rate)
-        where = next((n for s, n in zip(stats, names) if s.seg_t0 <= top.t <= s.t1 + 1.0), "between segments")
-        peaks.append((top.nic().rx_rate / 1e6, name, where, samples[-1].nic().rx_bytes / 1e9))
+        # a rate is over the 0.5 s before its sample: the segment holding that stretch's middle
+        where = next((n for s, n in zip(stats, names) if s.seg_t0 <= top.t - 0.25 <= s.t1), "between segments")
+        peaks.append((top.nic().rx_rate / 1e6, name, where, samples[-1].nic().rx_bytes / 1e6))
     rate, name, where, _ = max(peaks)
-    totals = "; ".join(f"{n}: {gb:.3g} GB received in all" for _, n, _, gb in peaks[:4])
+    totals = "; ".join(f"{n}: {mb:.4g} MB received in all" for _, n, _, mb in peaks[:4])
     shared = any(k.endswith("shared)") for k in links)
     text = f"The highest receive rate was {rate:.3g} MB/s on {name}, during {where}; {totals}"
     if shared:
