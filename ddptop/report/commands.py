@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ddptop.errors import UsageError
+from ddptop.errors import DdptopError, UsageError
 
 MIN_MEASURED = 3  # by default a segment needs warm-up + 3 steps: fewer give no step time worth a bar
 
@@ -96,7 +96,10 @@ def cmd_report(argv: Sequence[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create {out}: {exc.strerror}") from None
-    made, blocks = write(runs, shown, left_out, out)
+    try:
+        made, _ = write(runs, shown, left_out, out)
+    except OSError as exc:  # disk full, a file where a figure goes
+        raise DdptopError(f"cannot write the report in {out}: {exc.strerror or exc}") from None
     print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {len(made)} figures (PNG, SVG, PDF)")
     return 0
 

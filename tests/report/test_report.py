@@ -84,3 +84,12 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert main(["report", "-o", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err and all(line.startswith("ddptop: ") for line in err) and "Traceback" not in "\n".join(err)
+
+
+def test_a_report_that_cannot_be_written_is_one_line(smoke, tmp_path, capsys):
+    record, _ = smoke
+    out = tmp_path / "out"
+    (out / "step_time.png").mkdir(parents=True)  # a folder where the first figure goes
+    assert main(["report", str(record), "-o", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddptop: cannot write the report in "), err
