@@ -22,8 +22,11 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddptop.control import store as stores  # noqa: E402
+from ddptop.control.auth import JobKeys  # noqa: E402
 from ddptop.control.bus import Collector, Publisher  # noqa: E402
 from ddptop.events import NicStat, Span, StepDone, StepSpans, SystemSample  # noqa: E402
+
+BENCH_KEYS = JobKeys.from_token("benchmark-token", "0" * 32)  # batches sealed as in a real job
 
 STEP_HZ = 10
 
@@ -50,7 +53,7 @@ def simulated_rank(publisher: Publisher, rank: int, seconds: float) -> None:
 
 
 def rank_group(ranks: list[int], port: int, seconds: float, go) -> None:
-    publishers = [Publisher(stores.ddptop_view(stores.connect("127.0.0.1", port, 60)), r) for r in ranks]
+    publishers = [Publisher(stores.ddptop_view(stores.connect("127.0.0.1", port, 60)), r, BENCH_KEYS) for r in ranks]
     go.wait()  # every simulated rank starts at once, after all have connected
     threads = [threading.Thread(target=simulated_rank, args=(p, r, seconds)) for p, r in zip(publishers, ranks)]
     for t in threads:
@@ -62,7 +65,7 @@ def rank_group(ranks: list[int], port: int, seconds: float, go) -> None:
 def measure(n_ranks: int, seconds: float) -> tuple[float, int, bool, float]:
     port = stores.free_port()
     server = stores.serve(port)
-    collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", port, 30)), n_ranks)
+    collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", port, 30)), n_ranks, BENCH_KEYS)
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
     groups = [ctx.Process(target=rank_group, args=(list(range(g, n_ranks, 2)), port, seconds, go))

@@ -40,6 +40,7 @@ from plain_torch import sync_gradients  # noqa: E402
 from ddptop.config import RunConfig, SyncConfig  # noqa: E402
 from ddptop.control import store as stores  # noqa: E402
 from ddptop.control.agent import ControlAgent, Decision  # noqa: E402
+from ddptop.control.auth import JobKeys  # noqa: E402
 from ddptop.control.bus import Collector, Publisher  # noqa: E402
 from ddptop.events import StepDone  # noqa: E402
 from ddptop.probes.clock import CpuClock  # noqa: E402
@@ -47,9 +48,10 @@ from ddptop.probes.step import StepProbe  # noqa: E402
 from ddptop.sources.sampler import SystemSampler  # noqa: E402
 from ddptop.train.loop import Trainer  # noqa: E402
 
+BENCH_KEYS = JobKeys.from_token("benchmark-token", "0" * 32)  # batches sealed as in a real job
+
 CASES = [("single", False), ("gather-scatter", False), ("allreduce", False), ("allreduce", True), ("ddp", False)]
 MODES = ("plain", "off", "all")
-TOKEN = "benchmark-token"
 
 
 def plain_iteration(trainer: Trainer, forward, iterator, criterion, strategy: str, async_op: bool) -> None:
@@ -79,7 +81,7 @@ def _rank(rank, world, port, store_port, args, out_path):
     def connect():
         return stores.ddptop_view(stores.connect("127.0.0.1", store_port, 30))
 
-    publisher = Publisher(connect(), rank)
+    publisher = Publisher(connect(), rank, BENCH_KEYS)
     clock = CpuClock()
     probes = {"plain": StepProbe(rank, clock, publisher.emit, detail=False),
               "off": StepProbe(rank, clock, publisher.emit, detail=False),
@@ -88,7 +90,7 @@ def _rank(rank, world, port, store_port, args, out_path):
     cfg = RunConfig(model=args.model, sync=first, eval=False, span_every=args.span_every,
                     synthetic_size=max(12800, args.batch * world * (args.block_steps + 2) * 2))
     trainer = Trainer(cfg, rank, world, torch.device("cpu"), publisher.emit, probes["off"])
-    agent = ControlAgent(rank, world, TOKEN, connect, publisher.emit, trainer.check, first)
+    agent = ControlAgent(rank, world, BENCH_KEYS, connect, publisher.emit, trainer.check, first)
     criterion = torch.nn.CrossEntropyLoss()
     lines, segments = [], {}  # segment → (case, mode): one trainer, so segment numbers are unique
     for strategy, async_op in CASES:
@@ -138,7 +140,7 @@ def main() -> None:
     ap.add_argument("--span-every", type=int, default=10)
     args = ap.parse_args()
     server = stores.serve(0)
-    collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", server.port, 30)), 2)
+    collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", server.port, 30)), 2, BENCH_KEYS)
     done = threading.Event()
     events = []
 

@@ -25,7 +25,7 @@ from ddptop.control.commands import ConfigApplied  # noqa: E402
 from ddptop.events import (NicStat, RankJoined, RunStarted, Span, StepDone, StepSpans,  # noqa: E402
                            SystemSample)
 
-PANELS = ("ranks", "network", "util", "timeline", "loss", "controls")
+PANELS = ("overview", "ranks", "network", "util", "timeline", "loss", "controls")
 LAYERS = [f"features.{i}" for i in range(0, 29, 1)][:19] + ["classifier.0", "classifier.3", "classifier.6"]
 
 
@@ -64,7 +64,8 @@ class SyntheticSource:
     def _step_done(self, rank: int, step: int, t: float) -> StepDone:
         iter_s = 1 / self.rate * (1 + 0.05 * rank)
         return StepDone(rank, step, step // 196, 0, t, iter_s, 0.01, 0.6 * iter_s, 0.3 * iter_s, 0.1 * iter_s, 0.6,
-                        64, 2.3 / (1 + step / 100) + 0.01 * rank, 36_924_456, 64_000_000, 64_000_000, step % 10 == 0)
+                        64, 2.3 / (1 + step / 100) + 0.01 * rank, 36_924_456, 64_000_000, 64_000_000, step % 10 == 1,
+                        fwd_s=0.2 * iter_s, bwd_s=0.35 * iter_s, opt_s=0.05 * iter_s, own_s=0.002 * iter_s)
 
     def _spans(self, rank: int, step: int, t: float) -> StepSpans:
         spans, at = [Span("data", "data", 0.0, 0.01)], 0.01
@@ -85,9 +86,11 @@ class SyntheticSource:
 
 def child(args: argparse.Namespace) -> None:
     """Runs inside tmux: the app, switching panels, measuring its own CPU time per panel."""
+    from ddptop.front.feed import Feed
     from ddptop.tui.app import DdptopApp
 
-    app = DdptopApp(SyntheticSource(args.ranks, args.steps_per_s), mode="live")
+    feed = Feed(SyntheticSource(args.ranks, args.steps_per_s)).start()  # as live: the feed on its own thread
+    app = DdptopApp(feed, mode="live")
     per_panel = args.seconds / len(PANELS)
     results: dict[str, float] = {}
     plan = {"i": 0, "cpu": 0.0, "wall": 0.0}
@@ -113,7 +116,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--steps-per-s", type=float, default=10.0)
-    p.add_argument("--seconds", type=float, default=60.0, help="measured time, split over the six panels")
+    p.add_argument("--seconds", type=float, default=60.0, help="measured time, split over the seven panels")
     p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -125,9 +128,10 @@ def main() -> None:
         raise SystemExit("tmux is needed to give the app a real terminal")
     out = os.path.join(tempfile.mkdtemp(), "cpu.json")
     name = f"ddptop-bench-{os.getpid()}"
-    cmd = (f"{sys.executable} {os.path.abspath(__file__)} --child --ranks {args.ranks} --steps-per-s "
+    cmd = (f"sleep 1; {sys.executable} {os.path.abspath(__file__)} --child --ranks {args.ranks} --steps-per-s "
            f"{args.steps_per_s} --seconds {args.seconds} --warmup {args.warmup} --out {out}")
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "160", "-y", "48", cmd], check=True)
+    subprocess.run(["tmux", "set-option", "-t", name, "window-size", "manual"], capture_output=True)
     subprocess.run(["tmux", "resize-window", "-t", name, "-x", "160", "-y", "48"], capture_output=True)
     deadline = time.monotonic() + args.seconds + args.warmup + 60
     while not os.path.exists(out) and time.monotonic() < deadline:

@@ -1,6 +1,12 @@
 """`python -m ddptop` runs the command line."""
 
-from ddptop.cli import main
+import sys
+
+try:
+    from ddptop.cli import main
+except KeyboardInterrupt:  # Ctrl-C while Python is still loading ddptop: the same one line as later
+    print("ddptop: interrupted", file=sys.stderr)
+    raise SystemExit(130) from None
 
 if __name__ == "__main__":
     raise SystemExit(main())

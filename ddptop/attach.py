@@ -67,20 +67,31 @@ def cmd_attach(argv: Sequence[str]) -> int:
     from ddptop.control.client import ControlClient
     from ddptop.headless import HeadlessConsumer, HeadlessPrinter
 
+    from ddptop.cli import check_port
+
+    check_port(args.port)
     client = ControlClient.find(args.master, args.port, args.token, role="attach", prefix=args.prefix)
-    world = int(client.status().get("world_size", 0))
-    view = stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix)
-    liveness = Liveness(stores.ddptop_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix),
-                        world)
-    source = LiveSource(Collector(view, world, from_start=False), liveness=liveness)
+    world = client.status()["world_size"]  # checked: signed by rank 0, 1..65536
+    keys = client.job
+
+    def view():
+        return stores.job_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix, keys.namespace)
+
+    source = LiveSource(Collector(view(), world, keys, from_start=False), liveness=Liveness(view(), world, keys))
     job = AttachedJob(client, world)
-    print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks); Ctrl-C detaches", file=sys.stderr)
+    from ddptop.front.recording import announced
+
+    recording = announced(client.store, client.token)
+    said = {None: "the job did not say whether it records", "": "the job does not record"}.get(
+        recording, f"the job records to {recording}")
+    print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks; {said}); Ctrl-C detaches",
+          file=sys.stderr)
     if args.headless or not (sys.stdin.isatty() and sys.stdout.isatty()):
         consumer = _NoteFinished(HeadlessConsumer(HeadlessPrinter(every=args.log_every)), job)
     else:
         from ddptop.tui.live import TuiConsumer
 
-        consumer = _NoteFinished(TuiConsumer(), job)
+        consumer = _NoteFinished(TuiConsumer(recording=recording or None), job)
     try:
         consumer(source, job)
     except KeyboardInterrupt:

@@ -15,7 +15,43 @@ from ddptop.errors import DdptopError, UsageError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse would print usage + message and exit 2: we want one line
-        raise UsageError(f"{message} (see ddptop --help)")
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+COMMANDS = {
+    "run": "train and watch a job (the default: `ddptop [flags]` is `ddptop run [flags]`)",
+    "ctl": "change a running job from a shell: status, set KEY=VALUE, pause, resume, stop",
+    "attach": "watch a running job from another terminal or machine; leaving never stops it",
+    "info": "what a recording holds: run, hosts, duration, the per-segment table",
+    "replay": "play a recording on the screen (or --headless as the run's lines)",
+    "export": "a recording as a Chrome trace (Perfetto) or CSV tables",
+    "report": "a markdown report with figures from one or several recordings",
+}
+
+
+def _profiles() -> list[tuple[str, str]]:
+    """(name, first line of its comment) of every profile ddptop can find."""
+    from ddptop.profiles import PROFILE_DIRS
+
+    out = {}
+    for folder in PROFILE_DIRS:
+        for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
+            try:
+                first = next((line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#")), "")
+            except (OSError, UnicodeDecodeError):
+                first = ""
+            out.setdefault(path.stem, first if len(first) <= 96 else first[:95] + "…")
+    return sorted(out.items())
+
+
+def _epilog() -> str:
+    lines = ["commands (ddptop COMMAND --help for each):"]
+    lines += [f"  {name:<8} {what}" for name, what in COMMANDS.items()]
+    lines += ["", "profiles (--profile NAME: flag defaults and a sweep of configurations, one job):"]
+    lines += [f"  {name:<20} {what}" for name, what in _profiles()]
+    lines += ["", "exit codes: 0 ok, 1 refused by the job, 2 bad input, 3 data set missing, 4 master or ranks "
+              "unreachable, 5 a peer lost mid-run, 6 bad recording, 70 internal error, 130 interrupted"]
+    return "\n".join(lines)
 
 
 def _bool(text: str) -> bool:
@@ -28,7 +64,10 @@ def _bool(text: str) -> bool:
 
 
 def run_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ddptop", description="Train and profile a PyTorch data-parallel job from the terminal.")
+    p = _Parser(prog="ddptop", description="Train and profile a PyTorch data-parallel job from the terminal: "
+                "`ddptop [flags]` starts a job and shows it live, recording it to ./ddptop-runs/.",
+                usage="ddptop [run] [flags]  |  ddptop COMMAND ... (see below)", epilog=_epilog(),
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"ddptop {__version__}")
     where = p.add_argument_group("where the ranks run (default: 2 local ranks)")
     where.add_argument("--local", type=int, metavar="N", help="start N ranks on this machine")
@@ -40,34 +79,50 @@ def run_parser() -> argparse.ArgumentParser:
     where.add_argument("--iface", help="network interface to watch (default: the one that routes to the master)")
     where.add_argument("--timeout", type=float, default=60.0, metavar="S",
                        help="give up on an unreachable master or missing ranks after S seconds (60)")
+    where.add_argument("--lost-after", type=float, default=10.0, metavar="S",
+                       help="report a rank lost after S seconds without a heartbeat (10)")
     what = p.add_argument_group("what to train")
-    what.add_argument("--model", choices=MODELS, default="vgg11")
-    what.add_argument("--dataset", choices=DATASETS, default="synthetic")
-    what.add_argument("--data-dir", default="./data")
+    what.add_argument("--model", choices=MODELS, default="vgg11",
+                      help="VGG-11 as in the course (9.23M parameters), ResNet-18, or a 21k-parameter CNN (vgg11)")
+    what.add_argument("--dataset", choices=DATASETS, default="synthetic",
+                      help="a learnable set generated from the seed, or the real sets from --data-dir (synthetic)")
+    what.add_argument("--data-dir", default="./data", help="where cifar10 / mnist files are (./data)")
     what.add_argument("--batch-size", type=int, default=64, help="per rank (64)")
-    what.add_argument("--lr", type=float, default=0.1)
-    what.add_argument("--epochs", type=int, default=1)
+    what.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (0.1)")
+    what.add_argument("--epochs", type=int, default=1, help="passes over the training set (1)")
     what.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: run the epochs)")
-    what.add_argument("--seed", type=int, default=0)
+    what.add_argument("--seed", type=int, default=0, help="seed of the model, the data order and the synthetic set (0)")
     what.add_argument("--synthetic-size", type=int, default=12800, help="training images of the synthetic set")
     what.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation at each epoch's end")
     what.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)")
     sync = p.add_argument_group("gradient synchronization")
-    sync.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    sync.add_argument("--strategy", choices=STRATEGIES, default="ddp",
+                      help="how gradients are synchronized: none, gather+scatter at rank 0, per-parameter "
+                           "all_reduce, or DistributedDataParallel (ddp)")
     sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb (25)")
     sync.add_argument("--async-op", type=_bool, nargs="?", const=True, default=False,
                       help="allreduce: launch every collective with async_op=True")
     look = p.add_argument_group("what to measure and show")
     look.add_argument("--headless", action="store_true", help="no screen: progress lines")
-    look.add_argument("--probes", choices=PROBE_LEVELS, default="all")
+    look.add_argument("--probes", choices=PROBE_LEVELS, default="all",
+                      help="all: phases, collectives and per-layer spans; system: step time, CPU, NICs; off (all)")
     look.add_argument("--span-every", type=int, default=10, metavar="N", help="record spans every Nth step (10)")
     where.add_argument("--token", help="job token for control messages (default: DDPTOP_TOKEN, else generated)")
     look.add_argument("--profile", metavar="NAME", help="load profiles/NAME.toml (flags you type override it)")
     look.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
-    look.add_argument("--record", metavar="FILE", help="record the run to FILE (SQLite; FILE must not exist)")
+    look.add_argument("--record", metavar="FILE", help="record the run to FILE (SQLite; FILE must not exist); "
+                      "default: a new file in ./ddptop-runs/ named by date, time and strategy")
+    look.add_argument("--no-record", action="store_true", help="do not record the run")
     what.add_argument("--save", metavar="FILE", help="at the end, rank 0 writes the model's state_dict to FILE "
                                                     "(torch.save; FILE must not exist)")
+    look.add_argument("--record-required", action="store_true",
+                      help="stop the job if the recording fails (disk full); without it training goes on")
     return p
+
+
+def check_port(port: int | None, flag: str = "--port") -> None:
+    if port is not None and not 1 <= port <= 65535:
+        raise UsageError(f"{flag} must be between 1 and 65535, got {port}")
 
 
 def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None]:
@@ -78,7 +133,7 @@ def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None
         return args, None
     from ddptop.profiles import load_profile
 
-    profile = load_profile(args.profile, {a.dest for a in parser._actions})
+    profile = load_profile(args.profile, {a.dest: a for a in parser._actions})
     parser.set_defaults(**profile["run"])
     return parser.parse_args(argv), profile
 
@@ -114,19 +169,28 @@ def _save_path(path: str | None) -> str:
 def cmd_run(argv: Sequence[str]) -> int:
     args, profile = parse_run_args(argv)
     cfg = config_from_args(args, profile)
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    if not 0 < args.timeout <= 86400:
+        raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
+    check_port(args.port)
+    if not 1 <= args.lost_after <= 3600:
+        raise UsageError(f"--lost-after must be 1 to 3600 seconds, got {args.lost_after:g}")
+    if args.record_required and args.no_record:
+        raise UsageError("--record-required and --no-record contradict each other")
     from ddptop.train import rendezvous
     from ddptop.train.data import ensure_dataset
 
     rdv = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local)
+    rendezvous.check_host(rdv.master, rdv.port)
     if args.local is not None and args.world_size not in (None, args.local):
         raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
     ensure_dataset(cfg)
-    from ddptop.run import run
+    from ddptop.front.recording import choose
+    from ddptop.run import records_here, run
 
-    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=args.record,
-               headless=args.headless)
+    record = choose(args.record, args.no_record, cfg.profile or cfg.first_sync.strategy) if records_here(rdv) \
+        else args.record
+    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
+               headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after)
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
@@ -137,12 +201,22 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", help="key prefix of a job under torchrun's agent store (/attempt_N)")
 
 
+CTL_OPS = {"status": "the job's step, config in force and each rank's recent step time and comm",
+           "set": "change the configuration: KEY=VALUE … (strategy, bucket_mb, async_op, batch_size, lr, scale_lr)",
+           "pause": "pause every rank at the next step boundary", "resume": "resume a paused job",
+           "stop": "stop every rank at the next step boundary"}
+
+
 def ctl_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ddptop ctl", description="Control a running ddptop job from a shell.")
+    p = _Parser(prog="ddptop ctl", description="Control a running ddptop job from a shell.",
+                epilog="operations:\n" + "\n".join(f"  {op:<8} {what}" for op, what in CTL_OPS.items()) +
+                "\n\nexit codes: 0 done, 1 refused by the job (wrong token, rank 0 said no, not applied in time), "
+                "2 bad input, 4 no job there",
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_job_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a change to be applied (30)")
-    p.add_argument("op", choices=("status", "set", "pause", "resume", "stop"))
+    p.add_argument("op", nargs="?", metavar="OP", help="status, set, pause, resume or stop")
     p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
                    help="for set: strategy, bucket_mb, async_op, batch_size, lr, scale_lr")
     return p
@@ -150,37 +224,45 @@ def ctl_parser() -> argparse.ArgumentParser:
 
 def cmd_ctl(argv: Sequence[str]) -> int:
     args = ctl_parser().parse_args(argv)
+    if args.op not in CTL_OPS:
+        said = f"unknown operation {args.op!r}" if args.op else "say what to do"
+        raise UsageError(f"ctl: {said}: status, set KEY=VALUE …, pause, resume or stop (see ddptop ctl --help)")
     from ddptop.control.client import ControlClient
     from ddptop.control.commands import parse_assignments
 
     if args.op != "set" and args.assignments:
         raise UsageError(f"{args.op} takes no KEY=VALUE arguments")
     changes = parse_assignments(args.assignments) if args.op == "set" else None
+    check_port(args.port)
+    if not 0 < args.timeout <= 86400:
+        raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
     client = ControlClient.find(args.master, args.port, args.token, prefix=args.prefix)
     if args.op == "status":
+        from ddptop.control.status import format_status, recent_steps
+
         status = client.status()
-        print(json.dumps(status, indent=2) if args.json else format_status(status, client))
+        if args.json:
+            print(json.dumps(status, indent=2))
+        else:
+            steps = recent_steps(client.store, client.job, int(status.get("world_size", 0)))
+            print(format_status(status, f"{client.master}:{client.port}", steps))
         return 0
+    if args.op in ("pause", "resume"):
+        status = client.status()
+        if bool(status.get("paused")) == (args.op == "pause"):  # idempotent: nothing to send
+            print(json.dumps({"ok": True, "state": "unchanged"}) if args.json else
+                  f"{args.op}: the job is already {'paused' if args.op == 'pause' else 'running'} (step "
+                  f"{status['step']}); nothing sent")
+            return 0
     answer = client.send(args.op, changes, timeout_s=args.timeout)
     if args.json:
         print(json.dumps(answer))
     elif args.op == "set":
-        print(f"applied at step {answer['step']} (segment {answer['segment']}) on every rank")
+        print(f"applied at step {answer.get('step', '?')} (segment {answer.get('segment', '?')}) on every rank")
     else:
-        print(f"{args.op}: accepted")
+        print(f"{args.op}: accepted by rank 0; every rank {'stops' if args.op == 'stop' else args.op + 's'} "
+              "at the next step boundary")
     return 0
-
-
-def format_status(status: dict, client) -> str:
-    from ddptop.config import SyncConfig
-
-    config = SyncConfig(**status["config"])
-    state = "paused" if status.get("paused") else "running"
-    lines = [f"job {client.master}:{client.port}  {state}  step {status['step']}  segment {status['segment']}  "
-             f"{config.describe()}  lr {config.lr:g}"]
-    for rank in status["ranks"]:
-        lines.append(f"  rank {rank['rank']}  step {rank.get('step', '?')}")
-    return "\n".join(lines)
 
 
 def _lazy(module: str, name: str):
@@ -200,26 +282,39 @@ SUBCOMMANDS = {
     "replay": _lazy("ddptop.record.commands", "cmd_replay"),
     "report": _lazy("ddptop.report.commands", "cmd_report"),
     "attach": _lazy("ddptop.attach", "cmd_attach"),
+    "lab": _lazy("ddptop.lab.command", "cmd_lab"),
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # c10d logs lost store connections as multi-line C++ stack traces; ddptop reports them in one line instead
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # c10d logs a store it cannot reach as ~25 lines of C++ frames, even at its ERROR level; ddptop says it in one
+    # line. Set before torch is imported (it reads the level once).
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "INFO" if os.environ.get("DDPTOP_DEBUG") else "FATAL")
+    from ddptop.safe import clean
+
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]]()(argv[1:])
+        if argv and argv[0] == "run":
+            argv = argv[1:]
+        elif argv and not argv[0].startswith("-"):
+            raise UsageError(f"unknown command {argv[0]!r}: ddptop [run] [flags], or one of "
+                             f"{', '.join(c for c in COMMANDS if c != 'run')} (ddptop --help says what each does)")
         return cmd_run(argv)
     except DdptopError as exc:
-        print(f"ddptop: {exc}", file=sys.stderr)
+        print(f"ddptop: {clean(str(exc), 500)}", file=sys.stderr)  # one line whatever the message holds
         return exc.exit_code
     except KeyboardInterrupt:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while Python shuts down changes nothing
         print("ddptop: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug, or a failure ddptop did not foresee: still one line
         if os.environ.get("DDPTOP_DEBUG"):
             raise
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        print(f"ddptop: internal error: {type(exc).__name__}: {first} (DDPTOP_DEBUG=1 shows where)", file=sys.stderr)
+        print(f"ddptop: internal error: {type(exc).__name__}: {clean(first)} (DDPTOP_DEBUG=1 shows where)",
+              file=sys.stderr)
         return 70

@@ -77,7 +77,10 @@ class SyncConfig:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an int too large for a float (10**400 from JSON or a command line)
+        return False
 
 
 @dataclass(frozen=True)

@@ -35,3 +35,9 @@ class RecordingError(DdptopError):
     """A recording that cannot be read or written."""
 
     exit_code = 6
+
+
+class LabUnavailable(DdptopError):
+    """`ddptop lab` cannot build its cluster here: not root, no namespaces, tc or cgroup CPU controller."""
+
+    exit_code = 2

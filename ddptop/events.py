@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator, Protocol
 
+from ddptop.safe import clean_value
+
 SCHEMA_VERSION = 1
 MAX_EVENT_BYTES = 1 << 20  # one decoded event may not exceed 1 MiB: values come from the network
 
@@ -305,9 +307,54 @@ class RunState(Event):
     t: float
 
 
+@dataclass(frozen=True)
+class RankBack(Event):
+    """A rank marked lost is heard from again (a valid heartbeat after SIGSTOP/SIGCONT, a network that came back)."""
+
+    kind: ClassVar[str] = "rank_back"
+    rank: int
+    step: int
+    silent_s: float  # how long nothing valid came from it
+    t: float
+
+
+@dataclass(frozen=True)
+class TelemetryGap(Event):
+    """Telemetry batches of a rank that the front never received or refused: the loss is stated, never silent."""
+
+    kind: ClassVar[str] = "telemetry_gap"
+    rank: int
+    first_seq: int
+    last_seq: int
+    reason: str  # "the collector fell behind", "missing from the store", "bad MAC", ...
+    t: float
+
+
+@dataclass(frozen=True)
+class RecorderFailed(Event):
+    """The recording stopped (disk full, I/O error): training goes on unless --record-required."""
+
+    kind: ClassVar[str] = "recorder_failed"
+    path: str
+    reason: str
+    required: bool
+    t: float
+
+
+@dataclass(frozen=True)
+class StoreFlooded(Event):
+    """The store holds more keys than the job ever writes: someone else on its port is filling it."""
+
+    kind: ClassVar[str] = "store_flooded"
+    keys: int
+    expected: int
+    t: float
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
-                              ConfigApplied, ControlRefused, RankLost, RunState, ModelsDiverged)
+                              ConfigApplied, ControlRefused, RankLost, RunState, RankBack, TelemetryGap,
+                              RecorderFailed, StoreFlooded, ModelsDiverged)
 }
 
 
@@ -326,10 +373,10 @@ def event_from_dict(data: Any) -> Event:
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise EventDecodeError(f"event schema {version!r} is newer than this ddptop's ({SCHEMA_VERSION})")
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = data[f.name]
     try:
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                kwargs[f.name] = clean_value(data[f.name])  # strings come from anyone: never raw to a terminal
         if cls is StepSpans:
             kwargs["spans"] = tuple(Span(*s) for s in kwargs.get("spans", ()))
         elif cls is SystemSample:
@@ -338,7 +385,7 @@ def event_from_dict(data: Any) -> Event:
         elif cls is RunStarted:
             kwargs["layers"] = tuple(tuple(x) for x in kwargs.get("layers", ()))
         return cls(**kwargs)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise EventDecodeError(f"bad {kind} event: {exc}") from None
 
 
@@ -351,7 +398,7 @@ def decode_events(blob: bytes, max_bytes: int = 64 * MAX_EVENT_BYTES) -> list[Ev
         raise EventDecodeError(f"event batch of {len(blob)} bytes is over the {max_bytes}-byte cap")
     try:
         items = json.loads(blob)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise EventDecodeError(f"event batch is not JSON: {exc}") from None
     if not isinstance(items, list):
         raise EventDecodeError("event batch is not a list")

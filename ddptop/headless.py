@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import defaultdict, deque
-from itertools import islice
 from typing import TextIO
 
 from ddptop import metrics, tables
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, RankJoined,
-                           RankLost, RunFinished, RunStarted, RunState, StepDone, SystemSample)
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, RankBack,
+                           RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
+                           StoreFlooded, TelemetryGap)
+from ddptop.front.feed import Feed, SharedState
 from ddptop.metrics import Figures
-from ddptop.traffic import measured_vs_expected
+from ddptop.safe import clean_lines
+from ddptop.state.snapshot import Snapshot
+from ddptop.traffic import not_comparable
 
 MB = 1e6
-HISTORY = 100_000  # step summaries and system samples kept per rank for the closing lines
 
 
 def progress_line(step: int, total: int, loss: float, recent: Figures, images_per_s: float) -> str:
@@ -55,6 +56,10 @@ class ProgressBar:
             self.progress.stop()
 
 
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
+
+
 def evaluation_line(e: EpochDone) -> str:
     """The course's format: `Test set: Average loss: 2.0345, Accuracy: 2292/10000 (23%)`."""
     pct = 100.0 * e.correct / e.total if e.total else 0.0
@@ -62,29 +67,29 @@ def evaluation_line(e: EpochDone) -> str:
 
 
 class HeadlessPrinter:
-    """Consumes the event stream and writes what a user watching a log wants to see."""
+    """Writes what a user watching a log wants to see. Its numbers come from the front's SessionState (the same
+    reducer the screen reads); it listens to that state, so each batch is applied before it is printed."""
 
-    def __init__(self, total_steps: int = 0, every: int = 10, out: TextIO | None = None, bar: bool | None = None):
+    def __init__(self, total_steps: int = 0, every: int = 10, out: TextIO | None = None, bar: bool | None = None,
+                 state: SharedState | None = None):
         self.total = total_steps
         self.every = max(1, every)
         self.out = out or sys.stdout
-        self.latest: dict[int, StepDone] = {}
         self.finished: dict[int, RunFinished] = {}
         self.lost: dict[int, RankLost] = {}
-        # bounded: the NIC-vs-formula lines look at the last hours, not at everything since the start
-        self.samples: dict[int, deque[SystemSample]] = defaultdict(lambda: deque(maxlen=HISTORY))
-        self.steps: dict[int, deque[StepDone]] = defaultdict(lambda: deque(maxlen=HISTORY))
+        self.gaps: list[TelemetryGap] = []
         self.bar = ProgressBar(self.out) if (self.out.isatty() if bar is None else bar) else None
-        self.table = metrics.SegmentTable()
+        self.state = state or SharedState()
+        self.state.listeners.append(self._lines)
 
     def handle(self, events: list[Event]) -> None:
+        """Standalone use (tests, a recording read at once): apply to the state, which calls back `_lines`."""
+        self.state.handle(events)
+
+    def _lines(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, StepDone):
-                self.steps[event.rank].append(event)
-                self.table.apply(event)
                 self._step(event)
-            elif isinstance(event, SystemSample):
-                self.samples[event.rank].append(event)
             elif isinstance(event, EpochDone):
                 self._print(evaluation_line(event))
             elif isinstance(event, RankJoined):
@@ -92,44 +97,59 @@ class HeadlessPrinter:
                             f"{event.backend}, {event.threads} threads, ranks found by {event.rank_source})")
             elif isinstance(event, RunStarted):
                 self.total = event.total_steps or self.total  # the trainer's own count
-                self.table.warmup = event.warmup
                 self._print(f"training {event.model} ({event.param_count / 1e6:.2f}M parameters in "
                             f"{event.param_tensors} tensors, {event.param_bytes / MB:.1f} MB of gradients) on "
                             f"{event.dataset}, {event.world_size} ranks, {event.strategy}, batch {event.batch_size}"
                             f"/rank, {event.steps_per_epoch} steps/epoch")
             elif isinstance(event, RunFinished):
                 self.finished[event.rank] = event
-            elif isinstance(event, ConfigApplied):
-                self.table.apply(event)
-                if event.rank == 0 and event.who != "start":
-                    synced = (f"; one-off: {event.sync_bytes / MB:.1f} MB broadcast from rank 0"
-                              if event.sync_bytes else "")
-                    self._print(f"step {event.step}: now {tables.describe(event.config)} "
-                                f"(segment {event.segment}, asked by {event.who}; switch took "
-                                f"{event.switch_s:.2f} s{synced})")
-            elif isinstance(event, ModelsDiverged):
-                self._print(f"WARNING: {event.describe()}")
-            elif isinstance(event, ControlRefused):
-                self._print(f"control request {event.request_id} ignored: {event.reason}")
-            elif isinstance(event, RankLost):
-                self.lost[event.rank] = event
-                last = self.latest[event.rank].step if event.rank in self.latest else event.last_step
-                self._print(f"rank {event.rank} lost after step {last}: {event.reason}")
-            elif isinstance(event, RunState) and event.rank == 0:
-                self._print(f"step {event.step}: {'paused' if event.paused else 'resumed'}")
-            elif isinstance(event, LogLine):
-                self._print(f"rank {event.rank} {event.level}: {event.message}")
+            else:
+                self._other(event)
+
+    def _other(self, event: Event) -> None:
+        if isinstance(event, ConfigApplied):
+            if event.rank == 0 and event.who != "start":
+                synced = f"; one-off: {event.sync_bytes / MB:.1f} MB broadcast from rank 0" if event.sync_bytes else ""
+                self._print(f"step {event.step}: now {tables.describe(event.config)} (segment {event.segment}, "
+                            f"asked by {event.who}; switch took {event.switch_s:.2f} s{synced})")
+        elif isinstance(event, ModelsDiverged):
+            self._print(f"WARNING: {event.describe()}")
+        elif isinstance(event, ControlRefused):
+            self._print(f"control request {event.request_id} ignored: {event.reason}")
+        elif isinstance(event, RankLost):
+            self.lost[event.rank] = event
+            last = self.state.state.ranks.get(event.rank)
+            step = last.last.step if last is not None and last.last is not None else event.last_step
+            self._print(f"rank {event.rank} lost after step {step}: {event.reason}")
+        elif isinstance(event, RankBack):
+            self.lost.pop(event.rank, None)
+            self._print(f"rank {event.rank} is back at step {event.step} after {event.silent_s:g} s of silence")
+        elif isinstance(event, TelemetryGap):
+            self.gaps.append(event)
+            self._print(f"rank {event.rank}: telemetry batch{'es' if event.last_seq > event.first_seq else ''} "
+                        f"{_span(event.first_seq, event.last_seq)} lost ({event.reason}); "
+                        "the steps in them are missing here and in the recording")
+        elif isinstance(event, StoreFlooded):
+            self._print(f"the store holds {event.keys} keys, more than this job ever writes ({event.expected}): "
+                        "someone else on its port is filling it (README: trust model)")
+        elif isinstance(event, RecorderFailed):
+            then = "stopping the job (--record-required)" if event.required else "training goes on"
+            self._print(f"recording to {event.path} stopped: {event.reason}; it keeps everything before; {then}")
+        elif isinstance(event, RunState) and event.rank == 0:
+            self._print(f"step {event.step}: {'paused' if event.paused else 'resumed'}")
+        elif isinstance(event, LogLine):
+            self._print(f"rank {event.rank} {event.level}: {event.message}")
 
     def _step(self, done: StepDone) -> None:
-        self.latest[done.rank] = done
         step = done.step + 1
         if done.rank != 0:
             return
         line_due = step % self.every == 0 or step == self.total or step == 1
         if self.bar is None and not line_due:
             return
+        state = self.state.state  # called under the state's lock, right after this batch was applied
         n = min(self.every, step)
-        windows = {r: metrics.window(list(islice(reversed(steps), n))[::-1]) for r, steps in self.steps.items() if r not in self.lost}
+        windows = {r: state.window(r, done.step, n) for r in state.history if state.rank_state(r) != "lost"}
         images_per_s = metrics.job_images_per_s(windows.values())
         mine = windows.get(0, metrics.Figures())
         if self.bar is not None:
@@ -138,6 +158,7 @@ class HeadlessPrinter:
             self._print(progress_line(step, self.total, done.loss, mine, images_per_s))
 
     def _print(self, line: str) -> None:
+        line = clean_lines(line)  # events were cleaned when decoded; printed lines are cleaned again all the same
         if self.bar is not None:
             self.bar.print(line)
         else:
@@ -145,32 +166,17 @@ class HeadlessPrinter:
 
     def finish(self, traffic: bool) -> None:
         """The closing lines once ranks have finished (NIC vs formulas when `traffic`), then the bar goes."""
+        snap = self.state.snapshot()
         if self.finished:
-            segments = self.table.segments()
+            segments = snap.segment_figures
             if segments and any(s.measured_steps for s in segments):
                 for line in ["segments:", *tables.lines(segments, indent="  ")]:
                     self._print(line)
-            for line in self.traffic_lines() if traffic else []:
+            for line in traffic_lines(snap) if traffic else []:
                 self._print(line)
             self._print(self.summary())
         if self.bar is not None:
             self.bar.stop()
-
-    def traffic_lines(self) -> list[str]:
-        """Per rank: bytes the NIC counted against the ring/gather formulas (ranks that sent nothing skipped)."""
-        out, shared = [], False
-        for rank in sorted(self.steps):
-            traffic = measured_vs_expected(self.samples.get(rank, []), self.steps[rank])
-            if traffic is None or traffic.expected_tx == 0:
-                continue
-            if traffic.iface in ("lo", "lo0"):
-                shared = True  # every local rank (and anything else on the machine) shares the loopback counters
-                continue
-            out.append(traffic.describe())
-        if shared:
-            out.append("ranks on one machine talk over lo, whose counters mix every process: "
-                       "no per-rank NIC comparison (see README for the namespace cluster)")
-        return out
 
     def summary(self) -> str:
         steps = max((f.steps for f in self.finished.values()), default=0)
@@ -178,30 +184,48 @@ class HeadlessPrinter:
         return f"finished: {steps} steps on {len(self.finished)} ranks ({', '.join(reasons)})"
 
 
-class HeadlessConsumer:
-    """Feeds the printer (and every other sink, e.g. a recording) until every local rank has exited.
+def traffic_lines(snap: Snapshot) -> list[str]:
+    """Per rank: bytes the NIC counted against the ring/gather formulas over the last minutes (ranks that sent
+    nothing skipped); a shared counter (lo, or one that moves more than the job explains) is refused."""
+    out, refused = [], {}
+    for rank in sorted(snap.history):
+        t = snap.traffic(rank)
+        if t is None or t.expected_tx == 0:
+            continue
+        why = not_comparable(t.iface, t.nic_tx, t.expected_tx)
+        if why:
+            refused.setdefault(why, []).append(rank)
+            continue
+        out.append(t.describe())
+    for why, ranks in refused.items():
+        out.append(f"no NIC comparison for rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {why}"
+                   + (" (README: several hosts on one machine)" if "shared by every process" in why else ""))
+    return out
 
-    When the user interrupts, the front stops the ranks and then calls `finish`, so the last steps and
-    the summary are still printed and recorded.
-    """
+
+class HeadlessConsumer:
+    """Watches a live job without a screen: the feed (its own thread) prints and records until every local rank
+    has exited. When the user interrupts, the front stops the ranks and then calls `finish`, so the last steps,
+    the closing lines and the recording's end still come."""
 
     def __init__(self, printer: HeadlessPrinter, sinks: list | None = None, poll_s: float = 0.2):
         self.printer = printer
-        self.sinks = [printer, *(sinks or [])]
+        self.sinks = list(sinks or [])
         self.poll_s = poll_s
+        self.feed: Feed | None = None
 
-    def _feed(self, events: list[Event]) -> None:
-        for sink in self.sinks:
-            sink.handle(events)
+    @property
+    def state(self) -> SharedState:
+        return self.printer.state
 
     def __call__(self, source, job) -> None:
+        self.feed = Feed(source, self.sinks, job=job, state=self.printer.state, interval_s=self.poll_s).start()
         while job.alive():
-            self._feed(source.poll() + job.lost_events())
-            job.check()
             time.sleep(self.poll_s)
         self.finish(source, job)
 
     def finish(self, source, job) -> None:
-        source.close()
-        self._feed(source.poll() + job.lost_events())
+        if self.feed is None:  # interrupted before the feed started
+            self.feed = Feed(source, self.sinks, job=job, state=self.printer.state)
+        self.feed.stop()
         self.printer.finish(traffic=True)

@@ -59,9 +59,23 @@ def other_s(d: StepDone) -> float:
 
 
 def parts(d: StepDone) -> dict[str, float]:
-    """One step split into parts that add up to its step time (the screen's breakdown bar)."""
+    """One step split into parts that add up to its step time (the screen's breakdown bar). A step recorded
+    before compute was split by phase (older files: forward, backward, optimizer all 0) shows it as `compute`."""
+    if d.fwd_s + d.bwd_s + d.opt_s <= 0 < d.compute_s:
+        return {"data": d.data_s, "compute": d.compute_s, "exposed comm": d.exposed_comm_s, "ddptop": d.own_s,
+                "other": other_s(d)}
     return {"data": d.data_s, "forward": d.fwd_s, "backward": d.bwd_s, "exposed comm": d.exposed_comm_s,
             "optimizer": d.opt_s, "ddptop": d.own_s, "other": other_s(d)}
+
+
+def mean_parts(steps: Iterable[StepDone]) -> dict[str, float]:
+    """`parts` averaged over steps (a window of one rank): still adds up to the mean step time."""
+    steps = list(steps)
+    out: dict[str, float] = {}
+    for d in steps:
+        for name, value in parts(d).items():
+            out[name] = out.get(name, 0.0) + value / len(steps)
+    return out
 
 
 class _Sums:

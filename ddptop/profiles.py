@@ -29,23 +29,89 @@ def find_profile(name: str) -> Path:
     raise UsageError(f"no profile {name!r}: choose one of {', '.join(known) or '(none found)'}")
 
 
-def load_profile(name: str, known_flags: set[str]) -> dict[str, Any]:
-    """{"name", "run": flag defaults, "sweep": [sync changes], "warmup", "measure"} from a profile file."""
+MAX_SWEEP_STEPS = 1_000_000  # warm-up or measured steps per configuration: more is a typo, not a plan
+SWEEP_TYPES = {"strategy": (str,), "bucket_mb": (int, float), "async_op": (bool,), "batch_size": (int,),
+               "lr": (int, float)}
+NOT_IN_PROFILES = {"help", "version", "profile"}
+
+
+def load_profile(name: str, flags: dict[str, Any]) -> dict[str, Any]:
+    """{"name", "run": flag defaults, "sweep": [sync changes], "warmup", "measure"} from a profile file.
+
+    `flags` maps each run flag's dest to its argparse action: a value must have the type the flag takes (a
+    profile bypasses argparse's conversion), and anything else is one UsageError line naming the setting."""
     path = find_profile(name)
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"profile {path} cannot be read: {exc}") from None
-    run = data.get("run", {})
-    unknown = sorted(set(run) - known_flags)
+    where = f"profile {path.name}"
+    unknown = sorted(set(data) - {"run", "sweep", "lab"})  # [lab] is `ddptop lab`'s (ddptop.lab.profile checks it)
     if unknown:
-        raise UsageError(f"profile {path.name}: unknown setting(s) {', '.join(unknown)} in [run]")
-    sweep = data.get("sweep", {})
+        raise UsageError(f"{where}: unknown section(s) {', '.join(unknown)}: only [run], [sweep] and [lab]")
+    run, sweep = _table(data, "run", where), _table(data, "sweep", where)
+    bad = sorted(k for k in run if k not in flags or k in NOT_IN_PROFILES)
+    if bad:
+        raise UsageError(f"{where}: unknown setting(s) {', '.join(bad)} in [run]")
+    for key, value in run.items():
+        _check_flag(where, key, value, flags[key])
+    extra = sorted(set(sweep) - {"warmup", "measure", "configs"})
+    if extra:
+        raise UsageError(f"{where}: unknown setting(s) {', '.join(extra)} in [sweep]")
     configs = sweep.get("configs", [])
+    if not isinstance(configs, list):
+        raise UsageError(f"{where}: [sweep] configs must be a list of tables like {{ strategy = \"ddp\" }}")
     for item in configs:
         bad = sorted(set(item) - SWEEP_KEYS) if isinstance(item, dict) else ["(not a table)"]
         if bad:
-            raise UsageError(f"profile {path.name}: a sweep config sets {', '.join(bad)}; "
+            raise UsageError(f"{where}: a sweep config sets {', '.join(bad)}; "
                              f"only {', '.join(sorted(SWEEP_KEYS))} can change between segments")
-    return {"name": path.stem, "run": run, "sweep": configs, "warmup": int(sweep.get("warmup", 5)),
-            "measure": int(sweep.get("measure", 20))}
+        for key, value in item.items():
+            if not _typed(value, SWEEP_TYPES[key]):
+                raise UsageError(f"{where}: sweep config {key} = {value!r} is not a {SWEEP_TYPES[key][0].__name__}")
+    return {"name": path.stem, "run": run, "sweep": configs, "warmup": _steps(where, sweep, "warmup", 5, 0),
+            "measure": _steps(where, sweep, "measure", 20, 1)}
+
+
+def _table(data: dict, name: str, where: str) -> dict:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: {name} must be a table ([{name}]), not {type(value).__name__}")
+    return value
+
+
+def _typed(value: Any, kinds: tuple) -> bool:
+    if bool in kinds:
+        return isinstance(value, bool)
+    return isinstance(value, kinds) and not isinstance(value, bool)
+
+
+def _check_flag(where: str, key: str, value: Any, action: Any) -> None:
+    """A [run] value must be what the flag's argparse action would have produced from the command line."""
+    if action.nargs == 0:  # store_true / store_false
+        kinds: tuple = (bool,)
+    elif action.type in (int, float):
+        kinds = (int,) if action.type is int else (int, float)
+    elif action.type is None:
+        kinds = (str,)
+    else:  # a converter such as --async-op's: true/false
+        kinds = (bool,)
+    if not _typed(value, kinds) or (float in kinds and not _finite(value)):
+        raise UsageError(f"{where}: {key} = {value!r} is not a {kinds[-1].__name__}")
+    if action.choices is not None and value not in action.choices:
+        raise UsageError(f"{where}: {key} = {value!r}: choose one of {', '.join(map(str, action.choices))}")
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return value == value and abs(value) != float("inf")
+    except OverflowError:
+        return False
+
+
+def _steps(where: str, sweep: dict, key: str, default: int, low: int) -> int:
+    value = sweep.get(key, default)
+    if not _typed(value, (int,)) or not low <= value <= MAX_SWEEP_STEPS:
+        raise UsageError(f"{where}: [sweep] {key} must be a whole number of steps in {low}..{MAX_SWEEP_STEPS}, "
+                         f"got {value!r}")
+    return value

@@ -2,64 +2,162 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 from ddptop.config import RunConfig
-from ddptop.control.token import remove_job_file, resolve_token, write_job_file
+from ddptop.control.token import resolve_token
+from ddptop.errors import RecordingError
+from ddptop.events import RecorderFailed
+from ddptop.front.feed import SharedState
+from ddptop.front.recording import closing_lines
 from ddptop.headless import HeadlessConsumer, HeadlessPrinter
+from ddptop.safe import clean
 from ddptop.train.rendezvous import Rendezvous
 from ddptop.train.worker import WorkerOptions
 
 
-def open_recording(path: str | None, cfg: RunConfig, rdv: Rendezvous):
-    """`--record FILE`: a RecordingWriter sink, created before any rank starts so a bad path fails first."""
+class RecorderAlarm:
+    """What happens when the recording fails mid-run: an event in the job's stream (the printer and the screen
+    show it), and with --record-required a stop request, so the job ends cleanly (exit 6) instead of going on."""
+
+    def __init__(self, path: str, required: bool):
+        self.path, self.required = path, required
+        self.source = None  # the LiveSource, once the job's stream exists
+        self.stop = None  # asks the ranks to stop
+
+    def __call__(self, reason: str) -> None:  # the recorder's thread
+        event = RecorderFailed(self.path, clean(reason, 200), self.required, time.time())
+        if self.source is not None:
+            self.source.inject([event])
+        else:
+            print(f"ddptop: recording to {self.path} stopped: {event.reason}", file=sys.stderr, flush=True)
+        if self.required and self.stop is not None:
+            self.stop()
+
+
+def open_recording(path: str | None, cfg: RunConfig, rdv: Rendezvous, alarm: RecorderAlarm | None = None):
+    """`--record FILE` (or the default file): a RecordingWriter sink, created before any rank starts so a bad path
+    fails first."""
     if not path:
         return None
     from ddptop.record.sqlite import RecordingWriter, base_meta
 
-    where = {"source": rdv.source, "world_size": rdv.world_size, "master": rdv.master, "rank": rdv.rank}
-    return RecordingWriter(path, base_meta(cfg.to_dict(), where))
+    return RecordingWriter(path, base_meta(cfg.to_dict(), where(rdv)), on_error=alarm)
+
+
+def end_recording(recorder, path: str, required: bool) -> bool:
+    """Close the recording (a run that never started leaves no file); say what a failed writer kept.
+    True when the file exists and is worth a report."""
+    if recorder is None:
+        return False
+    recorder.discard()
+    if recorder.error:
+        if required:
+            raise RecordingError(f"recording {path} failed ({clean(recorder.error, 200)}); the job was stopped "
+                                 "(--record-required)")
+        print(f"ddptop: recording {path} is incomplete ({clean(recorder.error, 200)}): it keeps everything "
+              "before that; training went on", file=sys.stderr)
+    return os.path.exists(path)
+
+
+def where(rdv: Rendezvous) -> dict:
+    return {"source": rdv.source, "world_size": rdv.world_size, "master": rdv.master, "rank": rdv.rank}
+
+
+def records_here(rdv: Rendezvous) -> bool:
+    """Rank 0 records every rank (its front process, or under torchrun/Slurm its collector process)."""
+    return rdv.rank == 0 or rdv.source == "local"
 
 
 def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None,
-        record: str | None = None, headless: bool = True) -> int:
-    if record and rdv.rank != 0:
-        print(f"ddptop: rank {rdv.rank} leaves --record to rank 0, which records every rank", file=sys.stderr)
+        record: str | None = None, headless: bool = True, record_required: bool = False,
+        lost_after_s: float = 10.0) -> int:
+    if record and not records_here(rdv):
+        print(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank", file=sys.stderr)
         record = None
-    recorder = open_recording(record, cfg, rdv)
+    token_value, given = resolve_token(token)
+    options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local",
+                            lost_after_s=lost_after_s)
+    if not options.check_token and rdv.world_size > 1:
+        print(f"ddptop: no job token (--token or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join this "
+              "job or disturb its start; give every rank the same --token", file=sys.stderr)
+    if not (rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)):
+        from ddptop.front.watch import run_direct
+
+        return run_direct(cfg, rdv, options, log_every, record, record_required)
+    state = SharedState()
+    alarm = RecorderAlarm(record or "", record_required)
+    recorder = open_recording(record, cfg, rdv, alarm)
     try:
-        code = _run(cfg, rdv, timeout_s, log_every, token, recorder, headless, record)
-    except BaseException:
-        if recorder is not None:  # errors and Ctrl-C: what was received is still written; the first error wins
-            recorder.close(quiet=True)
-        raise
-    if recorder is not None:
-        recorder.close()
+        code, printer = _run_front(cfg, rdv, options, log_every, state, recorder, headless, record, alarm)
+    finally:  # errors and Ctrl-C too: what was received is written
+        kept = end_recording(recorder, record, record_required)
+    if kept:
+        snap = state.snapshot()
+        for line in closing_lines(record, snap.step, len(snap.ranks)):
+            print(line, flush=True)
+    if code != 0:
+        lost = "; ".join(f"rank {e.rank} {e.reason}" for e in printer.lost.values()) if printer else ""
+        print(f"ddptop: the job failed{': ' + lost if lost else ''} (exit code {code})", file=sys.stderr)
     return code
 
 
-def _run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None, recorder,
-         headless: bool = True, record: str | None = None) -> int:
-    token_value, given = resolve_token(token)
-    options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local")
-    printer = HeadlessPrinter(every=log_every)  # the total comes with rank 0's RunStarted
-    if rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0):
-        from ddptop.train.launch import run_front
+def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_every: int, state: SharedState,
+               recorder, headless: bool, record: str | None, alarm: RecorderAlarm):
+    """This machine hosts the store and starts its ranks; the feed records and shows them (screen or lines)."""
+    from ddptop.train.launch import run_front
 
-        print(f"ddptop: {rdv.world_size} ranks, master {rdv.master} (ranks found by {rdv.source})", file=sys.stderr)
-        sinks = [recorder] if recorder else []
-        if headless or not _terminal():
-            consumer = HeadlessConsumer(printer, sinks)
-        else:
-            from ddptop.tui.live import TuiConsumer
+    sinks = [recorder] if recorder else []
+    printer = None
+    if headless or not _terminal():
+        printer = HeadlessPrinter(every=log_every, state=state)  # the total comes with rank 0's RunStarted
+        consumer = HeadlessConsumer(printer, sinks)
+    else:
+        from ddptop.tui.live import TuiConsumer
 
-            consumer = TuiConsumer(sinks, record)
-        code = run_front(cfg, rdv, options, consumer)
-        if code != 0:
-            lost = "; ".join(f"rank {e.rank} {e.reason}" for e in printer.lost.values())
-            print(f"ddptop: the job failed{': ' + lost if lost else ''} (exit code {code})", file=sys.stderr)
-        return code
-    return run_direct(cfg, rdv, options, printer, recorder)
+        consumer = TuiConsumer(sinks, record, state=state)
+    return run_front(cfg, rdv, options, _Announcing(consumer, record, rdv),
+                     on_source=lambda source, job: _arm(alarm, source, job)), printer
+
+
+def _arm(alarm: RecorderAlarm, source, job) -> None:
+    def stop() -> None:
+        from ddptop.control.client import ControlClient
+
+        job.stop()
+        try:
+            ControlClient(job.front.master, job.front.port, job.front.token, role="front").request("stop")
+        except Exception:  # rank 0 does not answer yet: terminating is the stop
+            job.terminate()
+
+    alarm.source, alarm.stop = source, stop
+
+
+class _Announcing:
+    """Once the store is up and the ranks started: one line on stderr, and where the job is recorded in its store
+    (`ddptop attach` shows it). Before that, a failure (a port in use) is the only line."""
+
+    def __init__(self, consumer, path: str | None, rdv: Rendezvous):
+        self.consumer, self.path, self.rdv = consumer, path, rdv
+
+    def __call__(self, source, job) -> None:
+        from ddptop.control import store as stores
+        from ddptop.front.recording import announce
+
+        rdv = self.rdv
+        print(f"ddptop: {rdv.world_size} ranks, master {rdv.master}:{job.front.port} (ranks found by {rdv.source})"
+              + (f"; recording to {self.path}" if self.path else "; not recording"), file=sys.stderr)
+        try:
+            store = stores.connect(job.front.master, job.front.port, 5, "front")
+            announce(stores.job_view(store, "", job.keys.namespace), job.keys, self.path)
+        except Exception:  # attach then says it does not know: nothing here depends on it
+            pass
+        self.consumer(source, job)
+
+    def finish(self, source, job) -> None:
+        self.consumer.finish(source, job)
 
 
 def _terminal() -> bool:
@@ -69,74 +167,3 @@ def _terminal() -> bool:
     print("ddptop: no terminal for the live screen; running headless (--headless skips this note)", file=sys.stderr)
     return False
 
-
-def run_direct(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, printer: HeadlessPrinter,
-               recorder=None) -> int:
-    """This process is one rank (a worker machine, torchrun, Slurm). Rank 0 also prints the job's progress."""
-    from ddptop.train.worker import run_rank
-
-    print(f"ddptop: rank {rdv.rank} of {rdv.world_size}, master {rdv.master}:{rdv.port} "
-          f"(ranks found by {rdv.source})", file=sys.stderr)
-    server = watcher = None
-    if rdv.rank == 0 and rdv.source != "flags" and not rdv.agent_store:
-        from ddptop.control import store as stores
-
-        server = stores.serve(rdv.port, rdv.master)  # kept until every rank has sent its last events
-    if rdv.rank == 0:  # without a front process, rank 0 collects every rank's events for printing and recording
-        watcher = _Watcher(rdv, options.timeout_s, [printer] + ([recorder] if recorder else []))
-        write_job_file(rdv.master, rdv.port, options.token, rdv.world_size, rdv.key_prefix)
-    try:
-        steps = run_rank(cfg, rdv, options)
-    finally:
-        if watcher is not None:
-            watcher.stop(wait_for=lambda: len(printer.finished) >= rdv.world_size)
-            remove_job_file(rdv.port)
-        del server
-    print(f"ddptop: rank {rdv.rank} finished {steps} steps", file=sys.stderr)
-    return 0
-
-
-
-class _Watcher:
-    """A thread in rank 0's process (torchrun, Slurm): collects the job's events from the store into sinks.
-
-    It connects when rank 0 has started the store, and drains once more after training ends."""
-
-    def __init__(self, rdv: Rendezvous, timeout_s: float, sinks: list):
-        import threading
-
-        self.rdv, self.timeout_s, self.sinks = rdv, timeout_s, sinks
-        self.source = None
-        self._halt = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ddptop-watch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        from ddptop.control import store as stores
-        from ddptop.control.bus import Collector, LiveSource
-
-        try:
-            view = stores.ddptop_view(stores.connect(self.rdv.master, self.rdv.port, self.timeout_s, self.rdv.source),
-                                      self.rdv.key_prefix)
-        except Exception:  # rank 0 itself reports a store it cannot reach
-            return
-        self.source = LiveSource(Collector(view, self.rdv.world_size))
-        while not self._halt.wait(0.2):
-            self._feed(self.source.poll())
-
-    def _feed(self, events) -> None:
-        for sink in self.sinks:
-            sink.handle(events)
-
-    def stop(self, wait_for=lambda: True, grace_s: float = 10.0) -> None:
-        """Stop once `wait_for()` holds (every rank finished) or after `grace_s`, then drain the last events."""
-        import time
-
-        deadline = time.monotonic() + grace_s
-        while not wait_for() and time.monotonic() < deadline and self._thread.is_alive():
-            time.sleep(0.1)
-        self._halt.set()
-        self._thread.join(timeout=10)
-        if self.source is not None:
-            self.source.close()
-            self._feed(self.source.poll())

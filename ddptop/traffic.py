@@ -48,3 +48,19 @@ def measured_vs_expected(samples: Iterable[SystemSample], steps: Iterable[StepDo
     return Traffic(rank=steps[0].rank, iface=a.job_iface, window_s=b.t - a.t, steps=len(counted),
                    nic_tx=nb.tx_bytes - na.tx_bytes, nic_rx=nb.rx_bytes - na.rx_bytes,
                    expected_tx=sum(d.tx_bytes for d in counted), expected_rx=sum(d.rx_bytes for d in counted))
+
+
+SHARED_IFACES = ("lo", "lo0")
+UNEXPLAINED = 1.5  # NIC bytes above 1.5× the formulas (+ TELEMETRY_BYTES) are someone else's traffic
+TELEMETRY_BYTES = 64_000  # per step: ddptop's own telemetry, control broadcast and TCP/IP headers, generously
+
+
+def not_comparable(iface: str, nic_bytes: float | None, expected_bytes: float) -> str:
+    """Why a NIC counter cannot be set against the formulas ('' when it can): a loopback that every process on
+    the machine shares, or a counter that moved far more than the job's ranks send."""
+    if iface in SHARED_IFACES:
+        return f"{iface} is shared by every process on this machine: its counters cannot be split per job"
+    if nic_bytes is not None and expected_bytes > 0 and nic_bytes > UNEXPLAINED * expected_bytes + TELEMETRY_BYTES:
+        return (f"{iface} counted {nic_bytes / expected_bytes:.1f}× what this job's ranks send: other traffic "
+                "shares it")
+    return ""

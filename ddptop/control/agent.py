@@ -3,19 +3,21 @@
 Agreement: at every step boundary rank 0 broadcasts three integers (newest accepted request, paused,
 stop) over a small gloo group, and every rank reads the broadcast launched one boundary earlier. Every rank
 therefore sees a request at the same boundary k and applies it before step k, whatever the strategy (even
-`single`, whose ranks otherwise drift apart) — no step ever mixes two configurations. It costs one 24-byte broadcast per step, which is counted in every step's
-time and in its `own_s` (ddptop's cost); rank 0's control thread does all store polling, so the broadcast
-never waits on the store.
+`single`, whose ranks otherwise drift apart) — no step ever mixes two configurations. It costs one 24-byte
+broadcast launch per step, counted in every step's time and in its `own_s` (ddptop's cost); rank 0's control
+thread does all store polling, so the broadcast never waits on the store.
+
+Trust: only rank 0 reads requests (sealed with the token, bound to this job and request id, accepted once
+within REQUEST_WINDOW_S, deleted once read); what every rank applies comes from rank 0 over the process
+group, sealed with the ranks' key and bound to the request id, never from a store key anyone could write.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Callable
 
 import torch
@@ -23,13 +25,18 @@ import torch.distributed as dist
 
 from ddptop.config import SyncConfig
 from ddptop.control import keys
-from ddptop.control.commands import ControlRefused, RunState, apply_changes, read_request
+from ddptop.control.auth import BadValue, JobKeys
+from ddptop.control.commands import (ControlRefused, Replays, RunState, apply_changes, open_json, read_request,
+                                     seal_json)
 from ddptop.errors import DdptopError, PeerLost, UsageError
 from ddptop.events import Event
 
 POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
 STATUS_EVERY_S = 0.5
 HEARTBEAT_EVERY_S = 1.0
+MAX_BACKLOG = 64  # request ids rank 0 looks at per poll: a counter that jumps further skips the rest, saying so
+REQUEST_WAIT_S = 5.0  # an id whose request has not arrived after this long is given up (its client went away)
+DECISION_BYTES = 2048  # the sealed decision rank 0 broadcasts, padded (a config is ~150 bytes)
 
 
 @dataclass(frozen=True)
@@ -49,16 +56,19 @@ class Boundary:
 
 
 class ControlAgent:
-    def __init__(self, rank: int, world_size: int, token: str, connect: Callable[[], dist.Store],
+    def __init__(self, rank: int, world_size: int, keys: JobKeys, connect: Callable[[], dist.Store],
                  emit: Callable[[Event], None], check: Callable[[SyncConfig], None], initial: SyncConfig,
-                 sweep_segments: int = 0):
+                 group=None, sweep_segments: int = 0):
         self.rank = rank
         self.world_size = world_size
-        self.token = token
+        self.keys = keys
         self.emit = emit
         self.check = check  # extra checks rank 0 makes against its data (e.g. a batch larger than a shard)
-        self.store = connect()  # the training thread's own client: read decisions at switches
-        self.group = dist.new_group(backend="gloo") if world_size > 1 else None
+        self.store = connect() if rank == 0 else None  # the training thread's own client: rank 0's answers
+        self.group = group if group is not None or world_size == 1 else dist.new_group(backend="gloo")
+        self._replays = Replays()
+        self._waiting: dict[int, float] = {}  # rank 0: request ids seen in the counter, request not read yet
+        self._bad_counter: int | None = None
         self.step = 0
         self.segment = 0
         self.config = initial  # segment 0's configuration: a sweep's first
@@ -109,10 +119,14 @@ class ControlAgent:
             if decision.request_id == 0:  # a sweep step: later requests change what the sweep set
                 self._latest = decision.config
             if self.rank == 0:  # before the answer, so a client that reads "applied" sees the new config
-                self.store.set(keys.STATUS, json.dumps(self._status()))
+                self.store.set(keys.STATUS, seal_json(self.keys.control, "status", self._status()))
         if self.rank == 0 and decision.request_id > 0:
-            self.store.set(keys.ctl_response(decision.request_id),
-                           json.dumps({"ok": True, "state": "applied", "step": step, "segment": segment}))
+            self._answer(self.store, decision.request_id,
+                         {"ok": True, "state": "applied", "step": step, "segment": segment})
+
+    def _answer(self, store: dist.Store, request_id: int, response: dict) -> None:
+        store.set(keys.ctl_response(request_id),
+                  seal_json(self.keys.control, f"resp {self.keys.job_id} {request_id}", response))
 
     def _state(self) -> list[int]:
         """What rank 0 broadcasts: the newest request it hands to the ranks (one new one per broadcast), paused,
@@ -151,10 +165,26 @@ class ControlAgent:
         return dist.broadcast(flags, src=0, group=self.group, async_op=True), flags
 
     def _decision(self, request_id: int) -> Decision:
+        """Rank 0's decision for `request_id`, broadcast to every rank and checked there (never read from the store)."""
+        context = f"decision {self.keys.job_id} {request_id}"
+        buffer = torch.zeros(DECISION_BYTES, dtype=torch.uint8)
+        mine = self._sent.pop(request_id) if self.rank == 0 else None
+        if mine is not None:
+            blob = seal_json(self.keys.ranks, context, {"config": mine.config.to_dict(), "who": mine.who})
+            buffer[:4] = torch.tensor(list(len(blob).to_bytes(4, "big")), dtype=torch.uint8)
+            buffer[4:4 + len(blob)] = torch.tensor(list(blob), dtype=torch.uint8)
+        if self.group is not None:
+            dist.broadcast(buffer, src=0, group=self.group)
         if self.rank == 0:
-            return self._sent.pop(request_id)
-        raw = json.loads(self.store.get(keys.ctl_decision(request_id)))
-        return Decision(request_id, SyncConfig(**raw["config"]), raw["who"])
+            return mine
+        raw = bytes(buffer.tolist())
+        try:
+            size = int.from_bytes(raw[:4], "big")
+            body = open_json(self.keys.ranks, context, raw[4:4 + min(size, DECISION_BYTES - 4)], DECISION_BYTES)
+            return Decision(request_id, SyncConfig(**body["config"]), str(body["who"]))
+        except (BadValue, DdptopError, KeyError, TypeError) as exc:  # only a corrupted process group gets here
+            raise PeerLost(f"rank {self.rank}: rank 0's decision for request {request_id} does not verify ({exc}); "
+                           "stopping rather than run another configuration than the other ranks") from None
 
     def close(self) -> None:
         self._halt.set()
@@ -182,44 +212,75 @@ class ControlAgent:
             try:
                 if now >= next_beat:
                     beats += 1
-                    store.set(keys.heartbeat(self.rank), json.dumps({"step": self.step, "beat": beats,
-                                                                     "paused": self._was_paused}))
+                    store.set(keys.heartbeat(self.rank), seal_json(
+                        self.keys.ranks, f"hb {self.keys.job_id} {self.rank}",
+                        {"step": self.step, "beat": beats, "paused": self._was_paused}))
                     next_beat = now + HEARTBEAT_EVERY_S
                 if self.rank != 0:
                     continue
                 seen = self._take_requests(store, seen)
                 if now >= next_status:
                     with self._lock:  # never a stale config over the one `applied` just wrote
-                        store.set(keys.STATUS, json.dumps(self._status()))
+                        store.set(keys.STATUS, seal_json(self.keys.control, "status", self._status()))
                     next_status = now + STATUS_EVERY_S
             except Exception as exc:  # the store (on the master) went away: the next step boundary stops this rank
-                self.master_lost = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
-                return
+                store = self._reconnect(connect, exc)
+                if store is None:
+                    return
+
+    def _reconnect(self, connect: Callable[[], dist.Store], exc: Exception) -> dist.Store | None:
+        """A store that answers again gets a fresh client (the server drops a client after one bad request);
+        one that does not means the master is gone."""
+        try:
+            return connect()
+        except Exception:
+            text = str(exc).strip()
+            self.master_lost = text.splitlines()[0][:120] if text else type(exc).__name__
+            return None
 
     def _status(self) -> dict:
         return {"step": self.step, "segment": self.segment, "config": self.config.to_dict(),
-                "paused": self._was_paused, "world_size": self.world_size, "t": time.time()}
+                "paused": self._was_paused, "world_size": self.world_size, "t": time.time(),
+                "job": self.keys.job_id}
 
     def _take_requests(self, store: dist.Store, seen: int) -> int:
+        """Read the requests whose ids the counter has handed out since `seen`; never wait on one."""
         newest = store.add(keys.CTL_SEQ, 0)
-        for request_id in range(seen + 1, newest + 1):
-            self._take(store, request_id)
-        return max(seen, newest)
+        if not 0 <= newest < keys.MAX_COUNTER or newest < seen:
+            if newest != self._bad_counter:  # said once per value, not twenty times a second
+                self._refuse(newest, f"the request counter holds {newest}, not a count after {seen}: ignored")
+                self._bad_counter = newest
+            return seen if newest < 0 or newest >= keys.MAX_COUNTER else newest
+        if newest - seen > MAX_BACKLOG:
+            self._refuse(newest, f"the request counter jumped from {seen} to {newest}: only the last {MAX_BACKLOG} "
+                                 "ids are read")
+            seen = newest - MAX_BACKLOG
+        now = time.monotonic()
+        self._waiting.update((request_id, now) for request_id in range(seen + 1, newest + 1))
+        for request_id, since in sorted(self._waiting.items()):
+            if store.check([keys.ctl_request(request_id)]):
+                del self._waiting[request_id]
+                self._take(store, request_id)
+            elif now - since > REQUEST_WAIT_S:
+                del self._waiting[request_id]
+        return newest
+
+    def _refuse(self, request_id: int, reason: str) -> None:
+        self.emit(ControlRefused(request_id, reason, time.time()))
 
     def _take(self, store: dist.Store, request_id: int) -> None:
+        raw = store.get(keys.ctl_request(request_id))
+        store.delete_key(keys.ctl_request(request_id))  # used once: a copy left in the store replays nothing
         try:
-            store.wait([keys.ctl_request(request_id)], timedelta(seconds=2))
-            request = read_request(self.token, store.get(keys.ctl_request(request_id)))
-            response = self._accept(store, request_id, request)
+            request = read_request(self.keys, request_id, raw, self._replays)
+            response = self._accept(request_id, request)
         except (ValueError, DdptopError) as exc:
             reason = str(exc)
-            self.emit(ControlRefused(request_id, reason, time.time()))
+            self._refuse(request_id, reason)
             response = {"ok": False, "error": reason}
-        except Exception:  # the client vanished before writing its request
-            return
-        store.set(keys.ctl_response(request_id), json.dumps(response))
+        self._answer(store, request_id, response)
 
-    def _accept(self, store: dist.Store, request_id: int, request: dict) -> dict:
+    def _accept(self, request_id: int, request: dict) -> dict:
         op = request["op"]
         with self._lock:
             if op == "pause":
@@ -236,8 +297,5 @@ class ControlAgent:
             config = apply_changes(self._latest, request["changes"])
             self.check(config)
             self._latest = config
-            decision = Decision(request_id, config, request["who"])
-        store.set(keys.ctl_decision(request_id), json.dumps({"config": config.to_dict(), "who": decision.who}))
-        with self._lock:
-            self._pending.append(decision)
+            self._pending.append(Decision(request_id, config, request["who"]))
         return {"ok": True, "state": "pending", "step": self.step}

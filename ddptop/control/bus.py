@@ -6,39 +6,46 @@ makes a few store calls per second at most. Each rank deletes its batch RETAIN b
 store holds the last minute and no more. Collectors only read: the front's and any number of attached
 ones (`ddptop attach`) each keep their own position, reading every rank's head with one multi_get and
 the new batches with another.
+
+Every batch, head and heartbeat is sealed with the ranks' key and bound to its rank and sequence number
+(auth.py), and lives in the job's secret namespace. A collector never asks for a key it has not seen
+exist (a missing key would block a multi_get for the store's whole timeout), and every batch it does not
+get is a TelemetryGap event: loss is stated, never silent.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import sys
 import threading
 import time
-from typing import Callable
 
 import torch.distributed as dist
 
 from ddptop.control import keys
-from ddptop.control.commands import RankLost
+from ddptop.control.auth import BadValue, JobKeys, seal, unseal
+from ddptop.control.commands import RankLost, open_json
+from ddptop.events import (MAX_EVENT_BYTES, Event, EventDecodeError, LogLine, RankBack, RunFinished, StoreFlooded,
+                           TelemetryGap, decode_events)
 from ddptop.fingerprints import FingerprintCheck
-from ddptop.events import Event, EventDecodeError, LogLine, RunFinished, decode_events, encode_events
 
 MAX_BATCH_EVENTS = 2000
 RETAIN = 240  # batches kept per rank: a minute at 4 batches/s
 SAFE_LAG = RETAIN - 40  # a collector further behind than this skips ahead rather than race the deletion
+MAX_READ = 32  # batches read per rank and poll: bounds one poll's memory (32 x 4 MiB at most)
 
 
 class Publisher:
-    def __init__(self, store: dist.Store, rank: int, interval_s: float = 0.25):
+    def __init__(self, store: dist.Store, rank: int, job: JobKeys, interval_s: float = 0.25):
         self.store = store
         self.rank = rank
+        self.job = job
         self.interval_s = interval_s
         self.seq = 0
         self._queue: collections.deque[Event] = collections.deque()
         self._stop = threading.Event()
         self._failed = False
-        store.set(keys.tel_head(rank), "0")
+        store.set(keys.tel_head(rank), self._head(0))
         self._thread = threading.Thread(target=self._run, name=f"ddptop-publish-{rank}", daemon=True)
         self._thread.start()
 
@@ -51,15 +58,36 @@ class Publisher:
         while not self._stop.wait(self.interval_s):
             self.flush()
 
+    def _head(self, seq: int) -> bytes:
+        return seal(self.job.ranks, f"head {self.job.job_id} {self.rank}", str(seq).encode())
+
+    def _next_batch(self) -> bytes:
+        """Queued events as one JSON list of at most MAX_BATCH_EVENTS events and MAX_BATCH_BYTES."""
+        parts: list[bytes] = []
+        size = 2
+        while self._queue and len(parts) < MAX_BATCH_EVENTS:
+            if not isinstance(self._queue[0], Event):  # a finished step: resolved here, off the training thread
+                self._queue.extendleft(reversed(_events(self._queue.popleft(), self.rank)))
+                continue
+            part = json.dumps(self._queue[0].to_dict(), separators=(",", ":")).encode()
+            if parts and size + len(part) + 1 > keys.MAX_BATCH_BYTES:
+                break
+            self._queue.popleft()
+            if len(part) > MAX_EVENT_BYTES:  # never happens with ddptop's own events (a VGG step's spans: ~10 KB)
+                part = json.dumps(LogLine(self.rank, "error", f"dropped a {len(part)}-byte event",
+                                          time.time()).to_dict()).encode()
+            parts.append(part)
+            size += len(part) + 1
+        return b"[" + b",".join(parts) + b"]"
+
     def flush(self) -> None:
         while self._queue and not self._failed:
-            batch: list[Event] = []
-            while self._queue and len(batch) < MAX_BATCH_EVENTS:
-                batch.extend(_events(self._queue.popleft(), self.rank))
+            body = self._next_batch()
             seq = self.seq + 1
+            blob = seal(self.job.ranks, f"tel {self.job.job_id} {self.rank} {seq}", body)
             try:
                 self.store.multi_set([keys.tel_batch(self.rank, seq), keys.tel_head(self.rank)],
-                                     [encode_events(batch), str(seq)])
+                                     [blob, self._head(seq)])
                 if seq > RETAIN:
                     self.store.delete_key(keys.tel_batch(self.rank, seq - RETAIN))
             except Exception:  # the master went away: the control plane reports it at the next step boundary
@@ -85,88 +113,132 @@ def _events(item, rank: int) -> list[Event]:
 
 class Collector:
     """Reads every rank's batches in order, each once. `from_start=False` (attaching to a running job) starts
-    at what the store still holds; a collector that falls more than SAFE_LAG batches behind skips ahead
-    and says how many batches it missed."""
+    at what the store still holds; a collector that falls more than SAFE_LAG batches behind skips ahead.
+    Every batch it skips, finds missing or refuses becomes a TelemetryGap event."""
 
-    def __init__(self, store: dist.Store, world_size: int, on_bad: Callable[[int, str], None] | None = None,
-                 from_start: bool = True):
+    def __init__(self, store: dist.Store, world_size: int, job: JobKeys, from_start: bool = True):
         self.store = store
         self.world_size = world_size
+        self.job = job
         self.next_seq = [1 if from_start else 0] * world_size  # 0: not positioned yet
         self.missed = [0] * world_size
         self.present: set[int] = set()  # ranks whose head key exists: checked once, not every poll
-        self.on_bad = on_bad or (lambda rank, why: print(f"ddptop: rank {rank} sent bad telemetry: {why}",
-                                                         file=sys.stderr))
+        self._gaps: list[Event] = []
 
     def poll(self) -> list[Event]:
+        self._gaps = []
         head_keys = [keys.tel_head(r) for r in range(self.world_size)]
         if len(self.present) < self.world_size:
             self.present.update(r for r, k in enumerate(head_keys) if r not in self.present and self.store.check([k]))
         present = sorted(self.present)
         if not present:
             return []
-        heads = self.store.multi_get([head_keys[r] for r in present])
         wanted: list[tuple[int, int]] = []
-        for rank, raw in zip(present, heads):
-            try:
-                head = int(raw)
-            except ValueError:
-                self.on_bad(rank, "head is not a number")
-                continue
-            oldest = max(1, head - SAFE_LAG)
-            if self.next_seq[rank] < oldest:
-                if self.next_seq[rank] > 0:
-                    self.missed[rank] += oldest - self.next_seq[rank]
-                    self.on_bad(rank, f"the collector fell behind and skipped {oldest - self.next_seq[rank]} batches")
-                self.next_seq[rank] = oldest
-            wanted += [(rank, seq) for seq in range(self.next_seq[rank], head + 1)]
-        if not wanted:
-            return []
-        blobs = self.store.multi_get([keys.tel_batch(r, s) for r, s in wanted])
+        for rank, raw in zip(present, self.store.multi_get([head_keys[r] for r in present])):
+            head = self._head(rank, raw)
+            if head is None:  # not ours: look for the next batch itself, so a bad head never stalls a rank
+                head = self.next_seq[rank] if self.next_seq[rank] and self.store.check(
+                    [keys.tel_batch(rank, self.next_seq[rank])]) else self.next_seq[rank] - 1
+            self._position(rank, head)
+            wanted += [(rank, seq) for seq in range(self.next_seq[rank], min(head, self.next_seq[rank] + MAX_READ - 1) + 1)]
+        events = self._read(wanted)
+        return events + self._gaps
+
+    def _head(self, rank: int, raw: bytes) -> int | None:
+        try:
+            head = int(unseal(self.job.ranks, f"head {self.job.job_id} {rank}", raw, 32))
+        except ValueError:  # BadValue, or not a number
+            return None
+        return head if 0 <= head < keys.MAX_COUNTER else None
+
+    def _position(self, rank: int, head: int) -> None:
+        oldest = max(1, head - SAFE_LAG)
+        if self.next_seq[rank] < oldest:
+            if self.next_seq[rank] > 0:
+                self._gap(rank, self.next_seq[rank], oldest - 1, "the collector fell behind; the store had dropped them")
+            self.next_seq[rank] = oldest
+
+    def _read(self, wanted: list[tuple[int, int]]) -> list[Event]:
+        names = [keys.tel_batch(r, s) for r, s in wanted]
+        if wanted and not self.store.check(names):  # some are gone: read only those that exist
+            there = [self.store.check([name]) for name in names]
+            for (rank, seq), ok in zip(wanted, there):
+                if not ok:
+                    self._gap(rank, seq, seq, "missing from the store")
+            wanted = [w for w, ok in zip(wanted, there) if ok]
+            names = [n for n, ok in zip(names, there) if ok]
         events: list[Event] = []
-        for (rank, seq), blob in zip(wanted, blobs):
-            self.next_seq[rank] = seq + 1
+        for (rank, seq), blob in zip(wanted, self.store.multi_get(names) if names else []):
+            self.next_seq[rank] = max(self.next_seq[rank], seq + 1)
             try:
-                events.extend(decode_events(blob))
-            except EventDecodeError as exc:
-                self.on_bad(rank, str(exc))
+                events.extend(decode_events(unseal(self.job.ranks, f"tel {self.job.job_id} {rank} {seq}", blob,
+                                                   keys.MAX_BATCH_BYTES)))
+            except (BadValue, EventDecodeError) as exc:
+                self._gap(rank, seq, seq, f"refused: {exc}")
         return events
+
+    def _gap(self, rank: int, first: int, last: int, reason: str) -> None:
+        self.missed[rank] += last - first + 1
+        self.next_seq[rank] = max(self.next_seq[rank], last + 1)
+        self._gaps.append(TelemetryGap(rank, first, last, reason, time.time()))
 
 
 class Liveness:
-    """Marks a rank lost when its heartbeat has not changed for `lost_after_s` (by the front's own clock,
-    so clocks that differ between machines do not matter)."""
+    """Marks a rank lost when no new valid heartbeat came for `lost_after_s` (by the front's own clock, so
+    clocks that differ between machines do not matter), and back when one comes again."""
 
-    def __init__(self, store: dist.Store, world_size: int, lost_after_s: float = 10.0):
+    def __init__(self, store: dist.Store, world_size: int, job: JobKeys, lost_after_s: float = 10.0):
         self.store = store
         self.world_size = world_size
+        self.job = job
         self.lost_after_s = lost_after_s
-        self.last: dict[int, tuple[bytes, float]] = {}
-        self.lost: set[int] = set()
+        self.last: dict[int, tuple[int, float, int]] = {}  # rank -> (beat, when it changed, step)
+        self.lost: dict[int, float] = {}  # rank -> when it was marked lost
+        self.refused: dict[int, str] = {}  # rank -> why its newest heartbeat was refused
         self.finished: set[int] = set()
+        # every key the job writes: RETAIN batches, a head and a heartbeat per rank, the process groups' keys
+        # (a few per rank and group), the handshake and control keys; a store holding more is being filled
+        self.max_keys = world_size * (RETAIN + 16) + 1024
+        self.flooded = False
 
     def check(self) -> list[Event]:
         now = time.monotonic()
         events: list[Event] = []
+        count = self.store.num_keys()
+        if count > self.max_keys and not self.flooded:
+            events.append(StoreFlooded(count, self.max_keys, time.time()))
+        self.flooded = count > self.max_keys
         for rank in range(self.world_size):
             key = keys.heartbeat(rank)
-            if rank in self.lost or rank in self.finished or not self.store.check([key]):
+            if rank in self.finished or not self.store.check([key]):
                 continue
-            beat = self.store.get(key)
+            beat = self._beat(rank, self.store.get(key))
             previous = self.last.get(rank)
-            if previous is None or previous[0] != beat:
-                self.last[rank] = (beat, now)
-            elif now - previous[1] > self.lost_after_s:
-                self.lost.add(rank)
-                events.append(RankLost(rank, _step_of(beat), f"no heartbeat for {self.lost_after_s:g} s", time.time()))
+            if beat is not None and (previous is None or beat[0] > previous[0]):
+                self.last[rank] = (beat[0], now, beat[1])
+                if rank in self.lost:
+                    events.append(RankBack(rank, beat[1], round(now - previous[1], 1) if previous else 0.0,
+                                           time.time()))
+                    del self.lost[rank]
+            elif previous is not None and rank not in self.lost and now - previous[1] > self.lost_after_s:
+                self.lost[rank] = now
+                why = f" (the newest was refused: {self.refused[rank]})" if rank in self.refused else ""
+                events.append(RankLost(rank, previous[2], f"no heartbeat for {self.lost_after_s:g} s{why}", time.time()))
         return events
 
-
-def _step_of(beat: bytes) -> int:
-    try:
-        return int(json.loads(beat).get("step", -1))
-    except (ValueError, AttributeError, TypeError):
-        return -1
+    def _beat(self, rank: int, raw: bytes) -> tuple[int, int] | None:
+        """(beat counter, step) of a valid heartbeat, else None (and the reason kept for the RankLost line)."""
+        try:
+            beat = open_json(self.job.ranks, f"hb {self.job.job_id} {rank}", raw, keys.MAX_SMALL_BYTES)
+            counter, step = beat.get("beat"), beat.get("step")
+            if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < keys.MAX_COUNTER
+                       for v in (counter, step)):
+                raise BadValue("beat or step out of range")
+        except BadValue as exc:
+            self.refused[rank] = str(exc)
+            return None
+        self.refused.pop(rank, None)
+        return counter, step
 
 
 class LiveSource:
@@ -193,16 +265,19 @@ class LiveSource:
 
     def _drain_once(self) -> None:
         try:
-            events = self.collector.poll()
+            batch = self.collector.poll()
+            self.inject(batch)  # kept even if the liveness check below fails
             if self.liveness is not None:
-                self.liveness.finished.update(e.rank for e in events if isinstance(e, RunFinished))
-                if time.monotonic() >= self._next_liveness:
-                    events += self.liveness.check()
-                    self._next_liveness = time.monotonic() + 1.0
-            events += self.fingerprints.check(events)
+                self.liveness.finished.update(e.rank for e in batch if isinstance(e, RunFinished))
+            if self.liveness is not None and time.monotonic() >= self._next_liveness:
+                self.inject(self.liveness.check())
+                self._next_liveness = time.monotonic() + 1.0
+            self.inject(self.fingerprints.check(batch))
         except Exception as exc:
-            self.error = str(exc).splitlines()[0]
-            return
+            self.error = (str(exc).splitlines() or [type(exc).__name__])[0]
+
+    def inject(self, events: list[Event]) -> None:
+        """Add events that did not come from the ranks (the recorder's failure) to the stream, from any thread."""
         if events:
             with self._lock:
                 self._events.extend(events)

@@ -1,19 +1,27 @@
-"""The client side of the control plane, shared by `ddptop ctl` and the TUI: status, set, pause, resume, stop."""
+"""The client side of the control plane, shared by `ddptop ctl` and the TUI: status, set, pause, resume, stop.
+
+Everything it reads is checked before use: the status and rank 0's answers must be sealed with the token
+and have the right types and ranges, heartbeats must be sealed with the ranks' key; a value that is not is
+retried for a moment and then reported in one line, never parsed on trust.
+"""
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import time
 from datetime import timedelta
 from typing import Any
 
 from ddptop.config import SyncConfig
-from ddptop.control import keys
-from ddptop.control import store as stores
-from ddptop.control.commands import apply_changes, make_request, who_am_i
-from ddptop.control.token import TOKEN_ENV, find_job
+from ddptop.control import keys, litestore
+from ddptop.control.auth import BadValue, JobKeys, namespace, token_bytes
+from ddptop.control.commands import apply_changes, make_request, open_json, who_am_i
+from ddptop.control.token import TOKEN_ENV, check_token, find_job
 from ddptop.errors import DdptopError, RendezvousError, UsageError
+
+MAX_WORLD_SIZE = 65536
+STATUS_WAIT_S = 2.0  # rank 0 rewrites its status every 0.5 s: a bad or missing one is retried this long
 
 
 class ControlError(DdptopError):
@@ -23,43 +31,85 @@ class ControlError(DdptopError):
 class ControlClient:
     def __init__(self, master: str, port: int, token: str, role: str = "ctl", timeout_s: float = 5.0,
                  prefix: str = ""):
-        self.master, self.port, self.token, self.prefix = master, port, token, prefix
+        self.master, self.port, self.token, self.prefix = master, port, check_token(token), prefix
         self.who = who_am_i(role)
-        self.store = stores.ddptop_view(stores.connect(master, port, timeout_s, "ctl"), prefix)
+        # plain Python, not torch's TCPStore: `ddptop ctl` answers in a fraction of a second (README); the keys
+        # live under the job's secret namespace (stores.job_view)
+        self.store = litestore.connect(master, port, timeout_s, f"{keys.DDPTOP_PREFIX}{prefix}/{namespace(token)}")
+        self._job: JobKeys | None = None
 
     @classmethod
     def find(cls, master: str | None, port: int | None, token: str | None, role: str = "ctl",
              prefix: str | None = None) -> "ControlClient":
         """Fill what was not typed from this machine's job file (the job's front process wrote it)."""
-        job = find_job(port) if master in (None, "127.0.0.1", "localhost") else None
+        if port is not None and not 1 <= port <= 65535:
+            raise UsageError(f"--port must be between 1 and 65535, got {port}")
+        job = find_job(master if master != "localhost" else None, port)  # a job this machine started, if any
         if port is None and job is None:
             raise RendezvousError("no ddptop job runs on this machine: give --master and --port")
         token = token or os.environ.get(TOKEN_ENV) or (job or {}).get("token")
+        master = master or (job or {}).get("master", "127.0.0.1")
+        port = port or job["port"]
         if not token:
-            raise UsageError("no token for that job: pass --token or set DDPTOP_TOKEN")
+            litestore.connect(master, port, 5.0).close()  # nothing there: say that, not that a token is missing
+            raise UsageError(f"no token for the job on {master}:{port}: pass --token or set DDPTOP_TOKEN")
         prefix = prefix if prefix is not None else str((job or {}).get("prefix", ""))
-        return cls(master or (job or {}).get("master", "127.0.0.1"), port or job["port"], token, role, prefix=prefix)
+        return cls(master, port, token, role, prefix=prefix)
+
+    @property
+    def job(self) -> JobKeys:
+        if self._job is None:
+            self.status()
+        return self._job
 
     def status(self) -> dict[str, Any]:
-        if not self.store.check([keys.STATUS]):
-            raise ControlError(f"the job at {self.master}:{self.port} has not reported its status yet")
-        status = json.loads(self.store.get(keys.STATUS))
-        ranks = []
-        for rank in range(int(status.get("world_size", 0))):
-            beat = self.store.get(keys.heartbeat(rank)) if self.store.check([keys.heartbeat(rank)]) else b"{}"
-            ranks.append({"rank": rank, **json.loads(beat)})
-        return {**status, "age_s": max(0.0, time.time() - status.get("t", 0)), "ranks": ranks}
+        status = self._read_status()
+        self._job = JobKeys.from_token(self.token, status["job"])
+        ranks = [{"rank": rank, **self._heartbeat(rank)} for rank in range(status["world_size"])]
+        return {**status, "age_s": max(0.0, time.time() - status["t"]), "ranks": ranks}
+
+    def _read_status(self) -> dict[str, Any]:
+        deadline = time.monotonic() + STATUS_WAIT_S
+        why = None
+        while True:
+            if self.store.check([keys.STATUS]):
+                try:
+                    return _checked_status(open_json(token_bytes(self.token), "status",
+                                                     self.store.get(keys.STATUS), keys.MAX_STATUS_BYTES))
+                except BadValue as exc:
+                    why = str(exc)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if why:
+            raise ControlError(f"the job's status at {self.master}:{self.port} is refused ({why}): "
+                               "the store holds a value ddptop did not write")
+        raise ControlError(f"no ddptop job with this token answers at {self.master}:{self.port} "
+                           "(a wrong --token or DDPTOP_TOKEN, or a job still starting)")
+
+    def _heartbeat(self, rank: int) -> dict[str, Any]:
+        key = keys.heartbeat(rank)
+        if not self.store.check([key]):
+            return {}
+        try:
+            beat = open_json(self._job.ranks, f"hb {self._job.job_id} {rank}", self.store.get(key), keys.MAX_SMALL_BYTES)
+        except BadValue as exc:
+            return {"refused": str(exc)}
+        step = beat.get("step")
+        return {"step": step} if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else {}
 
     def check_set(self, changes: dict[str, Any]) -> SyncConfig:
         """Validate against the config in force before sending anything (the UI shows this inline)."""
-        current = SyncConfig(**self.status()["config"])
-        return apply_changes(current, changes)
+        return apply_changes(SyncConfig(**self._read_status()["config"]), changes)
 
     def request(self, op: str, changes: dict[str, Any] | None = None) -> int:
         if op == "set":
             self.check_set(changes or {})
+        job = self.job
         request_id = self.store.add(keys.CTL_SEQ, 1)
-        self.store.set(keys.ctl_request(request_id), make_request(self.token, op, changes, self.who))
+        if not 0 < request_id < keys.MAX_COUNTER:
+            raise ControlError(f"the job's request counter holds {request_id}: the store is not in order")
+        self.store.set(keys.ctl_request(request_id), make_request(job, request_id, op, changes, self.who))
         return request_id
 
     def response(self, request_id: int, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -67,7 +117,14 @@ class ControlClient:
             self.store.wait([keys.ctl_response(request_id)], timedelta(seconds=timeout_s))
         except Exception:
             raise ControlError(f"rank 0 did not answer within {timeout_s:g} s") from None
-        return json.loads(self.store.get(keys.ctl_response(request_id)))
+        return self._answer(request_id)
+
+    def _answer(self, request_id: int) -> dict[str, Any]:
+        raw = self.store.get(keys.ctl_response(request_id))
+        try:
+            return open_json(self.job.control, f"resp {self.job.job_id} {request_id}", raw, keys.MAX_SMALL_BYTES)
+        except BadValue as exc:
+            raise ControlError(f"rank 0's answer to request {request_id} is refused ({exc})") from None
 
     def send(self, op: str, changes: dict[str, Any] | None = None, wait_applied: bool = True,
              timeout_s: float = 30.0) -> dict[str, Any]:
@@ -82,6 +139,32 @@ class ControlClient:
             if time.monotonic() > deadline:
                 raise ControlError(f"request {request_id} accepted but not applied within {timeout_s:g} s")
             time.sleep(0.05)
-            answer = json.loads(self.store.get(keys.ctl_response(request_id)))
+            answer = self._answer(request_id)
+        if op != "set" or not wait_applied or answer.get("state") == "applied":
+            self.store.delete_key(keys.ctl_response(request_id))  # read for the last time
         return {"request_id": request_id, "accepted_step": accepted_step, **answer}
 
+
+def _checked_status(status: dict[str, Any]) -> dict[str, Any]:
+    """Types and ranges of rank 0's status, before anything loops over or prints them."""
+    def whole(name: str, low: int, high: int) -> int:
+        value = status.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise BadValue(f"{name} is not a whole number in {low}..{high}")
+        return value
+
+    whole("step", 0, keys.MAX_COUNTER)
+    whole("segment", 0, keys.MAX_COUNTER)
+    whole("world_size", 1, MAX_WORLD_SIZE)
+    t, job, config = status.get("t"), status.get("job"), status.get("config")
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+        raise BadValue("t is not a time")
+    if not isinstance(job, str) or len(job) != 32 or any(c not in "0123456789abcdef" for c in job):
+        raise BadValue("job is not a job id")
+    if not isinstance(status.get("paused"), bool) or not isinstance(config, dict):
+        raise BadValue("paused or config malformed")
+    try:
+        SyncConfig(**config)
+    except (DdptopError, TypeError) as exc:
+        raise BadValue(f"config: {exc}") from None
+    return status

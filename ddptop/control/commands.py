@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -10,13 +11,15 @@ import uuid
 from typing import Any
 
 from ddptop.config import SyncConfig
-from ddptop.control.token import mac, verify
+from ddptop.control.auth import BadValue, JobKeys, seal, unseal
 from ddptop.errors import UsageError
+from ddptop.safe import clean
 from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState  # noqa: F401  (re-exported)
 
 OPS = ("set", "pause", "resume", "stop")
 SETTABLE = {"strategy": str, "bucket_mb": float, "async_op": bool, "batch_size": int, "lr": float, "scale_lr": bool}
 MAX_REQUEST_BYTES = 4096
+REQUEST_WINDOW_S = 60.0  # a request older (or newer) than this by rank 0's clock is refused: replays die with it
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:
@@ -28,6 +31,8 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
         if not sep or key not in SETTABLE:
             raise UsageError(f"cannot set {item!r}: use KEY=VALUE with KEY one of {', '.join(SETTABLE)}")
         changes[key] = _typed(key, text.strip())
+        if key != "scale_lr":  # each value's own range, before anything connects (strategy name, batch 1..65536)
+            SyncConfig().replace(**{key: changes[key]})
     if not changes:
         raise UsageError("nothing to set: give KEY=VALUE pairs, e.g. strategy=allreduce")
     return changes
@@ -76,26 +81,62 @@ def who_am_i(role: str) -> str:
     return f"{role}@{socket.gethostname()}:{os.getpid()}"
 
 
-def make_request(token: str, op: str, changes: dict[str, Any] | None, who: str) -> bytes:
+def make_request(keys: JobKeys, request_id: int, op: str, changes: dict[str, Any] | None, who: str) -> bytes:
+    """A request sealed with the token, bound to this job and this request id, with a nonce and a time."""
     if op not in OPS:
         raise UsageError(f"unknown control op {op!r}")
-    body = {"op": op, "changes": changes or {}, "who": who, "nonce": uuid.uuid4().hex, "t": time.time()}
-    return json.dumps({**body, "mac": mac(token, body)}).encode()
+    body = {"op": op, "changes": changes or {}, "who": who, "nonce": uuid.uuid4().hex, "t": time.time(),
+            "job": keys.job_id, "id": request_id}
+    return seal(keys.control, f"req {keys.job_id} {request_id}", json.dumps(body).encode())
 
 
-def read_request(token: str, raw: bytes) -> dict[str, Any]:
-    """The request's body, or ValueError saying why it is ignored."""
-    if len(raw) > MAX_REQUEST_BYTES:
-        raise ValueError(f"request of {len(raw)} bytes is over {MAX_REQUEST_BYTES}")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ValueError("request is not JSON") from None
-    if not isinstance(data, dict):
-        raise ValueError("request is not a JSON object")
-    signature = data.pop("mac", None)
-    if not verify(token, data, signature):
-        raise ValueError("bad MAC: wrong token or altered message")
-    if data.get("op") not in OPS or not isinstance(data.get("changes"), dict) or not isinstance(data.get("who"), str):
+class Replays:
+    """Nonces rank 0 has accepted within the window: a request is accepted once, and only while it is fresh."""
+
+    def __init__(self, window_s: float = REQUEST_WINDOW_S):
+        self.window_s = window_s
+        self.seen: dict[str, float] = {}
+
+    def check(self, nonce: str, t: float, now: float) -> None:
+        self.seen = {n: at for n, at in self.seen.items() if at > now - 2 * self.window_s}
+        if abs(now - t) > self.window_s:
+            raise ValueError(f"request made {now - t:+.0f} s from rank 0's clock, outside ±{self.window_s:g} s "
+                             "(a replay, or clocks that disagree)")
+        if nonce in self.seen:
+            raise ValueError("request already accepted once (a replay)")
+        self.seen[nonce] = now
+
+
+def read_request(keys: JobKeys, request_id: int, raw: bytes, replays: Replays, now: float | None = None
+                 ) -> dict[str, Any]:
+    """The request's body, or ValueError saying why it is ignored (size, MAC, job, id, shape, replay, age)."""
+    data = open_json(keys.control, f"req {keys.job_id} {request_id}", raw, MAX_REQUEST_BYTES)
+    if data.get("job") != keys.job_id or data.get("id") != request_id:
+        raise ValueError("request made for another job or request id")
+    if (data.get("op") not in OPS or not isinstance(data.get("changes"), dict) or not isinstance(data.get("who"), str)
+            or not isinstance(data.get("nonce"), str) or not _finite(data.get("t"))):
         raise ValueError("malformed request")
-    return data
+    replays.check(data["nonce"], data["t"], time.time() if now is None else now)
+    return {**data, "who": clean(data["who"], 120)}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def seal_json(key: bytes, context: str, value: dict[str, Any]) -> bytes:
+    return seal(key, context, json.dumps(value).encode())
+
+
+def open_json(key: bytes, context: str, raw: Any, cap: int) -> dict[str, Any]:
+    """A sealed JSON object, or BadValue (ValueError) saying why not."""
+    body = unseal(key, context, raw, cap)
+    try:
+        value = json.loads(body)
+    except UnicodeDecodeError:
+        raise BadValue("not UTF-8 text") from None
+    except (ValueError, RecursionError):
+        raise BadValue("not JSON") from None
+    if not isinstance(value, dict):
+        raise BadValue("not a JSON object")
+    return value

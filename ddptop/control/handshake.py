@@ -1,8 +1,16 @@
-"""The join handshake: every rank registers who it is; rank 0 checks they agree and answers for all."""
+"""The join handshake: every rank registers who it is; rank 0 checks they agree and answers for all.
+
+With a token (typed by the user, or handed by the front to the ranks it started) the handshake runs under
+the job's secret namespace and every hello and the verdict are sealed with the token: a stranger on the
+port can neither see nor answer it, and a rank without the right token never reaches rank 0's view (both
+sides give up after --timeout with one line). Without a token nothing can be checked: the handshake uses
+the public keys and the first hello for a rank wins (README's trust model).
+"""
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from datetime import timedelta
 from typing import Any
@@ -10,8 +18,9 @@ from typing import Any
 import torch.distributed as dist
 
 from ddptop.control import keys
-from ddptop.control.token import mac, verify
+from ddptop.control.auth import BadValue, seal, token_bytes, unseal
 from ddptop.errors import RendezvousError
+from ddptop.safe import clean
 
 # Fields that must be equal on every rank, with how to say it when they are not.
 MUST_MATCH = {
@@ -21,19 +30,28 @@ MUST_MATCH = {
     "torch_version": "torch version",
     "run_config": "run configuration (model, data set, steps, seed, probes)",
 }
-MAX_HELLO_BYTES = 64 * 1024
+POLL_S = 0.1
 
 
-def _load(raw: bytes, what: str) -> dict[str, Any]:
-    if len(raw) > MAX_HELLO_BYTES:
-        raise RendezvousError(f"{what} is over {MAX_HELLO_BYTES} bytes: not a ddptop peer")
+def _load(raw: bytes, what: str, token: str, context: str, cap: int) -> dict[str, Any]:
+    """A hello or verdict: sealed with the token when there is one; a JSON object in any case."""
     try:
-        value = json.loads(raw)
-    except ValueError:
+        body = unseal(token_bytes(token), context, raw, cap) if token else raw
+        if len(body) > cap:
+            raise BadValue(f"over {cap} bytes")
+        value = json.loads(body)
+    except BadValue as exc:
+        raise RendezvousError(f"{what} is refused: {exc}") from None
+    except (ValueError, RecursionError):
         raise RendezvousError(f"{what} is not JSON: not a ddptop peer") from None
     if not isinstance(value, dict):
         raise RendezvousError(f"{what} is not a JSON object: not a ddptop peer")
     return value
+
+
+def _dump(value: dict[str, Any], token: str, context: str) -> bytes:
+    body = json.dumps(value, sort_keys=True).encode()
+    return seal(token_bytes(token), context, body) if token else body
 
 
 def mismatch(hellos: list[dict[str, Any]]) -> str | None:
@@ -45,40 +63,46 @@ def mismatch(hellos: list[dict[str, Any]]) -> str | None:
                 theirs, ours = hello.get(field), first.get(field)
                 if field == "run_config":
                     return f"rank {hello.get('rank')} was started with another {label} than rank 0"
-                return f"rank {hello.get('rank')} has {label} {theirs}, rank 0 has {ours}"
+                return f"rank {hello.get('rank')} has {label} {clean(theirs, 80)}, rank 0 has {clean(ours, 80)}"
     return None
 
 
-def _proof_payload(hello: dict[str, Any]) -> dict[str, Any]:
-    return {"join": hello.get("rank"), "host": hello.get("host"), "pid": hello.get("pid")}
-
-
 def join(store: dist.Store, rank: int, world_size: int, hello: dict[str, Any], timeout_s: float,
-         token: str = "", check_token: bool = False) -> list[dict]:
+         token: str = "") -> list[dict]:
     """Register this rank and wait for rank 0's verdict. Returns every rank's hello (rank 0) or [] (others).
 
-    A rank that has a token signs its hello with it; rank 0 refuses a wrong or missing signature when
-    `check_token` (the token was given by the user, or every rank was started by this machine's front).
-    """
-    if token:
-        hello = {**hello, "token_mac": mac(token, _proof_payload(hello))}
-    mine = json.dumps(hello, sort_keys=True)
+    `store` is the job's namespace when `token` is given (every rank must know it), else the public view."""
+    hello = {**hello, "nonce": secrets.token_hex(8)}
+    mine = _dump(hello, token, f"hello {rank}")
     current = store.compare_set(keys.join(rank), "", mine)
-    if current.decode() != mine:
-        other = _load(current, f"rank {rank}'s hello")
-        raise RendezvousError(f"rank {rank} is already taken by {other.get('host')} pid {other.get('pid')}")
+    if current != mine:
+        other = _load(current, f"rank {rank}'s hello", token, f"hello {rank}", keys.MAX_HELLO_BYTES)
+        raise RendezvousError(f"rank {rank} is already taken by {clean(other.get('host'), 80)} "
+                              f"pid {clean(other.get('pid'), 20)}")
     if rank == 0:
-        return _judge(store, world_size, timeout_s, token if check_token else "")
+        return _judge(store, world_size, timeout_s, token)
+    verdict = _await_verdict(store, timeout_s, token)
+    if not verdict.get("ok"):
+        raise RendezvousError(clean(verdict.get("error") or "rank 0 refused this job", 300))
+    if verdict.get("nonces", {}).get(str(rank)) != hello["nonce"]:
+        raise RendezvousError("rank 0 accepted another process as this rank")
+    if verdict.get("world_size") != world_size:
+        raise RendezvousError(f"this rank has world size {world_size}, the job has "
+                              f"{clean(verdict.get('world_size'), 20)}")
+    return []
+
+
+def _await_verdict(store: dist.Store, timeout_s: float, token: str) -> dict[str, Any]:
     try:
         store.wait([keys.VERDICT], timedelta(seconds=timeout_s))
     except Exception:
-        raise RendezvousError(f"rank 0 did not answer the handshake within {timeout_s:g} s") from None
-    verdict = _load(store.get(keys.VERDICT), "the handshake verdict")
-    if not verdict.get("ok"):
-        raise RendezvousError(str(verdict.get("error", "rank 0 refused this job")))
-    if verdict.get("world_size") != world_size:
-        raise RendezvousError(f"this rank has world size {world_size}, the job has {verdict.get('world_size')}")
-    return []
+        hint = ", with the same --token (or DDPTOP_TOKEN)" if token else ""
+        raise RendezvousError(f"rank 0 did not answer the handshake within {timeout_s:g} s: is it running{hint}?"
+                              ) from None
+    verdict = _load(store.get(keys.VERDICT), "the handshake verdict", token, "verdict", keys.MAX_VERDICT_BYTES)
+    if not isinstance(verdict.get("nonces"), dict):
+        raise RendezvousError("the handshake verdict is malformed")
+    return verdict
 
 
 def _judge(store: dist.Store, world_size: int, timeout_s: float, token: str) -> list[dict]:
@@ -90,18 +114,20 @@ def _judge(store: dist.Store, world_size: int, timeout_s: float, token: str) -> 
             break
         if time.monotonic() > deadline:
             ranks = ", ".join(k.split("/")[1] for k in missing)
-            error = f"rank(s) {ranks} did not join within {timeout_s:g} s (world size {world_size})"
-            store.set(keys.VERDICT, json.dumps({"ok": False, "error": error}))
+            hint = ": are they running, with the same --token (or DDPTOP_TOKEN)?" if token else ""
+            error = f"rank(s) {ranks} did not join within {timeout_s:g} s (world size {world_size}){hint}"
+            _answer(store, token, {"ok": False, "error": error, "world_size": world_size, "nonces": {}})
             raise RendezvousError(error)
-        time.sleep(0.05)
-    hellos = [_load(raw, f"rank {r}'s hello") for r, raw in enumerate(store.multi_get(waiting))]
+        time.sleep(POLL_S)
+    hellos = [_load(raw, f"rank {r}'s hello", token, f"hello {r}", keys.MAX_HELLO_BYTES)
+              for r, raw in enumerate(store.multi_get(waiting))]
     error = mismatch(hellos)
-    if error is None and token:
-        wrong = [h.get("rank") for h in hellos[1:] if not verify(token, _proof_payload(h), h.get("token_mac"))]
-        if wrong:
-            error = (f"rank {wrong[0]} presented a wrong or no job token: give every rank the same --token "
-                     "(or DDPTOP_TOKEN)")
-    store.set(keys.VERDICT, json.dumps({"ok": error is None, "error": error, "world_size": world_size}))
+    nonces = {str(r): h.get("nonce") for r, h in enumerate(hellos)}
+    _answer(store, token, {"ok": error is None, "error": error, "world_size": world_size, "nonces": nonces})
     if error:
         raise RendezvousError(error)
     return hellos
+
+
+def _answer(store: dist.Store, token: str, verdict: dict[str, Any]) -> None:
+    store.set(keys.VERDICT, _dump(verdict, token, "verdict"))

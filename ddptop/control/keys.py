@@ -1,19 +1,36 @@
-"""Every store key ddptop uses, in one place. All live under the job's PrefixStore("ddptop/...")."""
+"""Every store key ddptop uses, in one place, with the cap on what ddptop reads from each.
 
-PG_PREFIX = "pg"  # the process group's own keys
+Public keys live under PrefixStore("ddptop<prefix>") and are only the join handshake's (a joining rank may
+not know the token yet). Everything else lives under the job's secret namespace,
+PrefixStore("ddptop<prefix>/<namespace>"), where `namespace` is derived from the token (auth.namespace):
+a stranger on the port cannot find those keys, so cannot overwrite or delete them, and every value in them
+is sealed (auth.seal) as well. torch's libuv store server refuses any value over 8 MiB, so no read
+allocates more than that; the caps below refuse what is larger than ddptop ever writes, before parsing.
+"""
+
+PG_PREFIX = "pg"  # the process group's own keys (under the namespace when every rank knows the token)
 DDPTOP_PREFIX = "ddptop"
 
-VERDICT = "join/verdict"  # rank 0's answer to the handshake: {"ok": true} or {"ok": false, "error": "..."}
-FRONT = "front"  # the front process (TUI/printer) says it is listening
+# -- public: the join handshake ----------------------------------------------------------------------------
+VERDICT = "join/verdict"  # rank 0's answer, sealed with the token when the job has one
+MAX_HELLO_BYTES = 64 * 1024
+MAX_VERDICT_BYTES = 16 * 1024
 
 
 def join(rank: int) -> str:
-    """A rank's hello: versions, host, pid, device, world size."""
+    """A rank's hello: versions, host, pid, device, world size, a nonce; signed with the token."""
     return f"join/{rank}"
 
 
+# -- the job's namespace -----------------------------------------------------------------------------------
+MAX_BATCH_BYTES = 4 * 1024 * 1024  # a telemetry batch: the publisher splits larger ones (server cap: 8 MiB)
+MAX_SMALL_BYTES = 4096  # heads, heartbeats, requests, responses
+MAX_STATUS_BYTES = 16 * 1024
+MAX_COUNTER = 1 << 53  # a counter beyond this is not ours
+
+
 def tel_head(rank: int) -> str:
-    """Sequence number of the newest telemetry batch a rank has published (starts at "0": none yet)."""
+    """Sequence number of the newest telemetry batch a rank has published ("0": none yet), sealed."""
     return f"tel/{rank}/head"
 
 
@@ -22,21 +39,18 @@ def tel_batch(rank: int, seq: int) -> str:
 
 
 CTL_SEQ = "ctl/seq"  # store.add counter: the id of the newest control request
-STATUS = "ctl/status"  # rank 0's view, refreshed twice a second: step, config in force, segment, paused
+STATUS = "ctl/status"  # rank 0's view, refreshed twice a second: step, config in force, segment, paused, job id
+RECORDING = "front/recording"  # where the front records the job ({"path", "host"}; path "" when it does not), sealed
 
 
 def ctl_request(request_id: int) -> str:
+    """A signed request; rank 0 deletes it once read."""
     return f"ctl/req/{request_id}"
 
 
 def ctl_response(request_id: int) -> str:
-    """Rank 0's answer: refused, pending, applied at step k."""
+    """Rank 0's signed answer: refused, pending, applied at step k; the client deletes it once read."""
     return f"ctl/resp/{request_id}"
-
-
-def ctl_decision(request_id: int) -> str:
-    """The checked configuration every rank applies for an accepted set request."""
-    return f"ctl/decision/{request_id}"
 
 
 def heartbeat(rank: int) -> str:

@@ -12,14 +12,18 @@ import torch.distributed as dist
 
 from ddptop.control import keys
 from ddptop.errors import RendezvousError
+from ddptop.train.rendezvous import check_host as resolve  # noqa: F401  (the master's name, before any connect)
 
 
 def serve(port: int, host: str = "127.0.0.1") -> dist.TCPStore:
     """Host the job's store, listening on `host`'s address only (TCPStore alone would listen on every interface).
 
-    We bind the socket ourselves and hand it to TCPStore (torch allows that with its non-libuv server).
-    A master name that is not an address of this machine (NAT, a cluster alias) falls back to all interfaces.
+    We bind the socket ourselves and hand it to TCPStore's libuv server: an event loop that serves every
+    other client while one sends half a message and stalls (torch's older server blocked on it for ~75 s),
+    and refuses any value over 8 MiB without storing it. A master name that is not an address of this
+    machine (NAT, a cluster alias) falls back to all interfaces.
     """
+    resolve(host, port)
     try:
         sock = _listen(host, port)
     except OSError as exc:
@@ -36,9 +40,12 @@ def serve(port: int, host: str = "127.0.0.1") -> dist.TCPStore:
     fd = sock.detach()  # the store's daemon owns the socket from now on and closes it
     try:
         return dist.TCPStore(host, sock_port(fd), None, True, timedelta(seconds=30), wait_for_workers=False,
-                             master_listen_fd=fd, use_libuv=False)
+                             master_listen_fd=fd, use_libuv=True)
     except Exception as exc:  # c10d errors are multi-line
-        os.close(fd)
+        try:
+            os.close(fd)
+        except OSError:  # the store had closed it already
+            pass
         raise RendezvousError(f"cannot start the store on port {port}: {str(exc).splitlines()[0]}") from None
 
 
@@ -73,7 +80,14 @@ def connect(host: str, port: int, timeout_s: float, source: str = "flags") -> di
 
 
 def ddptop_view(store: dist.Store, attempt_prefix: str = "") -> dist.Store:
+    """The public keys (the join handshake)."""
     return dist.PrefixStore(keys.DDPTOP_PREFIX + attempt_prefix, store)
+
+
+def job_view(store: dist.Store, attempt_prefix: str, namespace: str) -> dist.Store:
+    """The job's secret namespace: every key after the handshake (keys.py)."""
+    return dist.PrefixStore(f"{keys.DDPTOP_PREFIX}{attempt_prefix}/{namespace}", store)
+
 
 
 def free_port(host: str = "127.0.0.1") -> int:

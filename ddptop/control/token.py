@@ -1,18 +1,21 @@
-"""The job token: where it comes from, the per-job file local clients find it in, and MACs made with it."""
+"""The job token: where it comes from, and the per-job file local clients find it (and the job) in."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
 
+from ddptop.control.auth import token_bytes
 from ddptop.errors import UsageError
 
 TOKEN_ENV = "DDPTOP_TOKEN"
+MIN_TOKEN_BYTES = 8
+MAX_TOKEN_BYTES = 1024
+MAX_JOB_FILE_BYTES = 64 * 1024
 
 
 def jobs_dir() -> Path:
@@ -20,41 +23,69 @@ def jobs_dir() -> Path:
     return Path(base)
 
 
+def check_token(token: str, where: str = "the job token") -> str:
+    """A token of 8 to 1024 bytes; any bytes (a token typed with bytes that are not UTF-8 keeps them)."""
+    size = len(token_bytes(token))
+    if not MIN_TOKEN_BYTES <= size <= MAX_TOKEN_BYTES:
+        raise UsageError(f"{where} must be {MIN_TOKEN_BYTES} to {MAX_TOKEN_BYTES} bytes long, got {size}")
+    return token
+
+
 def resolve_token(given: str | None) -> tuple[str, bool]:
     """(token, user_given): --token, then DDPTOP_TOKEN, else a fresh random one."""
-    token = given or os.environ.get(TOKEN_ENV)
-    if token:
-        if len(token) < 8:
-            raise UsageError("the job token must be at least 8 characters")
-        return token, True
+    if given is not None:
+        return check_token(given, "--token"), True
+    env = os.environ.get(TOKEN_ENV)
+    if env:
+        return check_token(env, TOKEN_ENV), True
     return secrets.token_hex(16), False
 
 
-def mac(token: str, payload: dict[str, Any]) -> str:
-    body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    return hmac.new(token.encode(), body, hashlib.sha256).hexdigest()
-
-
-def verify(token: str, payload: dict[str, Any], signature: Any) -> bool:
-    return isinstance(signature, str) and hmac.compare_digest(mac(token, payload), signature)
+def job_file(master: str, port: int) -> Path:
+    """One file per (address, port): two jobs on one port at two local addresses never share a file."""
+    return jobs_dir() / f"{re.sub(r'[^A-Za-z0-9.-]', '_', master)[:100]}_{port}.json"
 
 
 def write_job_file(master: str, port: int, token: str, world_size: int, prefix: str = "") -> Path:
     """A file only this user can read, so `ddptop ctl` and the UI on this machine find the job and its token."""
     folder = jobs_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = folder / f"{port}.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    path = job_file(master, port)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"master": master, "port": port, "token": token, "world_size": world_size, "pid": os.getpid(),
                    "prefix": prefix}, f)
+    os.replace(partial, path)  # readers never see half a file
     return path
 
 
-def _alive(pid: Any) -> bool:
+def remove_job_file(master: str, port: int) -> None:
+    """Remove this process's job file, never another job's."""
+    path = job_file(master, port)
+    job = _read(path)
+    if job is not None and job.get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
     try:
-        os.kill(int(pid), 0)
-    except (OSError, ValueError, TypeError):
+        if path.stat().st_size > MAX_JOB_FILE_BYTES:
+            return None
+        job = json.loads(path.read_text(errors="surrogateescape"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(job, dict) or not isinstance(job.get("port"), int) or not isinstance(job.get("token"), str):
+        return None
+    return job
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
         return False
     return True
 
@@ -64,26 +95,20 @@ def running_jobs() -> list[dict[str, Any]]:
     found = []
     folder = jobs_dir()
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            job = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(job, dict) and _alive(job.get("pid")):
+        job = _read(path)
+        if job is not None and _alive(job.get("pid")):
             found.append(job)
-        else:
+        elif job is not None:
             path.unlink(missing_ok=True)
     return found
 
 
-def find_job(port: int | None) -> dict[str, Any] | None:
-    jobs = running_jobs()
-    if port is not None:
-        return next((j for j in jobs if j.get("port") == port), None)
+def find_job(master: str | None, port: int | None) -> dict[str, Any] | None:
+    """The running job at `master`/`port` (either may be None: any); several matches is a UsageError."""
+    jobs = [j for j in running_jobs() if (port is None or j.get("port") == port)
+            and (master is None or j.get("master") == master)]
     if len(jobs) > 1:
-        ports = ", ".join(str(j.get("port")) for j in jobs)
-        raise UsageError(f"several ddptop jobs run on this machine (ports {ports}): pick one with --port")
+        where = ", ".join(f"{j.get('master')}:{j.get('port')}" for j in jobs)
+        pick = "--master" if port is not None else "--port (and --master)"
+        raise UsageError(f"several ddptop jobs run on this machine ({where}): pick one with {pick}")
     return jobs[0] if jobs else None
-
-
-def remove_job_file(port: int) -> None:
-    (jobs_dir() / f"{port}.json").unlink(missing_ok=True)

@@ -13,6 +13,7 @@ from ddptop.cli import _Parser
 from ddptop.errors import RecordingError, UsageError
 from ddptop.record.reader import DAMAGE, Recording, damaged
 from ddptop.record.replay import MAX_SPEED, MIN_SPEED
+from ddptop.safe import clean, clean_lines
 
 
 @contextlib.contextmanager
@@ -21,9 +22,9 @@ def reading(path: str, check: bool = True) -> Iterator[Recording]:
     rec = Recording.open(path)
     try:
         if check:
-            from ddptop.record.info import check_integrity
+            from ddptop.record.info import check_all
 
-            check_integrity(rec)
+            check_all(rec)
         yield rec
     except (RecordingError, UsageError):
         raise
@@ -50,11 +51,20 @@ def cmd_info(argv: Sequence[str]) -> int:
 
 
 def emit(text: str) -> None:
-    """Print; a reader that went away (`ddptop info F | head`) is not an error."""
+    """Print (cleaned: nothing from a file reaches the terminal raw); a reader that went away is not an error."""
     try:
-        print(text, flush=True)
+        print(clean_lines(text), flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush stays quiet
+
+
+def note_incomplete(rec: Recording) -> None:
+    """export and replay say what info says about a file that lacks something (one line on stderr)."""
+    from ddptop.record.info import verdict
+
+    reasons = verdict(rec)
+    if reasons:
+        print(clean(f"ddptop: {rec.path} is incomplete: {'; '.join(reasons)}", 1000), file=sys.stderr)
 
 
 def cmd_export(argv: Sequence[str]) -> int:
@@ -70,6 +80,7 @@ def cmd_export(argv: Sequence[str]) -> int:
         raise UsageError("nothing to export: give --chrome-trace OUT.json and/or --csv DIR")
     first, stop = export.parse_steps(args.steps)
     with reading(args.file) as rec:
+        note_incomplete(rec)
         if args.chrome_trace:
             n = export.write_trace(args.chrome_trace, rec, first, stop)
             print(f"wrote {args.chrome_trace}: {n} trace events (open it in https://ui.perfetto.dev)")
@@ -112,7 +123,12 @@ def cmd_replay(argv: Sequence[str]) -> int:
         if run_replay is not None:
             from ddptop.record.replay import ReplaySource
 
-            source = ReplaySource(args.file, speed=args.speed)
+            with reading(args.file) as rec:  # the same verdict as info and export before the screen opens
+                note_incomplete(rec)
+            from ddptop.state.session import STEP_HISTORY
+
+            # after a seek the screen's plots show as much of the run as they ever hold
+            source = ReplaySource(args.file, speed=args.speed, history_steps=STEP_HISTORY)
             if args.step is not None:
                 source.seek_step(args.step)
             try:
@@ -138,6 +154,7 @@ def replay_headless(args) -> int:
     from ddptop.record.replay import ReplaySource
 
     with reading(args.file) as rec:
+        note_incomplete(rec)
         total = 0 if rec.last_step is None else rec.last_step + 1
         print(f"ddptop: replaying {args.file} ({rec.duration:.0f} s, {total} steps"
               f"{'' if args.instant else f' at {args.speed:g}x'})", file=sys.stderr)

@@ -17,10 +17,12 @@ from typing import Any, Iterator
 from ddptop.errors import RecordingError
 from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, Event, EventDecodeError
 from ddptop.record import schema
+from ddptop.safe import clean, clean_value
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # what reading a damaged file can raise, from SQLite, JSON or our own checks
-DAMAGE = (sqlite3.Error, ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError, EventDecodeError)
+DAMAGE = (sqlite3.Error, ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError,
+          EventDecodeError)
 
 
 def check_file(path: str) -> None:
@@ -99,8 +101,14 @@ class Recording:
 
     @property
     def complete(self) -> bool:
-        """The recorder closed the file (False: the run or the recorder was killed; data up to then is there)."""
-        return "closed" in self.meta
+        """The recorder closed the file after writing everything it got (False: the run or the recorder was
+        killed, or a write failed; data up to then is there). Telemetry the front never got: info.gaps()."""
+        return "closed" in self.meta and "recorder_error" not in self.meta
+
+    @property
+    def recorder_error(self) -> str | None:
+        error = self.meta.get("recorder_error")
+        return None if error is None else clean(error, 200)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -259,7 +267,7 @@ def _read_meta(db: sqlite3.Connection, path: str) -> dict[str, Any]:
         if "no such table" in str(exc):
             raise RecordingError(f"{path} is not a ddptop recording (an SQLite database of another kind)") from None
         raise
-    meta = {key: json.loads(value) for key, value in rows}
+    meta = {key: clean_value(json.loads(value)) for key, value in rows}  # shown by info: never raw
     if meta.get("format") != schema.FORMAT:
         raise RecordingError(f"{path} is not a ddptop recording (an SQLite database of another kind)")
     version = meta.get("schema_version")

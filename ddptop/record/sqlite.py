@@ -4,6 +4,11 @@ The caller's `handle(events)` only appends to a queue; the writer thread commits
 `commit_every_s` (0.5 s), in WAL mode with synchronous=NORMAL, so killing any process at any moment leaves a
 file that opens with everything up to its last commit. `close()` folds the WAL back into the file and
 switches it to a rollback journal, so a finished recording is one self-contained file.
+
+A write that fails (disk full, I/O error) keeps every batch committed before it, marks the file
+`recorder_error` (so it never reads as complete) and stops recording; the run goes on (`on_error` tells
+the front, which shows it), unless the user asked for --record-required. So that a full disk still has
+room for that mark, the writer keeps RESERVE bytes beside the file (FILE-reserve) and frees them first.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Callable
 
 import ddptop
 from ddptop.errors import RecordingError
@@ -26,6 +31,7 @@ from ddptop.record import schema
 from ddptop.record.reader import Recording
 
 MAX_BATCH = 20000  # rows per transaction when the queue runs ahead of the commit clock
+RESERVE = 256 * 1024  # room for the failure mark (a few WAL pages) once the disk is full
 _STOP = object()
 
 
@@ -47,21 +53,31 @@ def _version(package: str) -> str:
 class RecordingWriter:
     """`handle(events)` from any thread; `close()` once at the end (safe to call twice)."""
 
-    def __init__(self, path: str, meta: dict[str, Any], commit_every_s: float = 0.5):
+    def __init__(self, path: str, meta: dict[str, Any], commit_every_s: float = 0.5,
+                 on_error: Callable[[str], None] | None = None):
         self.path = path
         self.commit_every_s = commit_every_s
         self.error: str | None = None
+        self.on_error = on_error  # called once, from the writer thread, with the reason
+        self.written = 0  # events committed
         self._db = _create(path)
+        self._reserve = _reserve(path)
         self._meta = dict(meta)
         self._seq = 0
         self._at: float | None = None
         self._buckets: dict[str, list] = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
-        with _transaction(self._db):
-            self._db.executemany("INSERT INTO meta VALUES (?, ?)", [
-                ("format", schema._dumps(schema.FORMAT)), ("schema_version", str(schema.SCHEMA_VERSION)),
-                ("event_schema", str(EVENT_SCHEMA)), *((k, schema._dumps(v)) for k, v in self._meta.items())])
+        try:
+            with _transaction(self._db):
+                self._db.executemany("INSERT INTO meta VALUES (?, ?)", [
+                    ("format", schema._dumps(schema.FORMAT)), ("schema_version", str(schema.SCHEMA_VERSION)),
+                    ("event_schema", str(EVENT_SCHEMA)), *((k, schema._dumps(v)) for k, v in self._meta.items())])
+        except sqlite3.Error as exc:  # a disk that is already full: no file rather than an empty one
+            self._db.close()
+            _remove(path)
+            _free(self._reserve)
+            raise RecordingError(f"cannot record to {path}: {exc}") from None
         self._thread = threading.Thread(target=self._run, name="ddptop-recorder", daemon=True)
         self._thread.start()
 
@@ -69,26 +85,32 @@ class RecordingWriter:
         if events and not self._closed:
             self._queue.put(list(events))
 
-    def close(self, quiet: bool = False) -> None:
-        """Write what is queued, fold the WAL into the file, close it.
-
-        Raises RecordingError if writing failed, unless `quiet` (the thread already said so on stderr)."""
+    def close(self) -> None:
+        """Write what is queued, fold the WAL into the file, close it. A failure is in `error` (never raised)."""
         if self._closed:
             return
         self._closed = True
         self._queue.put(_STOP)
         self._thread.join()
         try:
-            with _transaction(self._db):
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('closed', ?)", (schema._dumps(time.time()),))
+            if self.error is None:
+                with _transaction(self._db):
+                    self._db.execute("INSERT OR REPLACE INTO meta VALUES ('closed', ?)",
+                                     (schema._dumps(time.time()),))
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._db.execute("PRAGMA journal_mode=DELETE")
         except sqlite3.Error as exc:
-            self.error = self.error or str(exc)
+            if self.error is None:
+                self._fail(str(exc))
         finally:
             self._db.close()
-        if self.error and not quiet:
-            raise RecordingError(f"recording {self.path} is incomplete: {self.error}")
+            _free(self._reserve)
+
+    def discard(self) -> None:
+        """Close and remove a recording that holds no event (a run that failed to start leaves no file)."""
+        self.close()
+        if self.written == 0:
+            _remove(self.path)
 
     def _run(self) -> None:
         pending: list[Event] = []
@@ -118,12 +140,30 @@ class RecordingWriter:
                 for table, table_rows in rows.items():
                     if table_rows:
                         self._db.executemany(schema.INSERT[table], table_rows)
-                self._db.executemany("INSERT OR IGNORE INTO segments VALUES (?, ?, ?, ?, ?)", segments)
+                for rank0, row in segments:  # rank 0's switch is the one screens follow: it wins, others fill in
+                    self._db.execute(f"INSERT OR {'REPLACE' if rank0 else 'IGNORE'} INTO segments VALUES (?, ?, ?, ?, ?)",
+                                     row)
                 self._db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                      [(k, schema._dumps(v)) for k, v in meta.items()])
-        except (sqlite3.Error, OverflowError, ValueError, TypeError) as exc:  # disk full, file removed: say so once
-            self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            print(f"ddptop: recording to {self.path} stopped: {self.error}", file=sys.stderr, flush=True)
+        except (sqlite3.Error, OSError, OverflowError, ValueError, TypeError) as exc:  # disk full, I/O error
+            self._fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        self.written += len(events)
+
+    def _fail(self, reason: str) -> None:
+        """Stop recording: mark the file (a small row that usually still fits: the WAL reuses its pages after a
+        checkpoint) so no reader calls it complete; if even that fails, it lacks 'closed' and reads incomplete."""
+        self.error = reason
+        _free(self._reserve)
+        try:
+            with _transaction(self._db):
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES ('recorder_error', ?)", (schema._dumps(reason),))
+        except sqlite3.Error:
+            pass
+        if self.on_error is not None:
+            self.on_error(reason)
+        else:
+            print(f"ddptop: recording to {self.path} stopped: {reason}", file=sys.stderr, flush=True)
 
     def _encode(self, events: list[Event]) -> tuple[dict[str, list[tuple]], dict[str, Any], list[tuple]]:
         rows: dict[str, list[tuple]] = {table: [] for table in schema.TABLES}
@@ -149,7 +189,7 @@ class RecordingWriter:
         elif isinstance(event, RunStarted):
             meta["model"] = {k: v for k, v in event.to_dict().items() if k not in ("kind", "v")}
         elif isinstance(event, ConfigApplied):
-            return [(event.segment, event.step, event.t, self._at, schema._dumps(event.config))]
+            return [(event.rank == 0, (event.segment, event.step, event.t, self._at, schema._dumps(event.config)))]
         elif isinstance(event, StepSpans) and event.rank == 0:
             buckets = [[s.name, s.nbytes] for s in event.spans if s.kind == "comm" and s.name.startswith("bucket ")]
             # DDP rebuilds its buckets after the first step (one 36.9 MB bucket, then 28.3 + 8.6 MB for VGG-11):
@@ -168,12 +208,16 @@ def _create(path: str) -> sqlite3.Connection:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise RecordingError(f"cannot record to {path}: no folder {folder}")
+    db = None
     try:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable against any process crash, not power loss
         db.executescript("BEGIN;" + schema.DDL + "COMMIT;")
     except sqlite3.Error as exc:
+        if db is not None:
+            db.close()
+        _remove(path)  # a failed start leaves no file
         raise RecordingError(f"cannot record to {path}: {exc}") from None
     return db
 
@@ -196,3 +240,31 @@ def _is_recording(path: str) -> bool:
         return True
     except RecordingError:
         return False
+
+
+def _remove(path: str) -> None:
+    for name in (path, path + "-wal", path + "-shm", path + "-journal", path + "-reserve"):
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
+def _reserve(path: str) -> str | None:
+    """RESERVE bytes beside the recording, given back when a write fails so the failure can still be written."""
+    reserve = path + "-reserve"
+    try:
+        with open(reserve, "wb") as f:
+            f.write(b"\0" * RESERVE)
+    except OSError:
+        _free(reserve)
+        return None
+    return reserve
+
+
+def _free(reserve: str | None) -> None:
+    if reserve is not None:
+        try:
+            os.unlink(reserve)
+        except OSError:
+            pass

@@ -17,10 +17,13 @@ code{background:#f3f3f3;padding:0 3px}pre{background:#f3f3f3;padding:.6em;overfl
 
 def _inline(text: str) -> str:
     out = html.escape(text, quote=False)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    out = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
-    out = re.sub(r"\*([^*]+)\*", r"<i>\1</i>", out)
-    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", lambda m: f'<a href="{html.escape(m.group(2))}">{m.group(1)}</a>', out)
+    # markup only where its characters are not escaped (markdown.untrusted escapes what came from a recording)
+    out = re.sub(r"(?<!\\)`([^`]+?)(?<!\\)`", r"<code>\1</code>", out)
+    out = re.sub(r"(?<!\\)\*\*(.+?)(?<!\\)\*\*", r"<b>\1</b>", out)
+    out = re.sub(r"(?<!\\)\*([^*]+?)(?<!\\)\*", r"<i>\1</i>", out)
+    out = re.sub(r"(?<!\\)\[([^\]]+)(?<!\\)\]\(([^)\s]+)\)",
+                 lambda m: f'<a href="{html.escape(m.group(2))}">{m.group(1)}</a>', out)
+    return re.sub(r"\\(&lt;|&gt;|&amp;|[\\`*_\[\]|#])", r"\1", out)  # markdown's escapes (markdown.untrusted)
 
 
 def render(blocks: list[tuple], folder: Path, title: str) -> str:
@@ -45,7 +48,7 @@ def render(blocks: list[tuple], folder: Path, title: str) -> str:
             made = block[1]
             png = base64.b64encode((folder / made.data["files"][0]).read_bytes()).decode()
             body.append(f'<figure><img alt="{html.escape(made.title)}" src="data:image/png;base64,{png}">'
-                        f'<figcaption class="what"><i>What this shows:</i> {_inline(made.finding)}</figcaption>'
+                        f'<figcaption class="what"><i>What this shows:</i> {html.escape(made.finding)}</figcaption>'
                         '</figure>')
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+import re
+
 from ddptop.report.analysis import SegmentStats
+from ddptop.safe import clean
+
+MARKDOWN_SPECIALS = "\\`*_[]<>|#"
+
+
+def untrusted(text, limit: int | None = 500) -> str:
+    """A string from a recording (host, command, GPU name…) as plain text: no markup, no HTML, one line."""
+    out = clean(text, limit)
+    for ch in MARKDOWN_SPECIALS:
+        out = out.replace(ch, "\\" + ch)
+    return out
+
+
+def code(text) -> str:
+    """A string from a recording inside `backticks` (a code span shows everything but a backtick literally)."""
+    return "`" + clean(text, 1000).replace("`", "'") + "`"
+
 
 COLUMNS = ("segment", "config", "ranks", "steps", "mean s/step (slowest rank)", "median s/step (slowest rank)",
            "p10–p90 s/step (slowest rank)", "mean s/step (mean over ranks)", "img/s", "compute s", "comm s",
@@ -45,7 +64,8 @@ def gpu_table(stats: list[SegmentStats]) -> tuple | None:
             used = "–" if g.mem_used_mib is None else f"{g.mem_used_mib:.0f} MiB"
             total = "" if g.mem_total_mib is None else f" / {g.mem_total_mib:.0f} MiB"
             util = "–" if g.util is None else f"{g.util.mean:.0f}% (p10–p90 {g.util.p10:.0f}–{g.util.p90:.0f}%)"
-            rows.append([segment_name(s), s.config.describe(), f"{g.rank} ({g.host})", f"{g.index}: {g.name}",
+            rows.append([segment_name(s), s.config.describe(), f"{g.rank} ({untrusted(g.host)})",
+                         f"{g.index}: {untrusted(g.name)}",
                          used + total, util])
     if not rows:
         return None
@@ -73,11 +93,11 @@ def render(blocks: list[tuple]) -> str:
             made = block[1]
             png, svg, pdf = made.data["files"]
             out += [f"![{made.title}]({png})", "",
-                    f"*What this shows:* {made.finding} ([SVG]({svg}) · [PDF]({pdf}))", ""]
+                    f"*What this shows:* {untrusted(made.finding, None)} ([SVG]({svg}) · [PDF]({pdf}))", ""]
     return "\n".join(out)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+    cell = lambda text: re.sub(r"(?<!\\)\|", r"\\|", str(text))  # a pipe not escaped already  # noqa: E731
     return (["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
             + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows])

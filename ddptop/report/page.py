@@ -38,16 +38,18 @@ def glossary_link(out: Path) -> str:
 def run_lines(run: RunData, shown: list[SegmentStats], left_out: list[str], out: Path) -> list[str]:
     p = run.provenance
     link = os.path.relpath(Path(run.path).resolve(), out.resolve())
-    lines = [f"recording [`{run.path}`]({link}) ({run.size_bytes / 1e6:.2f} MB, SHA-256 `{run.sha256[:16]}…`)",
-             f"command: `{p['command']}`",
-             f"{run.model} on {run.dataset}"
-             + (f" ({p['synthetic_size']} training images)" if p.get("synthetic_size") else "")
+    u = markdown.untrusted
+    lines = [f"recording [{markdown.code(run.path)}]({link}) ({run.size_bytes / 1e6:.2f} MB, SHA-256 "
+             f"`{run.sha256[:16]}…`)",
+             f"command: {markdown.code(p['command'])}",
+             f"{u(run.model)} on {u(run.dataset)}"
+             + (f" ({u(p['synthetic_size'])} training images)" if p.get("synthetic_size") else "")
              + f", {run.world_size} rank{'s' if run.world_size > 1 else ''}"
-             + (f", profile {p['profile']}" if p.get("profile") else "")
-             + (f", seed {p['seed']}" if p.get("seed") is not None else ""),
-             f"started {p['when']}, recorded for {run.duration:.0f} s",
-             "hosts: " + ("; ".join(p["hosts"]) or "?"),
-             f"versions: {p['versions'] or '?'}",
+             + (f", profile {u(p['profile'])}" if p.get("profile") else "")
+             + (f", seed {u(p['seed'])}" if p.get("seed") is not None else ""),
+             f"started {u(p['when'])}, recorded for {run.duration:.0f} s",
+             "hosts: " + ("; ".join(u(h) for h in p["hosts"]) or "?"),
+             f"versions: {u(p['versions'] or '?')}",
              f"segments shown: {', '.join(str(s.index) for s in shown) or 'none'}; warm-up steps left out at each "
              f"segment's start: {run.warmup}"]
     lines += [f"left out: {reason}" for reason in left_out]
@@ -60,7 +62,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     title = "ddptop report: " + ", ".join(r.name for r in runs)
     blocks: list[tuple] = [("h1", title)]
     for run in runs:
-        blocks += [("warn", f"{run.name}: {w}") for w in run.warnings]
+        blocks += [("warn", f"{markdown.untrusted(run.name)}: {w}") for w in run.warnings]
     blocks += [("p", f"Terms (step time, exposed communication, overlap, …) as defined in {glossary_link(out)}.")]
     blocks.append(("h2", "What ran"))
     for run, kept, reasons in zip(runs, shown, left_out):

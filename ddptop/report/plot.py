@@ -14,6 +14,8 @@ from typing import Any, Sequence
 import matplotlib
 
 matplotlib.use("Agg")
+# no mathtext: text from a recording (host names, interfaces) is drawn as written, `$` included, never parsed
+matplotlib.rcParams["text.parse_math"] = False
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.container import BarContainer, ErrorbarContainer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402

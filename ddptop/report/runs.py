@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddptop import metrics
-from ddptop.errors import RecordingError
-from ddptop.events import (LogLine, ModelsDiverged, RankLost, RunFinished, RunStarted, RunState, StepDone,
-                           SystemSample)
+from ddptop.errors import RecordingError, UsageError
+from ddptop.events import LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, StepDone, SystemSample
+from ddptop.report.markdown import untrusted
 from ddptop.report.analysis import SegmentStats, segment_stats, test_accuracy
 
 
@@ -59,17 +59,25 @@ class RunData:
 
 
 def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
+    from ddptop.record.commands import note_incomplete
+    from ddptop.record.info import verdict
     from ddptop.record.reader import DAMAGE, Recording, damaged
 
     with Recording.open(path) as rec:
         try:
             events = list(rec.events())
             config, meta, start, duration = rec.config, rec.meta, rec.start, rec.duration
+            incomplete = verdict(rec)
         except DAMAGE as exc:
             raise damaged(path, exc) from None
+        note_incomplete(rec)
     used = metrics.warmup_for(config) if warmup is None else warmup
     buckets = meta.get("ddp_buckets") if isinstance(meta.get("ddp_buckets"), dict) else {}
-    stats = segment_stats(events, label=label, warmup=used, run_config=config, buckets=buckets)
+    try:
+        stats = segment_stats(events, label=label, warmup=used, run_config=config, buckets=buckets)
+    except (UsageError, TypeError, ValueError, KeyError, AttributeError) as exc:  # values no ddptop wrote
+        raise RecordingError(f"{path} cannot be reported on: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+                             ) from None
     if not stats:
         raise RecordingError(f"{path} holds no training steps to report on")
     started = next((e for e in events if isinstance(e, RunStarted)), None)
@@ -80,7 +88,8 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         dataset=str(config.get("dataset", started.dataset if started else "?")), world_size=world, warmup=used,
         start=start, duration=duration, segments=stats, points=_points(events),
         samples=[e for e in events if isinstance(e, SystemSample)], evals=test_accuracy(events),
-        provenance=provenance(meta, config, start, duration), warnings=_warnings(events),
+        provenance=provenance(meta, config, start, duration),
+        warnings=[f"**Incomplete:** {untrusted(reason)}" for reason in incomplete] + _warnings(events),
         pauses=_pauses(events, start + duration),
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
         epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0)
@@ -121,17 +130,15 @@ def _pauses(events, end: float) -> list[tuple[float, float]]:
 
 
 def _warnings(events) -> list[str]:
-    """What a reader must know before trusting the figures: models that differ, ranks lost, errors."""
+    """What a reader must know before trusting the figures: models that differ, errors (lost ranks: the verdict)."""
     out = []
     for e in events:
         if isinstance(e, ModelsDiverged):
-            out.append(f"**Warning:** {e.describe()}; from there on the ranks train different models")
-        elif isinstance(e, RankLost):
-            out.append(f"**Rank {e.rank} lost** after step {e.last_step}: {e.reason}")
+            out.append(f"**Warning:** {untrusted(e.describe())}; from there on the ranks train different models")
         elif isinstance(e, RunFinished) and e.reason.startswith("error"):
-            out.append(f"**Rank {e.rank} ended with an error** after {e.steps} steps: {e.reason}")
+            out.append(f"**Rank {e.rank} ended with an error** after {e.steps} steps: {untrusted(e.reason)}")
         elif isinstance(e, LogLine) and e.level == "error":
-            out.append(f"**Rank {e.rank}**: {e.message}")
+            out.append(f"**Rank {e.rank}**: {untrusted(e.message)}")
     return out
 
 

@@ -3,101 +3,22 @@
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Iterable, Mapping
 
 from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop import metrics
-from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, RankJoined, RunFinished, RunStarted, StepDone,
-                           StepSpans, SystemSample)
-from ddptop.metrics import Figures, SegmentFigures
+from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, RankBack, RankJoined, RecorderFailed,
+                           RunFinished, RunStarted, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap)
 from ddptop.state.expected import expected_bytes
 from ddptop.state.nodes import NodeTracker
+from ddptop.state.snapshot import RECENT_STEPS, Snapshot  # noqa: F401  (Snapshot is the public result)
 from ddptop.state.views import EvalPoint, RankView, Segment, SpanStore, UtilView
 
 STEP_HISTORY = 2000  # steps kept per rank for the loss and iteration-time plots
-RECENT_STEPS = 10  # the window of "now" figures (header img/s, the ranks' rolling means)
 SPAN_STEPS = 64  # sampled steps kept (all ranks together) for moving through the timeline
 UTIL_HISTORY = 240  # system samples kept per rank (2 minutes at the sampler's 0.5 s)
 NOTICES = 50
-
-
-@dataclass(frozen=True, eq=False)
-class Snapshot:
-    """Everything the screens draw, frozen: safe to hand to any widget; compared by identity (and `version`)."""
-
-    version: int = 0
-    run: RunStarted | None = None
-    ranks: tuple[RankView, ...] = ()
-    segments: tuple[Segment, ...] = ()
-    evals: tuple[EvalPoint, ...] = ()
-    history: Mapping[int, tuple[StepDone, ...]] = field(default_factory=dict)
-    spans: SpanStore = field(default_factory=SpanStore)
-    nodes: tuple = ()
-    util: Mapping[int, UtilView] = field(default_factory=dict)
-    notices: tuple[str, ...] = ()
-    paused: bool = False
-    t: float = 0.0  # time of the newest event
-    segment_figures: tuple[SegmentFigures, ...] = ()  # the per-segment table (ddptop.metrics), all steps so far
-    diverged: tuple[ModelsDiverged, ...] = ()  # points where ranks that must hold one model did not
-
-    @property
-    def config(self) -> Mapping:
-        """The configuration in force (the newest segment's), else what the run started with."""
-        if self.segments:
-            return self.segments[-1].config
-        r = self.run
-        return {"strategy": r.strategy, "bucket_mb": r.bucket_mb, "async_op": r.async_op,
-                "batch_size": r.batch_size, "lr": r.lr} if r else {}
-
-    @property
-    def world_size(self) -> int:
-        return self.run.world_size if self.run else len(self.ranks)
-
-    @property
-    def step(self) -> int:
-        return max((r.step for r in self.ranks), default=0)
-
-    @property
-    def epoch(self) -> int:
-        return max((r.last.epoch for r in self.ranks if r.last), default=0)
-
-    def recent(self, rank: int, steps: int = RECENT_STEPS) -> Figures:
-        """One rank over its last `steps` steps (sampled steps left out), by ddptop.metrics' definitions."""
-        history = self.history.get(rank, ())
-        return metrics.window(history[-steps:])
-
-    @property
-    def images_per_s(self) -> float:
-        """The job's images/s over every running rank's last RECENT_STEPS steps."""
-        cached = self.__dict__.get("_rate")
-        if cached is None:
-            live = [r.rank for r in self.ranks if r.state in ("running", "starting")]
-            cached = self.__dict__["_rate"] = metrics.job_images_per_s(self.recent(r) for r in live)
-        return cached
-
-    @property
-    def hosts(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(r.host for r in self.ranks if r.host != "?"))
-
-    @property
-    def rank_source(self) -> str:
-        return next((r.rank_source for r in self.ranks if r.rank_source != "?"), "?")
-
-    @property
-    def finished(self) -> bool:
-        return bool(self.ranks) and all(r.state in ("done", "stopped", "error", "lost") for r in self.ranks)
-
-    def mean_loss(self) -> list[tuple[int, float]]:
-        """(step, mean loss over the ranks that reported that step); computed once per snapshot."""
-        cached = self.__dict__.get("_mean_loss")
-        if cached is None:
-            sums: dict[int, list[float]] = {}
-            for points in self.history.values():
-                for d in points:
-                    sums.setdefault(d.step, []).append(d.loss)
-            cached = self.__dict__["_mean_loss"] = [(step, sum(v) / len(v)) for step, v in sorted(sums.items())]
-        return cached
 
 
 class SessionState:
@@ -112,6 +33,7 @@ class SessionState:
         self.history: dict[int, collections.deque] = {}
         self.spans: collections.OrderedDict[tuple[int, int], StepSpans] = collections.OrderedDict()
         self.util: dict[int, dict[str, collections.deque]] = {}
+        self.samples: dict[int, collections.deque] = {}  # SystemSample per rank: NIC bytes against the formulas
         self.nodes = NodeTracker()
         self.notices: collections.deque[str] = collections.deque(maxlen=NOTICES)
         self.paused = False
@@ -123,7 +45,8 @@ class SessionState:
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
                           RunFinished: self._finished, ConfigApplied: self._config, ControlRefused: self._refused,
                           RankLost: self._lost, RunState: self._run_state, LogLine: self._log,
-                          ModelsDiverged: self._diverged}
+                          ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._gap,
+                          RecorderFailed: self._recorder, StoreFlooded: self._flooded}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -168,6 +91,7 @@ class SessionState:
         self._set(e.rank, system=e, host=e.host if self._rank(e.rank).host == "?" else self._rank(e.rank).host)
         hist = self.util.setdefault(e.rank, {k: collections.deque(maxlen=UTIL_HISTORY)
                                              for k in ("cpu", "rss", "gpu", "gpu_mem", "power")})
+        self.samples.setdefault(e.rank, collections.deque(maxlen=UTIL_HISTORY)).append(e)
         hist["cpu"].append(e.proc_cpu_percent)
         hist["rss"].append(float(e.proc_rss_bytes))
         gpu = e.gpus[0] if e.gpus else None
@@ -193,9 +117,10 @@ class SessionState:
         if e.rank != 0:
             return
         self.segments[e.segment] = Segment(e.segment, e.step, dict(e.config), e.who, e.t)
-        if e.who != "start":
+        if e.who != "start":  # with the switch's one-off cost: its time, and the bytes that re-synchronized ranks
+            synced = f", {e.sync_bytes / 1e6:.1f} MB broadcast from rank 0" if e.sync_bytes else ""
             self.notices.append(f"step {e.step}: now {self.segments[e.segment].label()} (segment {e.segment}, "
-                                f"asked by {e.who})")
+                                f"asked by {e.who}; one-off: the switch took {e.switch_s:.2f} s{synced})")
 
     def _refused(self, e: ControlRefused) -> None:
         self.notices.append(f"request {e.request_id} refused: {e.reason}")
@@ -203,6 +128,23 @@ class SessionState:
     def _lost(self, e: RankLost) -> None:
         self._set(e.rank, state="lost")
         self.notices.append(f"rank {e.rank} lost: {e.reason}")
+
+    def _back(self, e: RankBack) -> None:
+        if self._rank(e.rank).state == "lost":
+            self._set(e.rank, state="running")
+        self.notices.append(f"rank {e.rank} is back at step {e.step} after {e.silent_s:g} s of silence")
+
+    def _gap(self, e: TelemetryGap) -> None:
+        seqs = str(e.first_seq) if e.first_seq == e.last_seq else f"{e.first_seq}-{e.last_seq}"
+        self.notices.append(f"rank {e.rank}: telemetry {seqs} lost ({e.reason})")
+
+    def _recorder(self, e: RecorderFailed) -> None:
+        then = "stopping the job" if e.required else "training goes on"
+        self.notices.append(f"recording stopped: {e.reason}; {then}")
+
+    def _flooded(self, e: StoreFlooded) -> None:
+        self.notices.append(f"the store holds {e.keys} keys (the job writes at most {e.expected}): someone else "
+                            "is filling it")
 
     def _run_state(self, e: RunState) -> None:
         view = self._rank(e.rank)
@@ -219,6 +161,20 @@ class SessionState:
         self.diverged.append(e)
         self.notices.append(f"WARNING {e.describe()}")
 
+    # -- reads without a snapshot (the headless printer, once per line) ------------------------------------
+    def window(self, rank: int, last_step: int | None = None, steps: int = RECENT_STEPS) -> metrics.Figures:
+        """metrics.window over a rank's last `steps` steps up to `last_step` (everything received when None)."""
+        chosen: list[StepDone] = []
+        for d in reversed(self.history.get(rank, ())):
+            if last_step is None or d.step <= last_step:
+                chosen.append(d)
+                if len(chosen) == steps:
+                    break
+        return metrics.window(chosen[::-1])
+
+    def rank_state(self, rank: int) -> str:
+        return self._rank(rank).state
+
     # -- snapshot --------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """The current state, frozen; the same object until another event is applied."""
@@ -232,7 +188,8 @@ class SessionState:
             nodes=self.nodes.views(lambda rank: expected_bytes(self.run, config, rank)),
             util={r: UtilView(r, **{k: tuple(v) for k, v in h.items()}) for r, h in sorted(self.util.items())},
             notices=tuple(self.notices), paused=self.paused, t=self.t,
-            segment_figures=tuple(self.table.segments()), diverged=tuple(self.diverged))
+            segment_figures=tuple(self.table.segments()), diverged=tuple(self.diverged),
+            samples={r: tuple(d) for r, d in sorted(self.samples.items())})
         return self._snapshot
 
     def _current_config(self) -> Mapping:

@@ -55,13 +55,14 @@ class Segment:
     t: float
 
     def label(self) -> str:
-        c = self.config
-        text = str(c.get("strategy", "?"))
-        if text == "ddp":
-            text += f" {c.get('bucket_mb', 0):g}MB"
-        if c.get("async_op"):
-            text += " async"
-        return f"{text} b{c.get('batch_size', '?')}"
+        """The config as SyncConfig.describe() says it (only settings that mean something for the strategy)."""
+        from ddptop.config import SyncConfig
+        from ddptop.errors import DdptopError
+
+        try:
+            return SyncConfig(**self.config).describe()
+        except (DdptopError, TypeError):
+            return " ".join(f"{k}={v}" for k, v in self.config.items()) or "?"
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ def ensure_dataset(cfg: RunConfig) -> None:
         return
     files, root = _FILES[cfg.dataset], _root(cfg)
     if not files.missing(root):
+        if cfg.dataset == "cifar10":  # read them here, once: a bad file is one line, not one per rank
+            check_cifar(root)
         return
     try:
         with _socket_timeout(DOWNLOAD_TIMEOUT_S):
@@ -89,7 +91,8 @@ def build_datasets(cfg: RunConfig) -> tuple[Dataset, Dataset]:
         return files.load(root)
     except DataError:
         raise
-    except (OSError, EOFError, RuntimeError, ValueError, TypeError, AssertionError, pickle.UnpicklingError) as exc:
+    except (OSError, EOFError, RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+            AssertionError, pickle.UnpicklingError) as exc:
         raise DataError(f"{files.name} in {root} could not be read: {_one_line(exc)}") from None
 
 
@@ -240,10 +243,30 @@ def _cifar10_class() -> type:
     return LocalCIFAR10
 
 
+def check_cifar(root: str) -> None:
+    """Every CIFAR-10 file reads and has what training needs, else one DataError line."""
+    folder = os.path.join(root, CIFAR_FOLDER)
+    try:
+        for names in (CIFAR_TRAIN_FILES, CIFAR_TEST_FILES):
+            _read_cifar_batches([os.path.join(folder, name) for name in names])
+        meta = _read_pickle(os.path.join(folder, CIFAR_META_FILE))
+        if not isinstance(meta.get("label_names"), (list, tuple)):
+            raise DataError(f"{os.path.join(folder, CIFAR_META_FILE)}: no list of label_names")
+    except DataError:
+        raise
+    except (OSError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError, MemoryError,
+            pickle.UnpicklingError) as exc:
+        raise DataError(f"CIFAR-10 in {root} could not be read: {_one_line(exc)}") from None
+
+
 def _read_cifar_batches(paths: list[str]) -> tuple[np.ndarray, list[int]]:
     images, labels = [], []
     for path in paths:
         batch = _read_pickle(path)
+        missing = [key for key in ("data", "labels") if key not in batch]
+        if missing:
+            raise DataError(f"{path}: a CIFAR batch needs 'data' and 'labels'; this one has no "
+                            f"{' or '.join(repr(k) for k in missing)}")
         data = np.asarray(batch["data"], dtype=np.uint8)
         if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(batch["labels"]) != len(data):
             shapes = f"{data.shape} and {len(batch['labels'])}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol
@@ -13,6 +14,7 @@ from ddptop.control import store as stores
 from ddptop.control.bus import Collector, LiveSource, Liveness
 from ddptop.control.client import ControlClient
 from ddptop.control.commands import RankLost
+from ddptop.control.auth import JobKeys, new_job_id
 from ddptop.control.token import remove_job_file, resolve_token, write_job_file
 from ddptop.events import Source
 from ddptop.train.rendezvous import Rendezvous
@@ -44,7 +46,10 @@ class LocalJob:
     def __init__(self, procs: list[multiprocessing.Process], ranks: list[int]):
         self.procs = procs
         self.ranks = ranks
+        self.stopped = False  # the user stopped the job (Ctrl-C, SIGTERM, q): ranks ended by that are no failure
+        self._failed_before_stop = False
         self.front: FrontInfo | None = None  # set by run_front once the store's port and the token are known
+        self.keys = None  # the job's keys (auth.JobKeys), set with `front`
         self._first_failure: float | None = None
         self._reported: set[int] = set()
 
@@ -52,7 +57,8 @@ class LocalJob:
         """A RankLost for each local rank process that ended with a failure since the last call."""
         out = []
         for rank, p in zip(self.ranks, self.procs):
-            if p.exitcode not in (None, 0) and rank not in self._reported:
+            ended_by_stop = self.stopped and p.exitcode is not None and p.exitcode < 0  # our own terminate
+            if p.exitcode not in (None, 0) and rank not in self._reported and not ended_by_stop:
                 self._reported.add(rank)
                 how = f"killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
                 out.append(RankLost(rank, -1, f"process {p.pid} {how}", time.time()))
@@ -78,58 +84,101 @@ class LocalJob:
                 p.kill()
                 p.join()
 
+    def stop(self) -> None:
+        """The user asked the job to stop; what ends the ranks from now on is that, not a failure."""
+        if not self.stopped:
+            self.stopped = True
+            self._failed_before_stop = any(p.exitcode not in (None, 0) for p in self.procs)
+
     def exit_code(self) -> int:
         codes = [p.exitcode for p in self.procs]
+        if self.stopped and not self._failed_before_stop and all(c is not None and c <= 0 for c in codes):
+            return 0  # ranks the stop had to terminate (killed by our own signal) did not fail
         return next((c for c in codes if c not in (0, None)), 0) if all(c is not None for c in codes) else 1
 
 
-def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer: Callable) -> int:
-    """Host the store, start local ranks (all of them for --local, rank 0 for --master/--rank 0), watch them."""
-    server = stores.serve(rdv.port, rdv.master)  # port 0: the system picks a free one
-    port = server.port
-    rdv = replace(rdv, port=port)
-    token = options.token or resolve_token(None)[0]
-    options = replace(options, token=token, check_token=options.check_token or rdv.source == "local")
-    write_job_file(rdv.master, port, token, rdv.world_size)
+def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer: Callable,
+              on_source: Callable[[LiveSource, "LocalJob"], None] | None = None) -> int:
+    """Host the store, start local ranks (all of them for --local, rank 0 for --master/--rank 0), watch them.
+
+    Ctrl-C or SIGTERM at any moment from here on is a stop: ranks that train finish their step and leave,
+    ranks still starting are terminated, and the exit code is 0 (README: Failures)."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    job = None
+    try:
+        server = stores.serve(rdv.port, rdv.master)  # port 0: the system picks a free one
+        rdv = replace(rdv, port=server.port)
+        token = options.token or resolve_token(None)[0]
+        options = replace(options, token=token, check_token=options.check_token or rdv.source == "local",
+                          job_id=options.job_id or new_job_id())
+        keys = JobKeys.from_token(token, options.job_id)
+        job = _start_ranks(cfg, rdv, options)
+        write_job_file(rdv.master, rdv.port, token, rdv.world_size)
+        job.front = FrontInfo(rdv.master, rdv.port, token)
+        job.keys = keys
+        source = LiveSource(Collector(_view(rdv, options, keys), rdv.world_size, keys),
+                            liveness=Liveness(_view(rdv, options, keys), rdv.world_size, keys, options.lost_after_s))
+        if on_source is not None:
+            on_source(source, job)
+        _watch(consumer, source, job)
+    except KeyboardInterrupt:
+        if job is None:
+            raise
+        if not job.stopped:  # before anything was watched: the ranks are still starting, terminating them is the stop
+            print("ddptop: stopped while the ranks were starting", file=sys.stderr)
+        job.stop()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if job is not None:
+            job.terminate()
+            remove_job_file(rdv.master, rdv.port)
+    return job.exit_code()
+
+
+def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> "LocalJob":
+    """Rank processes start with SIGINT ignored, so a Ctrl-C while they import torch is the front's alone."""
     ranks = list(range(rdv.world_size)) if rdv.source == "local" else [rdv.rank]
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=rank_entry, args=(cfg, _for_rank(rdv, r), options), name=f"ddptop-rank-{r}")
              for r in ranks]
-    for p in procs:
-        p.start()
-    job = LocalJob(procs, ranks)
-    job.front = FrontInfo(rdv.master, port, token)
-    client = stores.ddptop_view(stores.connect(rdv.master, port, options.timeout_s, rdv.source))
-    liveness = Liveness(stores.ddptop_view(stores.connect(rdv.master, port, options.timeout_s, rdv.source)),
-                        rdv.world_size)
-    source = LiveSource(Collector(client, rdv.world_size), liveness=liveness)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+    return LocalJob(procs, ranks)
+
+
+def _view(rdv: Rendezvous, options: WorkerOptions, keys: JobKeys):
+    return stores.job_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source), "", keys.namespace)
+
+
+def _watch(consumer: Callable, source: LiveSource, job: "LocalJob") -> None:
     try:
         consumer(source, job)
     except KeyboardInterrupt:
-        _stop_gracefully(job, rdv.master, port, token)
+        job.stop()
+        _stop_gracefully(job)
         finish = getattr(consumer, "finish", None)
         if finish is not None:
             finish(source, job)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        job.terminate()
         source.close()
-        remove_job_file(port)
-        del server
-    return job.exit_code()
 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _stop_gracefully(job: LocalJob, master: str, port: int, token: str) -> None:
+def _stop_gracefully(job: LocalJob) -> None:
     """Ask every rank to stop at the next step boundary; terminate whatever is still there after STOP_WAIT_S."""
+    front = job.front
     try:
-        ControlClient(master, port, token, role="front").request("stop")
-    except Exception:
-        pass
+        ControlClient(front.master, front.port, front.token, role="front").request("stop")
+    except Exception:  # rank 0 has not reported yet (still starting): terminating it is the stop
+        print("ddptop: stopped while the ranks were starting", file=sys.stderr)
+        job.terminate()
     deadline = time.monotonic() + STOP_WAIT_S
     while job.alive() and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -15,7 +15,7 @@ from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.agent import Decision
 from ddptop.control.commands import ConfigApplied
 from ddptop.errors import UsageError
-from ddptop.events import EpochDone, Event, RunFinished, RunStarted
+from ddptop.events import EpochDone, RunFinished, RunStarted
 from ddptop.probes.own import now
 from ddptop.train.data import build_datasets, make_loader
 from ddptop.train.models import build_model, layer_param_counts, test_tweaks

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from ddptop.errors import UsageError
+from ddptop.errors import RendezvousError, UsageError
 
 DEFAULT_PORT = 29511  # not torchrun's 29500, so ddptop's store never collides with a torchrun agent's
+MAX_WORLD_SIZE = 65536
+MAX_LOCAL = 256
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,15 @@ class Rendezvous:
 
     def for_rank(self, rank: int) -> "Rendezvous":
         return replace(self, rank=rank, local_rank=rank)
+
+
+def check_host(host: str, port: int) -> None:
+    """A master name that does not resolve is one line at once, not a C++ trace after a connect timeout."""
+    try:
+        socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
+        raise RendezvousError(f"cannot find the master {host!r}: {reason}") from None
 
 
 def first_slurm_host(nodelist: str) -> str:
@@ -83,6 +95,19 @@ def resolve(master: str | None, port: int | None, rank: int | None, world_size: 
             env: Mapping[str, str] | None = None) -> Rendezvous:
     """Flags first, then torchrun's environment, then Slurm's; with none of them, 2 local ranks."""
     env = os.environ if env is None else env
+    found = _resolve(master, port, rank, world_size, local, env)
+    if found.port and not 1 <= found.port <= 65535:  # MASTER_PORT=70000 would wrap around to 4464
+        raise UsageError(f"the port must be between 1 and 65535, got {found.port} (from {found.source})")
+    if not 1 <= found.world_size <= MAX_WORLD_SIZE or not 0 <= found.rank < found.world_size:
+        raise UsageError(f"rank {found.rank} of world size {found.world_size} (from {found.source}): the world size "
+                         f"must be 1..{MAX_WORLD_SIZE} and the rank 0..world size - 1")
+    if found.source == "local" and found.world_size > MAX_LOCAL:
+        raise UsageError(f"--local starts one process per rank: at most {MAX_LOCAL}, got {found.world_size}")
+    return found
+
+
+def _resolve(master: str | None, port: int | None, rank: int | None, world_size: int | None, local: int | None,
+             env: Mapping[str, str]) -> Rendezvous:
     if local is not None:
         if local < 1:
             raise UsageError(f"--local must be at least 1, got {local}")

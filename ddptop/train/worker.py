@@ -17,6 +17,7 @@ import ddptop
 from ddptop.config import RunConfig
 from ddptop.control import handshake, keys
 from ddptop.control.agent import ControlAgent
+from ddptop.control.auth import JobKeys, namespace, new_job_id, token_bytes
 from ddptop.control import store as stores
 from ddptop.control.bus import Publisher
 from ddptop.errors import DdptopError, PeerLost, RendezvousError
@@ -35,6 +36,8 @@ class WorkerOptions:
     pg_timeout_s: float = 300.0  # a collective that waits longer than this means a peer is gone
     token: str = ""  # the job token: rank 0 checks control messages and (with check_token) joining ranks
     check_token: bool = False  # every rank must know the token: it was typed, or the front started all ranks
+    job_id: str = ""  # rank 0's job id (auth.new_job_id), set by whoever collects the job's telemetry
+    lost_after_s: float = 10.0  # the front marks a rank lost after this long without a valid heartbeat
 
 
 def pick_device(cfg: RunConfig, rdv: Rendezvous) -> tuple[torch.device, str]:
@@ -69,12 +72,15 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     iface = job_interface(rdv.master, cfg.iface)
     if backend == "gloo":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+    stores.resolve(rdv.master, rdv.port)
     base = stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)
     prefix = rdv.key_prefix
-    view = stores.ddptop_view(base, prefix)
+    # with a token every rank knows, even the handshake and the process group's keys are out of a stranger's sight
+    secure = options.check_token
+    view = stores.job_view(base, prefix, namespace(options.token)) if secure else stores.ddptop_view(base, prefix)
     me = hello(cfg, rdv, device, backend, threads)
-    handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, options.token, options.check_token)
-    pg_store = dist.PrefixStore(keys.PG_PREFIX + prefix, base)
+    handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, options.token if secure else "")
+    pg_store = dist.PrefixStore(keys.PG_PREFIX, view)
     try:
         dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
                                 timeout=timedelta(seconds=options.pg_timeout_s))
@@ -82,10 +88,14 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
         detail = _peer_failure(exc) or _first_line(exc)
         raise RendezvousError(f"the ranks found each other but could not connect ({backend}: {detail}); "
                               f"check that every node can reach the others (--iface picks the interface)") from None
-    def connect():
-        return stores.ddptop_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source), prefix)
+    group = dist.new_group(backend="gloo") if rdv.world_size > 1 else None  # control traffic, even under nccl
+    job = share_job_keys(rdv.rank, options, group)
 
-    publisher = Publisher(connect(), rdv.rank)
+    def connect():
+        return stores.job_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source), prefix,
+                               job.namespace)
+
+    publisher = Publisher(connect(), rdv.rank, job)
     publisher.emit(RankJoined(rank=rdv.rank, world_size=rdv.world_size, host=me["host"], pid=me["pid"],
                               device=me["device"], backend=backend, threads=threads,
                               torch_version=torch.__version__, ddptop_version=ddptop.__version__,
@@ -99,7 +109,7 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     agent = None
     try:
         trainer = Trainer(cfg, rdv.rank, rdv.world_size, device, emit, make_probe(cfg, rdv.rank, device, emit))
-        agent = ControlAgent(rdv.rank, rdv.world_size, options.token, connect, emit, trainer.check, cfg.first_sync,
+        agent = ControlAgent(rdv.rank, rdv.world_size, job, connect, emit, trainer.check, cfg.first_sync, group=group,
                              sweep_segments=len(cfg.sweep))
         return trainer.run(agent)
     except RuntimeError as exc:
@@ -114,6 +124,21 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
             sampler.stop()
         publisher.close()
         _leave()
+
+
+def share_job_keys(rank: int, options: WorkerOptions, group) -> JobKeys:
+    """Rank 0's job keys for every rank, over the process group: ranks started without the token (torchrun,
+    Slurm) sign their telemetry with a key that a stranger on the store's port never sees."""
+    mine = JobKeys.from_token(options.token, options.job_id or new_job_id()) if rank == 0 else None
+    if group is None:
+        return mine
+    packed = torch.zeros(JobKeys.PACKED, dtype=torch.uint8)
+    if rank == 0:
+        packed = torch.tensor(list(mine.pack()), dtype=torch.uint8)
+    dist.broadcast(packed, src=0, group=group)
+    if rank == 0:
+        return mine
+    return JobKeys.unpack(bytes(packed.tolist()), token_bytes(options.token) if options.check_token else b"")
 
 
 def make_probe(cfg: RunConfig, rank: int, device: torch.device, emit):

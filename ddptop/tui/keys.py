@@ -6,14 +6,17 @@ GLOBAL_KEYS = (
     ("q", "quit: stop the ranks this ddptop started, flush the recording, leave"),
     ("?", "this help"),
     ("space", "pause / resume training (replay: play / pause)"),
-    ("1 … 6", "panels: ranks, network, utilization, timeline, loss, controls"),
+    ("1 … 7", "panels: overview, ranks, network, utilization, timeline, loss, controls"),
     ("tab / shift+tab", "next / previous panel (in the controls: next / previous field)"),
+    ("pgup / pgdn", "scroll the panel a page (the mouse wheel scrolls too)"),
+    ("home / end", "scroll to the panel's top / bottom"),
 )
 PANEL_KEYS = (
+    ("overview", "everything at a glance: ranks, where the time goes, the segment table, plots, network"),
     ("ranks", "↑ ↓ pick a rank · enter: its timeline"),
     ("network", "↑ ↓ node · ← → interface"),
-    ("timeline", "← → previous / next sampled step · ↑ ↓ rank · home / end: first / latest step"),
-    ("controls", "↑ ↓ or tab between fields · enter on Apply sends (live only)"),
+    ("timeline", "← → previous / next sampled step · ↑ ↓ rank · < / >: first / latest sampled step"),
+    ("controls", "↑ ↓ or tab between fields; typing goes to the field, esc leaves it · enter applies (live only)"),
 )
 REPLAY_KEYS = (
     ("space", "play / pause"),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import time
 
@@ -31,7 +33,13 @@ def test_ctl_changes_a_running_job_and_stops_it(tmp_path):
                                      *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         status = wait_for_status(env)
-        assert "running" in status and "ddp bucket=25MB batch=16" in status and "rank 1" in status
+        assert "running" in status and "ddp bucket=25MB batch=16" in status
+        deadline = time.monotonic() + 60
+        figures = r"^ +{} +\d+\.\d{{3}} +\d+% +[\d.]+ ms"  # a rank's step time, comm share, exposed comm
+        while not all(re.search(figures.format(r), status, re.M) for r in (0, 1)) and time.monotonic() < deadline:
+            status = ctl("status", env=env).stdout  # each rank's figures, once its steps are in the store
+        assert all(re.search(figures.format(r), status, re.M) for r in (0, 1)), status
+        assert status.count(" step ") == 1  # one step number for the job
         result = ctl("set", "strategy=allreduce", "async_op=true", env=env)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("applied at step ")
@@ -42,7 +50,15 @@ def test_ctl_changes_a_running_job_and_stops_it(tmp_path):
         assert_one_line_error(ctl("set", "batch_size=0", env=env), 2, "batch size")
         assert_one_line_error(ctl("set", "strategy=ring", env=env), 2, "strategy")
         assert_one_line_error(ctl("set", "nonsense", env=env), 2, "KEY=VALUE")
-        assert_one_line_error(ctl("--token", "wrong-token-1", "set", "strategy=ddp", env=env), 1, "bad MAC")
+        assert_one_line_error(ctl("--token", "wrong-token-1", "set", "strategy=ddp", env=env), 1, "wrong --token")
+        assert_one_line_error(ctl("set", "bucket_mb=10", env=env), 2, "applies only to ddp")
+        assert ctl("pause", env=env).stdout.startswith("pause: accepted")
+        deadline = time.monotonic() + 30
+        while "paused" not in ctl("status", env=env).stdout and time.monotonic() < deadline:
+            time.sleep(0.2)
+        again = ctl("pause", env=env)
+        assert again.returncode == 0 and "already paused" in again.stdout and "nothing sent" in again.stdout
+        assert ctl("resume", env=env).returncode == 0
         children = psutil.Process(job.pid).children(recursive=True)
         assert len(children) >= 2
         result = ctl("stop", env=env)
@@ -62,8 +78,11 @@ def test_ctl_with_no_job_at_that_address_says_so(tmp_path):
     env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path)}
     from ddptop.control.store import free_port
 
-    result = ctl("--master", "127.0.0.1", "--port", str(free_port()), "--token", "abcdefgh1", "status", env=env)
-    assert_one_line_error(result, 4, "cannot reach")
+    for args in (["--token", "abcdefgh1"], []):  # with a token or without: the answer is that nothing is there
+        start = time.monotonic()
+        result = ctl("--master", "127.0.0.1", "--port", str(free_port()), *args, "status", env=env)
+        assert_one_line_error(result, 4, "no ddptop job on 127.0.0.1:")
+        assert len(result.stderr.strip().splitlines()) == 1 and time.monotonic() - start < 10
 
 
 def test_attach_watches_a_running_job_and_detaching_leaves_it_running(tmp_path):
@@ -81,6 +100,8 @@ def test_attach_watches_a_running_job_and_detaching_leaves_it_running(tmp_path):
         watcher.send_signal(2)  # Ctrl-C: detach
         out, err = watcher.communicate(timeout=30)
         assert watcher.returncode == 0 and "detached; the job goes on" in err and "Traceback" not in err
+        runs = os.environ["DDPTOP_RUNS_DIR"]  # the job records by default: attach says where, truly
+        assert re.search(rf"the job records to [^:]+:{re.escape(runs)}/\S+\.db", err), err
         assert sum(line.startswith("step ") for line in lines) >= 2
         before = int(ctl("status", "--json", env=env).stdout.split('"step": ')[1].split(",")[0])
         time.sleep(1.5)
@@ -110,6 +131,9 @@ def test_a_sweep_reports_segment_0_everywhere_and_refuses_set(tmp_path):
         assert "single batch=16" in status and "segment 0" in status, status
         assert_one_line_error(ctl("set", "lr=0.05", env=env), 1, "sweep")
         assert "single batch=16" in ctl("status", env=env).stdout
+        deadline = time.monotonic() + 60  # ctl answers in well under a second now: let a few steps happen first
+        while json.loads(ctl("status", "--json", env=env).stdout)["step"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert ctl("stop", env=env).returncode == 0
         out, err = job.communicate(timeout=60)
     finally:

@@ -72,6 +72,7 @@ def test_unreachable_master_gives_up_after_the_timeout():
     result = ddptop("--master", "127.0.0.1", "--port", str(free_port()), "--rank", "1", "--world-size", "2",
                     "--timeout", "3", *TINY)
     assert_one_line_error(result, 4, "cannot reach", "127.0.0.1", "3 s")
+    assert len(result.stderr.splitlines()) == 1, result.stderr  # no c10d C++ frames, no preamble
     assert time.monotonic() - start < 30
 
 
@@ -82,6 +83,7 @@ def test_port_in_use_is_refused():
         port = taken.getsockname()[1]
         result = ddptop("--local", "2", "--port", str(port), "--steps", "2", *TINY)
     assert_one_line_error(result, 4, f"port {port}", "--port")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
 def test_world_size_mismatch_stops_both_ranks():
@@ -121,6 +123,33 @@ def test_torchrun_environment_is_honoured():
     outputs = [p.communicate(timeout=90) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert "ranks found by torchrun" in outputs[0][1] and "step 3/3 loss" in outputs[0][0]
+
+
+def test_help_lists_every_command_and_profile_and_every_flag_says_what_it_does():
+    result = ddptop("--help")
+    assert result.returncode == 0
+    for command in ("ctl", "attach", "info", "replay", "export", "report"):
+        assert f"\n  {command} " in result.stdout
+    for profile in ("smoke", "cs744-compare", "cs744-bucket-sweep"):
+        assert f"\n  {profile} " in result.stdout
+    from ddptop.cli import run_parser
+
+    bare = [a.option_strings for a in run_parser()._actions if a.option_strings and not a.help]
+    assert not bare, f"flags without a description: {bare}"
+    ctl = ddptop("ctl", "--help")
+    assert ctl.returncode == 0 and ctl.stdout.startswith("usage: ddptop ctl") and "exit codes" in ctl.stdout
+
+
+@pytest.mark.parametrize("args,words", [
+    (["foo"], ["unknown command 'foo'", "ctl", "report"]),
+    (["ctl"], ["ctl: say what to do", "status", "ddptop ctl --help"]),
+    (["ctl", "frobnicate"], ["unknown operation 'frobnicate'"]),
+    (["info"], ["ddptop info --help"]),
+])
+def test_unknown_commands_and_missing_operations_get_the_list(args, words):
+    result = ddptop(*args)
+    assert_one_line_error(result, 2, *words)
+    assert len(result.stderr.splitlines()) == 1
 
 
 def test_resnet18_trains_and_save_keeps_the_model_the_ranks_reported(tmp_path):

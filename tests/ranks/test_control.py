@@ -103,9 +103,8 @@ def test_each_step_of_each_rank_arrives_once_with_its_segment(switched):
 
 def test_a_wrong_token_changes_nothing(switched):
     _, events, answers, refused = switched
-    assert refused and "bad MAC" in refused[0]
-    refusals = [e for e in events if isinstance(e, ControlRefused)]
-    assert len(refusals) == 1 and "bad MAC" in refusals[0].reason
+    assert refused and "no ddptop job with this token" in refused[0]  # it does not even find the job's keys
+    assert not [e for e in events if isinstance(e, ControlRefused)]
     assert len([e for e in events if isinstance(e, ConfigApplied) and e.rank == 0 and e.request_id]) == len(answers)
 
 

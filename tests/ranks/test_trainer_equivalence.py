@@ -10,7 +10,6 @@ reported in force at each step, and the parameters rank 0 saved (`--save`) must 
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 
 import pytest

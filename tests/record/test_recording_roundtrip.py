@@ -40,7 +40,7 @@ def one_of_each() -> list:
         SystemSample(0, "node-ü", T0 + 1.1, 99.5, 87.25, 1 << 31, 1 << 33, 1 << 35, "eth0", (nic, nic), (gpu,), "ok"),
         SystemSample(1, "node2", T0 + 1.2, 0.0, 0.0, 0, 0, 0, "lo"),
         EpochDone(0, 0, 390, 2.0345, 2292, 10000, T0 + 2.0),
-        LogLine(1, "warning", "línea\nwith a newline", T0 + 2.1),
+        LogLine(1, "warning", "línea ✓ (control characters come back escaped: tests/security)", T0 + 2.1),
         ControlRefused(7, "bad MAC: wrong token", T0 + 2.2),
         RunState(0, 5, True, T0 + 2.3),
         RankLost(1, 6, "heartbeat stale for 10 s", T0 + 2.4),

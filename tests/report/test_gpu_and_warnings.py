@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
 from ddptop.cli import main
-from ddptop.events import GpuStat, ModelsDiverged, StepDone, SystemSample
+from ddptop.events import GpuStat, ModelsDiverged, RankJoined, StepDone, SystemSample
 from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter
 from test_report import table_rows
 
 MIB = 2**20
 GPU = {0: (3000, 41.0), 1: (2500, 63.0)}  # rank → (MiB used, % util), the same in every sample of that rank
+EVIL = "evil<b>$x^2$|`*h*`"  # rank 1's host name: markup, mathtext and a table pipe, all to be shown as written
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +32,8 @@ def with_gpus(smoke, tmp_path_factory):
     writer = RecordingWriter(str(path), {k: meta[k] for k in ("config", "rendezvous", "argv", "versions", "created")})
     out = []
     for e in events:
+        if isinstance(e, (RankJoined, SystemSample)) and e.rank == 1:
+            e = dataclasses.replace(e, host=EVIL)
         if isinstance(e, SystemSample):
             used, util = GPU[e.rank]
             e = dataclasses.replace(e, gpus=(GpuStat(0, "NVIDIA H100 80GB HBM3", util, used * MIB, 81559 * MIB,
@@ -55,7 +59,7 @@ def test_the_gpu_table_has_every_configuration_and_rank(with_gpus):
     assert sampled and {line.split("|")[1].strip() for line in rows} == sampled
     assert len(rows) >= len(sampled)
     for line in rows:
-        cells = [c.strip() for c in line.strip("|").split("|")]
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip("|"))]  # "\|": a pipe in a cell
         rank = int(cells[2].split()[0])
         used, util = GPU[rank]
         assert cells[4] == f"{used} MiB / 81559 MiB"
@@ -77,3 +81,12 @@ def test_models_that_differ_are_a_warning_at_the_top(with_gpus):
     assert "segment start of segment 2 (step 20)" in first
     assert "ranks 0: aaaaaaaaaaaa; ranks 1: bbbbbbbbbbbb" in first
     assert "⚠" in (with_gpus / "report.html").read_text()
+
+
+def test_a_host_name_from_the_recording_is_shown_as_written_never_as_markup(with_gpus):
+    text = (with_gpus / "report.md").read_text()
+    assert "evil\\<b\\>$x^2$\\|\\`\\*h\\*\\`" in text and "evil<b>" not in text
+    html = (with_gpus / "report.html").read_text()
+    assert "evil&lt;b&gt;$x^2$|`*h*`" in html and "evil<b>" not in html
+    legend = json.loads((with_gpus / "figures.json").read_text())["cpu_memory"]["axes"][0]["legend"]
+    assert f"rank 1 ({EVIL})" in legend  # drawn as text: no mathtext, no error

@@ -78,3 +78,35 @@ def test_the_report_prints_the_same_numbers(figures):
 
 def _same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-9, abs=1e-12)
+
+
+def test_the_replayed_screen_shows_the_same_segment_table(smoke, figures):
+    """The overview of `ddptop replay` over the whole file prints each segment's row with `info`'s very cells."""
+    import asyncio
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tui"))
+    from screen_text import screen_text
+
+    from ddptop import tables
+    from ddptop.tui.app import DdptopApp
+
+    async def play() -> str:
+        source = ReplaySource(str(smoke[0]), speed=16)
+        try:
+            app = DdptopApp(source, recording=str(smoke[0]))
+            async with app.run_test(size=(160, 48)) as pilot:
+                deadline = time.monotonic() + 60
+                while not source.finished and time.monotonic() < deadline:
+                    await pilot.pause(0.2)
+                await pilot.pause(1.0)  # the overview redraws every 0.5 s
+                return screen_text(app)
+        finally:
+            source.close()
+
+    screen = asyncio.run(play()).split("\n")
+    for segment, row in figures["info"].items():
+        cells = tables.cells(row)
+        lines = [line for line in screen if line.split()[:2] == [str(segment), cells[1]]]
+        assert lines, (segment, cells, "\n".join(screen))
+        assert all(cell in lines[0] for cell in cells[3:]), (cells, lines[0])

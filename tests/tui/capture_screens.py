@@ -1,4 +1,5 @@
-"""Writes the screenshots README links (docs/screens/): each panel at 160×48 as SVG and as text, over the fixture.
+"""Writes the screenshots README links (docs/screens/): each panel at 160×48 and 80×24 as SVG and as text, over the
+fixture, and the live overview as a session ends.
 
     .venv/bin/python tests/tui/capture_screens.py
 """
@@ -17,7 +18,27 @@ from screen_text import screen_text  # noqa: E402
 from ddptop.tui.app import DdptopApp  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "screens")
-PANELS = {"1": "ranks", "2": "network", "3": "utilization", "4": "timeline", "5": "loss", "6": "controls"}
+PANELS = {"1": "overview", "2": "ranks", "3": "network", "4": "utilization", "5": "timeline", "6": "loss",
+          "7": "controls"}
+
+
+class EndedJob:
+    attached = False
+
+    def alive(self):
+        return False
+
+    def check(self):
+        pass
+
+    def lost_events(self):
+        return []
+
+
+def save(app, stem: str) -> None:
+    app.save_screenshot(f"{stem}.svg", OUT)
+    with open(os.path.join(OUT, f"{stem}.txt"), "w") as fh:
+        fh.write(screen_text(app) + "\n")
 
 
 async def capture(size: tuple[int, int]) -> None:
@@ -25,11 +46,13 @@ async def capture(size: tuple[int, int]) -> None:
     async with app.run_test(size=size) as pilot:
         for key, name in PANELS.items():
             await pilot.press(key)
-            await pilot.pause(0.3)
-            stem = f"{name}-{size[0]}x{size[1]}"
-            app.save_screenshot(f"{stem}.svg", OUT)
-            with open(os.path.join(OUT, f"{stem}.txt"), "w") as fh:
-                fh.write(screen_text(app) + "\n")
+            await pilot.pause(0.6)
+            save(app, f"{name}-{size[0]}x{size[1]}")
+    app = DdptopApp(FixedReplaySource(fixture_events(), at_end=True), mode="live", job=EndedJob(),
+                    recording="ddptop-runs/20250301-142233-allreduce.db")
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.6)
+        save(app, f"overview-live-ended-{size[0]}x{size[1]}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from textual.widgets import Input, Select, Switch, TabbedContent
+from textual.widgets import Input, Select, TabbedContent
 
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.keys import GLOBAL_KEYS, REPLAY_KEYS
@@ -28,11 +28,12 @@ def _active(app) -> str:
 async def test_number_keys_and_tab_move_between_panels(replay_at_end):
     app = DdptopApp(replay_at_end)
     async with app.run_test(size=BIG) as pilot:
-        for key, pid in zip("123456", ("ranks", "network", "util", "timeline", "loss", "controls")):
+        assert _active(app) == "overview"  # the default
+        for key, pid in zip("1234567", ("overview", "ranks", "network", "util", "timeline", "loss", "controls")):
             await pilot.press(key)
             assert _active(app) == pid
         await pilot.press("tab")  # the controls are disabled in a replay: tab goes straight on
-        assert _active(app) == "ranks"
+        assert _active(app) == "overview"
         await pilot.press("shift+tab", "shift+tab")
         assert _active(app) == "loss"
         await pilot.click("#--content-tab-network")
@@ -68,7 +69,7 @@ async def test_transport_keys_play_speed_seek_and_segments(events):
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("space")
         assert source.playing
-        now[0] += 3.0
+        now[0] += 6.0  # the fixture's first step ends ~4.5 s in
         await pilot.pause(0.3)
         assert 0 < app.state.snapshot().step < 400
         await pilot.press("plus", "plus")
@@ -87,12 +88,13 @@ async def test_transport_keys_play_speed_seek_and_segments(events):
         assert source.status()["step"] == 210 and source.generation == generation + 1
         await pilot.press("comma", "comma")
         assert source.status()["step"] == 190
-        await pilot.press("right_square_bracket")  # step 190 is in segment 1 (ddp from 116): next is 2, from 219
-        assert source.status()["step"] == 218
+        await pilot.press("right_square_bracket")  # step 190 is in segment 1 (ddp from 111): next is 2, from 212
+        assert source.status()["step"] == 211
         await pilot.press("left_square_bracket")
-        assert source.status()["step"] == 115
+        assert source.status()["step"] == 110
         await pilot.pause(0.3)
-        assert "seg 2/4" in screen_text(app)
+        text = screen_text(app)
+        assert "segment 1 of 0–3" in text and "· segment 1 ·" in text  # the bar and the header agree
 
 
 async def test_transport_buttons_work_with_the_mouse(events):
@@ -112,7 +114,7 @@ async def test_transport_buttons_work_with_the_mouse(events):
         await click("#slower")
         assert source.speed == 0.5
         await click("#seg-next")
-        assert source.status()["step"] == 115  # segment 1 starts before step 116
+        assert source.status()["step"] == 110  # segment 1 starts before step 111
         await click("#seg-prev")
         assert source.status()["step"] is None  # segment 0 starts before the first step
 
@@ -120,6 +122,7 @@ async def test_transport_buttons_work_with_the_mouse(events):
 async def test_ranks_panel_picks_a_rank_and_opens_its_timeline(replay_at_end):
     app = DdptopApp(replay_at_end)
     async with app.run_test(size=BIG) as pilot:
+        await pilot.press("2")
         panel = app.query_one(RanksPanel)
         assert app.focused is panel
         await pilot.press("down")
@@ -135,7 +138,7 @@ async def test_ranks_panel_picks_a_rank_and_opens_its_timeline(replay_at_end):
 async def test_network_panel_switches_interface_and_node(replay_at_end):
     app = DdptopApp(replay_at_end)
     async with app.run_test(size=BIG) as pilot:
-        await pilot.press("2")
+        await pilot.press("3")
         panel = app.query_one(NetworkPanel)
         assert "Active Interface: lo" in screen_text(app)
         await pilot.press("left")
@@ -154,37 +157,37 @@ async def test_network_panel_switches_interface_and_node(replay_at_end):
 async def test_timeline_moves_through_steps_and_ranks(replay_at_end):
     app = DdptopApp(replay_at_end)
     async with app.run_test(size=BIG) as pilot:
-        await pilot.press("4")
+        await pilot.press("5")
         panel = app.query_one(TimelinePanel)
-        assert panel.shown_step() == 390 and "rank 0 · step 390" in screen_text(app)
+        assert panel.shown_step() == 399 and "rank 0 · sampled step 399" in screen_text(app)
         await pilot.press("left", "left")
-        assert panel.shown_step() == 370
-        await pilot.press("home")
-        assert panel.shown_step() == 80
+        assert panel.shown_step() == 379
+        await pilot.press("less_than_sign")
+        assert panel.shown_step() == 91
         await pilot.press("right")
-        assert panel.shown_step() == 90
-        await pilot.press("end", "down")
+        assert panel.shown_step() == 101
+        await pilot.press("greater_than_sign", "down")
         assert panel.step is None and panel.rank == 1
         await pilot.pause()
         text = screen_text(app)
-        assert "rank 1 · step 390" in text and "overlap" in text and "features.0" in text and "compute" in text
+        assert "rank 1 · sampled step 399" in text and "overlap" in text and "features.0" in text and "compute" in text
 
 
 async def test_loss_panel_marks_every_config_change(replay_at_end):
     app = DdptopApp(replay_at_end)
     async with app.run_test(size=BIG) as pilot:
-        await pilot.press("5")
+        await pilot.press("6")
         await pilot.pause()
         text = screen_text(app)
-        for label in ("┊ddp 0.02MB b16", "┊gather-scatter b16", "┊allreduce async b16"):
-            assert label in text
-        assert "loss" in text and "iteration time" in text and "test accuracy" in text
+        for label in ("┊1 ddp bucket=0.02MB", "┊2 gather-scatter", "┊3 allreduce async"):
+            assert label in text, text
+        assert "loss" in text and "step time" in text and "test accuracy" in text
 
 
 async def test_controls_are_disabled_in_a_replay(replay_at_end):
     app = DdptopApp(replay_at_end)
     async with app.run_test(size=BIG) as pilot:
-        await pilot.press("6")
+        await pilot.press("7")
         panel = app.query_one(ControlsPanel)
         assert all(w.disabled for w in panel.query("Select, Input, Switch, Button"))
         assert "disabled" in screen_text(app)
@@ -206,35 +209,56 @@ async def test_controls_check_input_inline_and_send_only_valid_changes(replay_at
     connect, posted = _NoJob(), []
     app = DdptopApp(replay_at_end, mode="live", connect=connect)
     async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
-        await pilot.press("6")
+        await pilot.press("7")
         panel = app.query_one(ControlsPanel)
-        assert app.focused.id == "strategy"
+        assert app.focused.id == "strategy"  # in force: allreduce async, batch 16, lr 0.05
+
+        async def apply(expect: str):
+            await pilot.pause(0.6)  # two quick clicks would make one double click
+            await pilot.click("#apply")
+            assert expect in panel.status and panel.status_kind == "error", panel.status
+            assert connect.calls == 0
+
         batch = panel.query_one("#batch", Input)
         batch.value = "x"
-        await pilot.click("#apply")
-        assert "batch size must be a whole number" in panel.status and panel.status_kind == "error"
+        await apply("batch size must be a whole number")
         batch.value = "16"
-        await pilot.pause(0.6)
-        await pilot.click("#apply")
-        assert "nothing to change" in panel.status and connect.calls == 0
+        await apply("nothing to change")
+        panel.query_one("#bucket", Input).value = "10"
+        await apply("bucket_mb applies only to ddp")  # SyncConfig.changed's refusal, shown here, never sent
+        panel.query_one("#strategy", Select).value = "ddp"
         panel.query_one("#bucket", Input).value = "-3"
-        await pilot.pause(0.6)
-        await pilot.click("#apply")
-        assert "bucket MB" in panel.status and connect.calls == 0
+        await apply("bucket size")
         panel.query_one("#bucket", Input).value = "10"
         panel.query_one("#strategy", Select).focus()
-        await pilot.press("tab", "tab", "tab", "tab")  # strategy → bucket → async → batch → Apply
+        await pilot.press(*["tab"] * 6)  # strategy → bucket → async → batch → lr → scale_lr → Apply
         assert app.focused.id == "apply"
-        await pilot.press("shift+tab", "shift+tab")
+        await pilot.press(*["shift+tab"] * 4)
         assert app.focused.id == "async"
-        await pilot.press("space")
-        assert panel.query_one("#async", Switch).value is False
-        await pilot.press("tab", "tab", "enter")
+        await pilot.press("space")  # async_op on with ddp: refused inline
+        await pilot.pause()
+        assert "async_op applies only to allreduce" in str(panel.query_one("#preview").render())
+        await pilot.press("space", *["tab"] * 4, "enter")
         await app.workers.wait_for_complete()
         await pilot.pause()
         sent = list({id(m): m.changes for m in posted if isinstance(m, ApplyRequested)}.values())  # one per hop
-        assert sent == [{"bucket_mb": 10.0, "async_op": False}] and connect.calls == 1
+        assert sent == [{"strategy": "ddp", "bucket_mb": 10.0, "async_op": False}] and connect.calls == 1
         assert "cannot reach the job" in panel.status and panel.status_kind == "error"
+        assert "about 1 bucket" in str(panel.query_one("#buckets").render())  # tiny: 84 KB in one 10 MB bucket
+
+
+async def test_typed_characters_go_to_the_focused_field(replay_at_end):
+    app = DdptopApp(replay_at_end, mode="live", connect=_NoJob())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("7", "tab", "tab", "tab", "tab")  # strategy → bucket → async → batch → lr
+        lr = app.query_one("#lr", Input)
+        assert app.focused is lr
+        await pilot.press("ctrl+a", "ctrl+k", *"0.01")  # digits and '.' are not panel or replay keys here
+        assert lr.value == "0.01" and _active(app) == "controls"
+        await pilot.pause()
+        assert "lr=0.01" in str(app.query_one("#preview").render())
+        await pilot.press("escape", "1")  # out of the field, digits switch panels again
+        assert _active(app) == "overview" and lr.value == "0.01"
 
 
 async def test_space_in_a_live_session_sends_pause(replay_at_end):
@@ -269,7 +293,8 @@ class _RunningJob(_EndedJob):
 async def test_every_panel_fits_80x24(replay_at_end):
     app = DdptopApp(replay_at_end)
     async with app.run_test(size=(80, 24)) as pilot:
-        for key, words in zip("123456", ("MB/s", "Active Interface", "CPU [", "overlap", "loss", "strategy")):
+        for key, words in zip("1234567", ("segments", "s/step", "Active Interface", "CPU [", "overlap", "loss",
+                                          "strategy")):
             await pilot.press(key)
             await pilot.pause()
             text = screen_text(app)

@@ -1,11 +1,13 @@
-"""End to end, as a user: the real app with 2 local ranks in tmux; switch the strategy in the controls, quit with q.
-
-Then the recording says both ranks switched at the same step, and no process of the run is left.
+"""End to end, as a user: the real app with 2 local ranks in tmux; switch the strategy in the controls, read its
+effect in the overview's segment table, quit with q. The recording the screen named exists, says both ranks
+switched at the same step, and `ddptop report` makes a report of it; no process of the run is left.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,37 +53,62 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_switch_strategy_in_the_ui_then_quit(tmp_path):
+def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_recording(tmp_path):
     name = f"ddptop-e2e-{os.getpid()}"
-    record, status = tmp_path / "run.db", tmp_path / "exit"
-    command = (f"cd {REPO} && OMP_NUM_THREADS=1 {sys.executable} -m ddptop --local 2 --model tiny --steps 100000 "
-               f"--synthetic-size 640 --batch-size 16 --no-eval --span-every 5 --record {record}; "
+    runs, status = tmp_path / "runs", tmp_path / "exit"
+    # a tmux server started earlier keeps its own environment: say what this ddptop needs; start it once the
+    # window has its size
+    command = (f"sleep 1; cd {tmp_path} && PYTHONPATH={shlex.quote(os.environ.get('PYTHONPATH', REPO))} "
+               f"DDPTOP_RUNS_DIR={runs} OMP_NUM_THREADS=1 {sys.executable} -m ddptop --local 2 "
+               f"--model tiny --steps 100000 --synthetic-size 640 --batch-size 16 --no-eval --span-every 5; "
                f"echo $? > {status}; sleep 30")
     _tmux("new-session", "-d", "-s", name, "-x", "160", "-y", "48", command)
+    subprocess.run(["tmux", "set-option", "-t", name, "window-size", "manual"], capture_output=True)
     subprocess.run(["tmux", "resize-window", "-t", name, "-x", "160", "-y", "48"], capture_output=True)
     try:
-        _wait_for(name, "running", 90)
+        screen = _wait_for(name, " running · step ", 90)
+        assert re.search(r"rec ● (\S+\.db)", screen), screen
+        shown = re.search(r"rec ● (\S+\.db)", screen).group(1)  # the header names the recording
+        assert shown.startswith("runs/")  # the default file in the runs folder, said relative to where ddptop ran
         shell = int(_tmux("list-panes", "-t", name, "-F", "#{pane_pid}").split()[0])
         front = _children(shell)[0]
         ranks = _children(front)
         assert len(ranks) >= 2
-        _tmux("send-keys", "-t", name, "6")
+        _tmux("send-keys", "-t", name, "7")
         _wait_for(name, "Change the running job", 10)
-        for key in ("Enter", "Up", "Enter", "Tab", "Tab", "Tab", "Tab", "Enter"):  # ddp → allreduce, then Apply
+        for key in ("Enter", "Up", "Enter", *["Tab"] * 6, "Enter"):  # ddp → allreduce, then Apply
             _tmux("send-keys", "-t", name, key)
             time.sleep(0.4)
         screen = _wait_for(name, "applied at step", 60)
         assert "on every rank" in screen
-        _wait_for(name, "\n allreduce ", 10)  # the header's second line: the config in force
+        _tmux("send-keys", "-t", name, "1")  # the overview: the new segment's row fills in as it is measured
+        row = re.compile(r"^ *▶1 +\d+-\d+ +allreduce batch=16 lr=0\.1 +\d+\.\d{3} +\d+\.\d{3} +\d+ ", re.M)
+        deadline = time.monotonic() + 60
+        while not row.search(_screen(name)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        screen = _screen(name)
+        assert row.search(screen), screen
+        assert re.search(r"^ +0 +\d+-\d+ +ddp bucket=25MB batch=16 lr=0\.1 +\d+\.\d{3}", screen, re.M), screen
         _tmux("send-keys", "-t", name, "q")
         deadline = time.monotonic() + 60
         while not status.exists() and time.monotonic() < deadline:
             time.sleep(0.3)
         assert status.read_text().strip() == "0"
         assert not [pid for pid in [front, *ranks] if _alive(pid)]
+        after = _screen(name)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
-    _check_recording(str(record))
+    said = re.search(r"recorded (\d+) steps of 2 ranks to (\S+)", after)
+    assert said, after
+    path = os.path.join(tmp_path, said.group(2))
+    assert os.path.samefile(path, os.path.join(tmp_path, shown)) and os.path.dirname(path) == str(runs)
+    assert f"ddptop report {said.group(2)} -o " in after
+    _check_recording(path)
+    report = subprocess.run([sys.executable, "-m", "ddptop", "report", path, "-o", str(tmp_path / "report")],
+                            capture_output=True, text=True, timeout=180)
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "allreduce" in text and "ddp" in text
 
 
 def _check_recording(path: str) -> None:

@@ -7,7 +7,7 @@ from rich.console import Console
 
 from ddptop.events import NicStat, Span
 from ddptop.state.session import SessionState
-from ddptop.tui.render.breakdown import breakdown_bar, span_parts
+from ddptop.tui.render.breakdown import breakdown_bar, breakdown_legend, span_parts
 from ddptop.tui.render.gantt import gantt
 from ddptop.tui.render.plot import Marker, Series, line_plot
 from ddptop.tui.render.slurm import slurm_graph, slurm_stats
@@ -57,9 +57,9 @@ def test_gantt_draws_lanes_layers_and_collectives_on_one_time_axis():
     names = [line[:18].strip() for line in lines[1:]]
     assert names == ["compute", "comm", "overlap", "features.0", "bucket 0"]
     cells = {name: line[18:] for name, line in zip(names, lines[1:])}
-    assert cells["comm"] == "····████··" and cells["compute"] == "██████··██"
+    assert cells["comm"] == "····████··" and cells["compute"] == "░██▓▓▓··≡≡"  # each part its own glyph
     assert cells["overlap"] == "····▀▀····"  # backward (0.03-0.06) under the bucket (0.04-0.08)
-    assert cells["features.0"] == "·█████····"
+    assert cells["features.0"] == "·██▓▓▓····"
 
 
 def test_gantt_counts_rows_that_do_not_fit():
@@ -70,11 +70,34 @@ def test_gantt_counts_rows_that_do_not_fit():
 
 def test_breakdown_parts_and_bar():
     parts, overlap = span_parts(_spans(), iter_s=0.1)
-    assert dict(parts) == pytest.approx({"data": 0.01, "fwd": 0.02, "bwd": 0.03, "comm": 0.02, "opt": 0.02})
+    assert dict(parts) == pytest.approx({"data": 0.01, "forward": 0.02, "backward": 0.03, "exposed comm": 0.02,
+                                         "optimizer": 0.02})
     assert overlap == pytest.approx(0.5)  # half of the 40 ms bucket ran beside backward
     bar = breakdown_bar(parts, 10).plain.split("\n")
-    assert len(bar[0]) == 10 and "exposed comm 20 ms 20%" in bar[1]
+    assert bar[0] == "░██▓▓▓╳╳≡≡" and "╳ exposed comm 20 ms 20%" in "\n".join(bar[1:])
     assert len(breakdown_bar([("data", 1.0)], 20, legend=False, scale=2.0).plain) == 10
+
+
+def test_the_bar_of_a_step_adds_up_to_its_step_time_and_wait_is_not_communication():
+    from ddptop.events import StepDone
+    from ddptop.tui.render.breakdown import step_parts
+
+    done = StepDone(0, 5, 0, 0, 0.0, 0.100, 0.010, 0.060, 0.030, 0.020, 0.3, 16, 1.0, 0, 0, 0, False,
+                    fwd_s=0.020, bwd_s=0.030, opt_s=0.010, own_s=0.004)
+    parts = dict(step_parts(done))
+    assert sum(parts.values()) == pytest.approx(0.100)
+    assert parts["other"] == pytest.approx(0.100 - 0.010 - 0.060 - 0.020 - 0.004)
+    waited = _spans() + (Span("wait", "wait p0", 0.08, 0.01),)
+    assert dict(span_parts(waited, 0.1)[0])["exposed comm"] == pytest.approx(0.02)
+
+
+def test_legends_wrap_between_items_never_inside_one():
+    legend = breakdown_legend({"data": 0.01, "forward": 0.02, "backward": 0.03, "exposed comm": 0.02,
+                               "optimizer": 0.02, "ddptop": 0.001, "other": 0.005}, width=40).plain.split("\n")
+    assert len(legend) > 1 and all(len(line) <= 40 for line in legend)
+    for line in legend:
+        for item in line.split("  "):
+            assert item[:2] in ("░ ", "█ ", "▓ ", "╳ ", "≡ ", "• ", "· "), line
 
 
 def test_sparkline_and_bar():
@@ -97,9 +120,50 @@ def test_tables_show_every_rank_and_the_slowest(events):
     state.apply_all(events[:300])
     snap = state.snapshot()
     text = _plain(ranks_table(snap, width=160))
-    assert "rank" in text and "MB/s" in text and "GPU%" in text
+    assert "rank" in text and "mean10" in text and "ddptop" in text and "GPU%" in text
     assert text.count("running") == 2 and "◀ slowest" in text
     narrow = _plain(ranks_table(snap, width=80), width=80)
-    assert "GPU%" not in narrow and "slowest" in narrow
+    assert "GPU%" not in narrow and "running ◀" in narrow and "mean10" in narrow
     util = util_rows(snap, 120).plain
     assert "r0" in util and "r1" in util and "CPU [" in util and "GPU -" in util
+
+
+def test_a_shared_or_unexplained_counter_is_not_compared_with_the_formulas():
+    from ddptop.traffic import not_comparable
+
+    assert "shared by every process" in not_comparable("lo", 1000, 1000)
+    assert not_comparable("eth0", 1.05e6, 1e6) == ""  # TCP/IP headers and telemetry: a few percent
+    assert "other traffic" in not_comparable("eth0", 5e6, 1e6)  # 5× what the ranks send: someone else's
+
+
+def test_gpu_text_shows_whatever_the_gpu_reports_and_fields_added_later():
+    import dataclasses
+
+    from ddptop.events import GpuStat, SystemSample
+    from ddptop.state.views import RankView
+    from ddptop.tui.render.tables import gpu_text
+
+    Newer = dataclasses.make_dataclass("Newer", [("sm_clock_mhz", float, None), ("pcie_tx_bytes_s", float, None)],
+                                       bases=(GpuStat,), frozen=True)
+    gpu = Newer(0, "H100", 80.0, 10_000_000_000, 80_000_000_000, 300.0, 61.0, 1980.0, 12e9)
+
+    def sample(g):
+        return SystemSample(0, "a", 0.0, 1.0, 1.0, 1, 1, 2, "eth0", (), (g,), "ok")
+
+    text = gpu_text(RankView(0, system=sample(gpu)), None).plain
+    for words in ("80%", "mem 10 GB/80 GB", "power 300 W", "temp 61°C", "sm clock 1980 MHz", "pcie tx 12.0 GB/s"):
+        assert words in text, text
+    bare = gpu_text(RankView(0, system=sample(GpuStat(0, "MIG", None, None, None, None, None))), None).plain
+    assert bare.startswith("GPU [") and "W" not in bare
+    assert gpu_text(RankView(0), None).plain == "GPU -"
+
+
+def test_a_step_from_before_compute_was_split_still_adds_up():
+    from ddptop import metrics
+    from ddptop.events import StepDone
+
+    old = StepDone(0, 5, 0, 0, 0.0, 1.6, 0.001, 1.45, 0.4, 0.10, 0.6, 64, 1.0, 0, 0, 0, False)  # schema-1 file
+    parts = metrics.parts(old)
+    assert list(parts) == ["data", "compute", "exposed comm", "ddptop", "other"]
+    assert sum(parts.values()) == pytest.approx(1.6)
+    assert sum(metrics.mean_parts([old, old]).values()) == pytest.approx(1.6)

@@ -11,7 +11,8 @@ import pytest
 from ddptop.tui.app import DdptopApp
 from fixed_replay import FixedReplaySource
 
-PANELS = {"ranks": "1", "network": "2", "utilization": "3", "timeline": "4", "loss": "5", "controls": "6"}
+PANELS = {"overview": "1", "ranks": "2", "network": "3", "utilization": "4", "timeline": "5", "loss": "6",
+          "controls": "7"}
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
@@ -30,6 +31,30 @@ def test_live_controls_after_an_invalid_input(snap_compare, events):
     app = DdptopApp(FixedReplaySource(events, at_end=True), mode="live")
 
     async def run_before(pilot):
-        await pilot.press("6", "tab", "tab", "tab", "backspace", "backspace", "x", "enter")
+        await pilot.press("7", "tab", "tab", "tab", "backspace", "backspace", "x", "enter")
 
     assert snap_compare(app, run_before=run_before, terminal_size=(80, 24))
+
+
+class _EndedJob:
+    attached = False
+
+    def alive(self):
+        return False
+
+    def check(self):
+        pass
+
+    def lost_events(self):
+        return []
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_live_overview_after_the_run_ended(snap_compare, events, size):
+    app = DdptopApp(FixedReplaySource(events, at_end=True), mode="live", job=_EndedJob(),
+                    recording="ddptop-runs/20250301-142233-allreduce.db")
+
+    async def run_before(pilot):
+        await pilot.pause(0.6)
+
+    assert snap_compare(app, run_before=run_before, terminal_size=size)

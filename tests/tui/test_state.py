@@ -43,7 +43,7 @@ def test_fixture_run_reduces_to_the_jobs_final_state(events):
     assert [s.config["strategy"] for s in snap.segments] == ["allreduce", "ddp", "gather-scatter", "allreduce"]
     assert snap.segments[0].who == "start"
     assert len(snap.evals) == 10 and snap.evals[-1].step == 400
-    assert snap.spans.steps(0)[-1] == 390
+    assert snap.spans.steps(0)[-1] == 399
     assert snap.rank_source == "local" and snap.hosts == ("vm",)
     assert len(snap.mean_loss()) == 400
     node = snap.nodes[0]

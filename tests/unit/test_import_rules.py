@@ -10,7 +10,9 @@ import pytest
 CORE = ["ddptop.train.worker", "ddptop.train.launch", "ddptop.probes.step", "ddptop.sources.sampler",
         "ddptop.control.agent", "ddptop.control.client", "ddptop.record.sqlite", "ddptop.headless", "ddptop.run"]
 NO_TORCH = ["ddptop.events", "ddptop.record.reader", "ddptop.record.replay", "ddptop.record.export",
-            "ddptop.state.session", "ddptop.report.analysis", "ddptop.traffic", "ddptop.cli"]
+            "ddptop.state.session", "ddptop.report.analysis", "ddptop.traffic", "ddptop.cli", "ddptop.lab.command",
+            "ddptop.lab.launch", "ddptop.lab.summary", "ddptop.control.client", "ddptop.control.status",
+            "ddptop.front.feed", "ddptop.headless"]
 
 
 def loaded(module: str) -> set[str]:

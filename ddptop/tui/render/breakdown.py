@@ -1,19 +1,25 @@
-"""Provides the step breakdown (data, forward, backward, exposed comm, optimizer) and its stacked bar."""
+"""Provides the step breakdown bar: ddptop.metrics.parts of a step (data, forward, backward, exposed comm, optimizer,
+ddptop, other), one glyph and colour per part, and a legend that wraps by item."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from rich.text import Text
 
+from ddptop import metrics
 from ddptop.events import Span, StepDone
 from ddptop.probes.timeline import breakdown, length, union
+from ddptop.tui.render.cells import wrap_items
+from ddptop.tui.render.palette import part_glyph, part_style
 from ddptop.tui.render.units import fmt_s
 
-STYLES = {"data": "grey50", "fwd": "blue", "bwd": "magenta", "comm": "red", "opt": "yellow", "other": "grey30",
-          "compute": "blue", "wait": "dark_orange"}
-LABELS = {"data": "data", "fwd": "forward", "bwd": "backward", "comm": "exposed comm", "opt": "optimizer",
-          "other": "other", "compute": "compute"}
+OTHER_NOTE = "other: the step's time no phase accounts for (zero_grad, Python between phases)"
+
+
+def step_parts(done: StepDone) -> list[tuple[str, float]]:
+    """A step's parts, by the one definition (ddptop.metrics.parts): they add up to its step time."""
+    return list(metrics.parts(done).items())
 
 
 def _of(spans: Sequence[Span], *kinds: str) -> list[tuple[float, float]]:
@@ -21,12 +27,15 @@ def _of(spans: Sequence[Span], *kinds: str) -> list[tuple[float, float]]:
 
 
 def span_parts(spans: Sequence[Span], iter_s: float | None = None) -> tuple[list[tuple[str, float]], float]:
-    """([(kind, seconds)], overlap) of one sampled step; exposed comm is comm with no compute beside it."""
+    """([(part, seconds)], overlap) from a sampled step's spans alone (a step whose StepDone is not at hand).
+
+    `wait` spans (the training thread waiting on async handles) are not communication, as in StepDone."""
     compute = _of(spans, "fwd", "bwd", "opt")
-    comm = _of(spans, "comm", "wait")
+    comm = _of(spans, "comm")
     _, _, exposed, overlap = breakdown(compute, comm)
-    parts = [("data", length(_of(spans, "data"))), ("fwd", length(_of(spans, "fwd"))),
-             ("bwd", length(_of(spans, "bwd"))), ("comm", exposed), ("opt", length(_of(spans, "opt")))]
+    parts = [("data", length(_of(spans, "data"))), ("forward", length(_of(spans, "fwd"))),
+             ("backward", length(_of(spans, "bwd"))), ("exposed comm", exposed),
+             ("optimizer", length(_of(spans, "opt")))]
     total = max((e for _, e in union([(s.start_s, s.end_s) for s in spans])), default=0.0)
     rest = (iter_s or total) - sum(v for _, v in parts)
     if rest > 1e-6:
@@ -34,20 +43,11 @@ def span_parts(spans: Sequence[Span], iter_s: float | None = None) -> tuple[list
     return parts, overlap
 
 
-def step_parts(done: StepDone) -> list[tuple[str, float]]:
-    """The same breakdown from a StepDone alone (steps without spans): compute is not split by phase."""
-    compute = max(0.0, done.compute_s)
-    parts = [("data", done.data_s), ("compute", compute), ("comm", done.exposed_comm_s)]
-    rest = done.iter_s - sum(v for _, v in parts)
-    if rest > 1e-6:
-        parts.append(("other", rest))
-    return parts
-
-
-def breakdown_bar(parts: Sequence[tuple[str, float]], width: int, legend: bool = True,
+def breakdown_bar(parts: Sequence[tuple[str, float]] | Mapping[str, float], width: int, legend: bool = True,
                   scale: float | None = None) -> Text:
     """A stacked bar `width` cells wide (or `width`·sum/`scale`, to compare ranks on one scale); with `legend`,
-    a second line (`breakdown_legend`) under it."""
+    the legend under it (wrapped to `width`)."""
+    parts = list(parts.items()) if isinstance(parts, Mapping) else list(parts)
     total = max(scale or 0.0, sum(max(0.0, v) for _, v in parts))
     width = max(1, width)
     bar = Text()
@@ -59,21 +59,26 @@ def breakdown_bar(parts: Sequence[tuple[str, float]], width: int, legend: bool =
         acc += max(0.0, value)
         end = int(round(acc / total * width))
         if end > used:
-            bar.append("█" * (end - used), style=STYLES.get(kind, ""))
+            bar.append(part_glyph(kind) * (end - used), style=part_style(kind))
             used = end
     if legend:
         bar.append("\n")
-        bar.append_text(breakdown_legend(parts))
+        bar.append_text(breakdown_legend(parts, width))
     return bar
 
 
-def breakdown_legend(parts: Sequence[tuple[str, float]]) -> Text:
-    """`■ data 303 µs 2%  ■ forward 4.7 ms 37% …`"""
+def breakdown_legend(parts: Sequence[tuple[str, float]] | Mapping[str, float], width: int = 10_000,
+                     indent: str = "", note: str = "") -> Text:
+    """`░ data 303 µs 2%  █ forward 4.7 ms 37% …`, wrapped between items, never inside one (then `note`)."""
+    parts = list(parts.items()) if isinstance(parts, Mapping) else list(parts)
     total = sum(max(0.0, v) for _, v in parts) or 1.0
-    bar = Text()
+    items = []
     for kind, value in parts:
         if value <= 0:
             continue
-        bar.append("■ ", style=STYLES.get(kind, ""))
-        bar.append(f"{LABELS.get(kind, kind)} {fmt_s(value)} {value / total:.0%}  ", style="default")
-    return bar
+        item = Text(f"{part_glyph(kind)} ", style=part_style(kind))
+        item.append(f"{kind} {fmt_s(value)} {value / total:.0%}", style="default")
+        items.append(item)
+    if note:
+        items.append(Text(note, style="dim"))
+    return wrap_items(items, width, indent=indent)

@@ -21,3 +21,20 @@ def styled_runs(cells: Iterable[tuple[str, str]], prefix: Text | None = None) ->
     if run_chars:
         out.append("".join(run_chars), style=run_style or None)
     return out
+
+
+def wrap_items(items: Iterable[Text], width: int, gap: str = "  ", indent: str = "") -> Text:
+    """Items joined by `gap`, a new line (starting with `indent`) before any item that would cross `width`: a
+    legend wraps by item."""
+    out, col = Text(), 0
+    for item in items:
+        size = item.cell_len
+        if col and col + len(gap) + size > width:
+            out.append("\n" + indent)
+            col = len(indent)
+        elif col:
+            out.append(gap)
+            col += len(gap)
+        out.append_text(item)
+        col += size
+    return out

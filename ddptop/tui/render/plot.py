@@ -63,9 +63,12 @@ def short_number(v: float) -> str:
 
 def line_plot(series: Sequence[Series], markers: Sequence[Marker], width: int, height: int,
               fmt: Callable[[float], str] = short_number, x_range: tuple[float, float] | None = None,
-              y_range: tuple[float, float] | None = None) -> Text:
-    """A plot `width`×`height` cells: y labels on the left, step labels on the last row, markers as `┊`."""
-    cols, rows = max(4, width - AXIS), max(2, height - 1)
+              y_range: tuple[float, float] | None = None, end_labels: bool = True) -> Text:
+    """A plot `width`×`height` cells: y labels on the left, step labels on the last row, markers as `┊`; with
+    `end_labels`, each line's label right of its last point, so lines differ by more than colour."""
+    labelled = [s for s in series if s.points and not s.dots_only] if end_labels else []
+    right = max((len(s.label) for s in labelled), default=-1) + 1
+    cols, rows = max(4, width - AXIS - right), max(2, height - 1)
     xs = [x for s in series for x, _ in s.points] + [m.x for m in markers]
     ys = [y for s in series for _, y in s.points]
     if not xs or not ys:
@@ -89,6 +92,7 @@ def line_plot(series: Sequence[Series], markers: Sequence[Marker], width: int, h
     marker_cols = {min(cols - 1, to_x(m.x) // 2): m for m in markers if x0 <= m.x <= x1}
     lines = [_row(canvas, r, marker_cols, _y_label(r, rows, y0, y1, fmt)) for r in range(rows)]
     _label_markers(lines[0], marker_cols, cols)
+    _label_ends(lines, labelled, right, lambda y: min(rows - 1, max(0, to_y(y) // 4)))
     lines.append(_x_axis(x0, x1, cols))
     return Text("\n").join(lines)
 
@@ -130,6 +134,22 @@ def _label_markers(top: Text, marker_cols: dict, cols: int) -> None:
             taken = at + len(label) + 1
         else:
             taken = col + 1
+
+
+def _label_ends(lines: list[Text], labelled: Sequence[Series], right: int, row_of: Callable[[float], int]) -> None:
+    """Each series' label in the right margin, on the row of its last point (or the nearest free row)."""
+    if right <= 0:
+        return
+    free = set(range(len(lines)))
+    for s in labelled:
+        want = row_of(s.points[-1][1])
+        row = min(free, key=lambda r: (abs(r - want), r), default=None)
+        if row is None:
+            return
+        free.discard(row)
+        lines[row].append(" " + s.label[: right - 1].ljust(right - 1), style=s.style)
+    for row in free:
+        lines[row].append(" " * right)
 
 
 def _x_axis(x0: float, x1: float, cols: int) -> Text:

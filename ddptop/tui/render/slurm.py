@@ -7,9 +7,11 @@ from typing import Sequence
 from rich.text import Text
 
 from ddptop.events import NicStat
-from ddptop.tui.render.units import fmt_count, fmt_rate
-
-RX_STYLE, TX_STYLE = "green", "red"
+from ddptop.state.expected import formula
+from ddptop.state.views import NodeView
+from ddptop.traffic import SHARED_IFACES, not_comparable
+from ddptop.tui.render.palette import RX as RX_STYLE, TX as TX_STYLE
+from ddptop.tui.render.units import fmt_bytes, fmt_count, fmt_rate, safe
 
 
 def _heights(values: Sequence[float], top: float, rows: int) -> list[int]:
@@ -44,7 +46,7 @@ def slurm_graph(rx: Sequence[float], tx: Sequence[float], width: int, height: in
 def slurm_stats(nic: NicStat, rx: Sequence[float], tx: Sequence[float], width: int = 80) -> Text:
     """slurm's seven lines: interface, current / graph-top / overall-top speeds, packets, GB, errors."""
     rows = [
-        (f"Active Interface: {nic.iface}", "Interface Speed: unknown"),
+        (f"Active Interface: {safe(nic.iface)}", "Interface Speed: unknown"),
         (f"Current RX Speed: {fmt_rate(nic.rx_rate)}", f"Current TX Speed: {fmt_rate(nic.tx_rate)}"),
         (f"Graph Top RX Speed: {fmt_rate(max(rx, default=0.0))}", f"Graph Top TX Speed: {fmt_rate(max(tx, default=0.0))}"),
         (f"Overall Top RX Speed: {fmt_rate(nic.peak_rx_rate)}", f"Overall Top TX Speed: {fmt_rate(nic.peak_tx_rate)}"),
@@ -64,7 +66,39 @@ def slurm_stats(nic: NicStat, rx: Sequence[float], tx: Sequence[float], width: i
 
 def nic_summary_line(host: str, nic: NicStat, width: int) -> str:
     """One node in the all-nodes table: host, interface, rates, totals, packets, errors."""
-    text = (f"{host:<14.14} {nic.iface:<6.6} RX {fmt_rate(nic.rx_rate):>12} TX {fmt_rate(nic.tx_rate):>12}  "
+    text = (f"{safe(host):<14.14} {safe(nic.iface):<6.6} RX {fmt_rate(nic.rx_rate):>12} TX {fmt_rate(nic.tx_rate):>12}  "
             f"in {nic.rx_bytes / 1e9:8.3f} GB out {nic.tx_bytes / 1e9:8.3f} GB  "
             f"pkts {fmt_count(nic.rx_packets)}/{fmt_count(nic.tx_packets)}  err {nic.rx_errors + nic.tx_errors}")
     return text[:width]
+
+
+def expected_line(node: NodeView, iface: str, strategy: str, short: bool = False) -> Text:
+    """Bytes per step the node's ranks should send (the sum over them, by the formulas) beside what its NIC counted;
+    on a shared counter (lo, or one moving more than the job explains) it says why there is no comparison."""
+    nic = node.nic(iface)
+    ranks = ", ".join(map(str, node.ranks))
+    whose = f"rank{'s' if len(node.ranks) != 1 else ''} {ranks}"
+    if short:
+        out = Text("expected ", style="bold")
+        same = node.expected_tx == node.expected_rx
+        out.append(f"{fmt_bytes(node.expected_tx, 0)}/step each way" if same else
+                   f"TX {fmt_bytes(node.expected_tx, 0)} RX {fmt_bytes(node.expected_rx, 0)}/step", style=TX_STYLE)
+        out.append(f" (Σ {whose})")
+    else:
+        out = Text("per step  expected ", style="bold")
+        out.append(f"TX {fmt_bytes(node.expected_tx)} RX {fmt_bytes(node.expected_rx)}", style=TX_STYLE)
+        out.append(f" (sum over {whose}: {formula(strategy)}, S = gradient bytes)")
+    counted = nic.per_step_tx if nic is not None else None
+    why = not_comparable(iface, counted, node.expected_tx)
+    if why and short:
+        out.append(f"  NIC: no comparison ({f'{iface} shared' if iface in SHARED_IFACES else 'other traffic'})",
+                   style="dim")
+    elif why:
+        out.append(f"  NIC: no comparison: {why}", style="dim")
+    elif counted is not None:
+        out.append(f"  NIC counted TX {fmt_bytes(counted)} RX {fmt_bytes(nic.per_step_rx)}", style=RX_STYLE)
+        if node.expected_tx:
+            out.append(f" ({(counted - node.expected_tx) / node.expected_tx:+.0%})")
+    else:
+        out.append("  NIC: not enough samples yet", style="dim")
+    return out

@@ -1,62 +1,104 @@
-"""Provides the controls panel: strategy, bucket MB, async_op, batch size and Apply; inline errors and progress."""
+"""Provides the controls panel: strategy, bucket MB, async_op, batch size, lr, scale_lr and Apply; every request is
+checked here as rank 0 will check it (SyncConfig.changed), refusals inline; a preview of DDP's bucket layout."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Button, Input, Label, Select, Static, Switch
 
-from ddptop.config import STRATEGIES
-from ddptop.errors import UsageError
+from ddptop.config import STRATEGIES, SyncConfig
+from ddptop.control.commands import apply_changes
+from ddptop.errors import DdptopError, UsageError
+from ddptop.state.buckets import ddp_buckets
+from ddptop.state.session import Snapshot
 from ddptop.tui.messages import ApplyRequested
+from ddptop.tui.render.units import fmt_bytes, safe
 from ddptop.tui.widgets.number_input import NumberInput
 
-FIELDS = ("strategy", "bucket", "async", "batch", "apply")
+FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "apply")
 
 
-def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: Mapping) -> dict[str, Any]:
-    """The changes the form asks for against the config in force; UsageError (one line) for bad input."""
+def _number(text: str, kind: type, what: str) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise UsageError(f"{what} must be {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
+
+
+def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: Mapping, lr: str | None = None,
+               scale_lr: bool = False) -> tuple[dict[str, Any], SyncConfig]:
+    """(the changes the form asks for, the config they give), checked as rank 0 checks them (apply_changes and
+    SyncConfig.changed refuse a setting that means nothing for the strategy); UsageError: one line to show."""
     if strategy not in STRATEGIES:
         raise UsageError("pick a strategy")
-    try:
-        bucket_mb = float(bucket)
-    except ValueError:
-        raise UsageError(f"bucket MB must be a number, got {bucket!r}") from None
-    try:
-        batch_size = int(batch)
-    except ValueError:
-        raise UsageError(f"batch size must be a whole number, got {batch!r}") from None
-    if not 0 < bucket_mb <= 4096:
-        raise UsageError(f"bucket MB must be in (0, 4096], got {bucket_mb:g}")
-    if batch_size <= 0:
-        raise UsageError(f"batch size must be at least 1, got {batch_size}")
-    wanted = {"strategy": strategy, "bucket_mb": bucket_mb, "async_op": bool(async_op), "batch_size": batch_size}
+    wanted = {"strategy": strategy, "bucket_mb": _number(bucket, float, "bucket MB"), "async_op": bool(async_op),
+              "batch_size": _number(batch, int, "batch size")}
+    if lr is not None:
+        wanted["lr"] = _number(lr, float, "learning rate")
     changes = {k: v for k, v in wanted.items() if current.get(k) != v}
+    if wanted["async_op"] and "strategy" in changes:  # asked for with a new strategy: rank 0 would judge it, so do we
+        changes["async_op"] = True
     if not changes:
         raise UsageError("nothing to change: that is the config in force")
-    return changes
+    if scale_lr:
+        changes["scale_lr"] = True
+    try:
+        base = SyncConfig(**{k: v for k, v in current.items() if k in SyncConfig.__dataclass_fields__})
+    except (DdptopError, TypeError):
+        base = SyncConfig()
+    return changes, apply_changes(base, changes)
+
+
+def bucket_preview(snap: Snapshot | None, bucket_mb: float) -> Text:
+    """Gradient size and the buckets `bucket_mb` will give (DDP's reverse order), from the run's layer sizes."""
+    run = snap.run if snap else None
+    if run is None or not run.layers:
+        return Text("bucket layout: waiting for rank 0 to describe the model", style="dim")
+    per_param = run.param_bytes / run.param_count if run.param_count else 4.0
+    buckets = ddp_buckets(run.layers, per_param, bucket_mb)
+    out = Text(f"gradients {fmt_bytes(run.param_bytes)} in {run.param_tensors} tensors; at {bucket_mb:g} MB DDP "
+               f"makes about {len(buckets)} bucket{'s' if len(buckets) != 1 else ''}", style="bold")
+    if len(buckets) == 1:
+        out.append(" (everything in one: no overlap with the backward pass is possible)", style="bold")
+    out.append(", all-reduced in this order (the last layers first):")
+    for i, b in enumerate(buckets[:8]):
+        out.append(f"\n  bucket {i}: {fmt_bytes(b.nbytes)}  {safe(b.span())}")
+    if len(buckets) > 8:
+        out.append(f"\n  … {len(buckets) - 8} more")
+    out.append("\n  (DDP's first step after a switch sends one bucket of everything; the timeline shows the real "
+               "buckets)", style="dim")
+    return out
 
 
 class ControlsPanel(VerticalScroll, can_focus=False):
     DEFAULT_CSS = """
     ControlsPanel { height: 1fr; padding: 0 1; }
-    ControlsPanel Horizontal { height: auto; margin-bottom: 1; }
-    ControlsPanel #intro { margin-bottom: 1; }
-    ControlsPanel Label { width: 14; }
+    ControlsPanel Horizontal { height: auto; }
+    ControlsPanel #intro { margin-bottom: 0; }
+    ControlsPanel Label { width: 16; }
+    ControlsPanel .hint { width: auto; color: $text-muted; margin-left: 2; }
     ControlsPanel Input { width: 16; }
+    ControlsPanel Input:focus { background: $accent; color: $text; text-style: bold; }
     ControlsPanel Switch { border: none; height: 1; padding: 0; }
-    ControlsPanel #async-text { width: 4; margin-left: 1; }
-    ControlsPanel Select { width: 24; }
-    ControlsPanel #status { height: auto; margin-top: 1; }
+    ControlsPanel Switch:focus { background: $accent; }
+    ControlsPanel Select { width: 24; height: auto; }
+    ControlsPanel Select:focus > SelectCurrent { background: $accent; text-style: bold; }
+    ControlsPanel Button:focus { text-style: bold reverse; }
+    ControlsPanel .switch-text { width: 4; margin-left: 1; }
+    ControlsPanel #status { height: auto; }
     ControlsPanel #status.error { color: $error; }
     ControlsPanel #status.ok { color: $success; }
+    ControlsPanel #preview, ControlsPanel #buckets { height: auto; margin-top: 1; }
     """
     BINDINGS = [Binding("up", "app.focus_previous", "Previous field", show=False),
-                Binding("down", "app.focus_next", "Next field", show=False)]
+                Binding("down", "app.focus_next", "Next field", show=False),
+                Binding("escape", "leave", "Leave the field", show=False)]
 
     status: reactive[str] = reactive("")
     """Inline outcome: an error, pending, or applied at step k."""
@@ -67,46 +109,79 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         super().__init__(**kwargs)
         self.enabled = enabled
         self.current: dict[str, Any] = {}
+        self.snapshot: Snapshot | None = None
         self._shown_segment: int | None = None
 
     def compose(self) -> ComposeResult:
         disabled = not self.enabled
         yield Static("Replay: the controls are disabled; they act on a live job." if disabled else
-                     "Change the running job; every rank switches at the same step.", id="intro")
-        with Horizontal():
-            yield Label("strategy")
-            yield Select([(s, s) for s in STRATEGIES], allow_blank=False, value="ddp", id="strategy",
-                         disabled=disabled, compact=True)
-        with Horizontal():
-            yield Label("bucket MB")
-            yield NumberInput("25", id="bucket", disabled=disabled, compact=True)
-        with Horizontal():
-            yield Label("async_op")
-            yield Switch(False, id="async", disabled=disabled, animate=False)
-            yield Static("off", id="async-text")
-        with Horizontal():
-            yield Label("batch size")
-            yield NumberInput("64", id="batch", disabled=disabled, compact=True)
+                     "Change the running job; every rank switches at the same step. tab / ↑↓ move between fields, "
+                     "enter applies; what you type goes to the highlighted field (esc leaves it).", id="intro")
+        yield Static("", id="status")  # above the form: the outcome stays in sight at 80×24
+        rows = (("strategy", Select([(s, s) for s in STRATEGIES], allow_blank=False, value="ddp", id="strategy",
+                                    disabled=disabled, compact=True), ""),
+                ("bucket MB", NumberInput("25", id="bucket", disabled=disabled, compact=True), "ddp only"),
+                ("async_op", Switch(False, id="async", disabled=disabled, animate=False), "allreduce only"),
+                ("batch size", NumberInput("64", id="batch", disabled=disabled, compact=True), "per rank"),
+                ("lr", NumberInput("0.1", id="lr", disabled=disabled, compact=True), "learning rate"),
+                ("scale_lr", Switch(False, id="scale", disabled=disabled, animate=False),
+                 "lr follows the batch size (linear scaling) unless lr is changed too"))
+        for label, field, hint in rows:
+            with Horizontal():
+                yield Label(label)
+                yield field
+                if isinstance(field, Switch):
+                    yield Static("off", id=f"{field.id}-text", classes="switch-text")
+                yield Static(hint, classes="hint")
         yield Button("Apply", id="apply", variant="primary", disabled=disabled, compact=True)
-        yield Static("", id="status")
+        yield Static("", id="preview")
+        yield Static("", id="buckets")
 
-    def show_config(self, config: Mapping, segment: int) -> None:
+    def show_config(self, snap: Snapshot) -> None:
         """Fill the form with the config in force when a new segment starts (not while the user edits)."""
+        self.snapshot = snap
+        config = snap.config
         self.current = dict(config)
-        if segment == self._shown_segment or not config:
+        if snap.segment == self._shown_segment or not config:
             return
-        self._shown_segment = segment
+        self._shown_segment = snap.segment
         self.query_one("#strategy", Select).value = config.get("strategy", "ddp")
         self.query_one("#bucket", Input).value = f"{config.get('bucket_mb', 25):g}"
         self.query_one("#async", Switch).value = bool(config.get("async_op"))
         self.query_one("#batch", Input).value = str(config.get("batch_size", 64))
+        self.query_one("#lr", Input).value = f"{config.get('lr', 0.1):g}"
+        self.refresh_preview()
 
-    def read(self, current: Mapping) -> dict[str, Any]:
-        return parse_form(self.query_one("#strategy", Select).value, self.query_one("#bucket", Input).value,
-                          self.query_one("#async", Switch).value, self.query_one("#batch", Input).value, current)
+    def read(self, current: Mapping) -> tuple[dict[str, Any], SyncConfig]:
+        q = self.query_one
+        return parse_form(q("#strategy", Select).value, q("#bucket", Input).value, q("#async", Switch).value,
+                          q("#batch", Input).value, current, q("#lr", Input).value, q("#scale", Switch).value)
+
+    def refresh_preview(self) -> None:
+        """What Apply would send, checked now; and for DDP the bucket layout the size gives."""
+        preview, buckets = self.query_one("#preview", Static), self.query_one("#buckets", Static)
+        if not self.enabled or not self.current:
+            preview.update("")
+        else:
+            try:
+                changes, config = self.read(self.current)
+                preview.update(Text(f"Apply sends {changes}: the job will run {config.describe()} lr={config.lr:g}",
+                                    style="dim"))
+            except UsageError as exc:
+                preview.update(Text(str(exc), style="dim"))
+        try:
+            bucket_mb = float(self.query_one("#bucket", Input).value)
+        except ValueError:
+            bucket_mb = 0.0
+        strategy = self.query_one("#strategy", Select).value
+        buckets.update(bucket_preview(self.snapshot, bucket_mb) if strategy == "ddp" and bucket_mb > 0 else "")
+
+    def action_leave(self) -> None:
+        """Out of the form: digits switch panels again."""
+        self.app.set_focus(None)
 
     def watch_status(self, text: str) -> None:
-        self.query_one("#status", Static).update(text)
+        self.query_one("#status", Static).update(safe(text))
 
     def watch_status_kind(self, kind: str) -> None:
         status = self.query_one("#status", Static)
@@ -114,7 +189,16 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         status.set_class(kind == "ok", "ok")
 
     def on_switch_changed(self, event: Switch.Changed) -> None:
-        self.query_one("#async-text", Static).update("on" if event.value else "off")
+        self.query_one(f"#{event.switch.id}-text", Static).update("on" if event.value else "off")
+        self.refresh_preview()
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.value != "allreduce":  # async_op is allreduce's: leaving it turns it off (as SyncConfig.changed)
+            self.query_one("#async", Switch).value = False
+        self.refresh_preview()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.refresh_preview()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "apply":
@@ -130,7 +214,7 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         if not self.enabled:
             return
         try:
-            changes = self.read(self.current)
+            changes, _ = self.read(self.current)
         except UsageError as exc:
             self.status, self.status_kind = str(exc), "error"
             return

@@ -1,4 +1,5 @@
-"""Provides the status header: model, data, ranks, hosts, config in force, step, img/s, recording, rank source."""
+"""Provides the status header: the run state first (it never scrolls or truncates away), then progress, rate,
+ddptop's own cost and the recording; the config in force and the job; the newest warning, action or notice."""
 
 from __future__ import annotations
 
@@ -6,23 +7,36 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from ddptop import tables
 from ddptop.state.session import Snapshot
-from ddptop.tui.render.units import fmt_bytes
+from ddptop.tui.render.palette import STATES, VERMILLION
+from ddptop.tui.render.units import fmt_bytes, fmt_s, safe
 
 
-def _config_text(config, wide: bool) -> str:
-    if not config:
-        return "config: -"
-    if not wide:
-        return (f"{config.get('strategy')} {config.get('bucket_mb', 0):g}MB async {'on' if config.get('async_op') else 'off'}"
-                f" b{config.get('batch_size')} lr {config.get('lr', 0):g}")
-    return (f"{config.get('strategy')}  bucket {config.get('bucket_mb', 0):g} MB  "
-            f"async_op {'on' if config.get('async_op') else 'off'}  batch {config.get('batch_size')}/rank  "
-            f"lr {config.get('lr', 0):g}")
+def run_state(snap: Snapshot, mode: str, replay: dict | None) -> tuple[str, str]:
+    """(word, style): live `running`/`paused`/`finished`; a replay says its own transport and the job's state."""
+    state = snap.run_state
+    if mode != "replay":
+        return state, STATES.get(state, "dim")
+    if not replay:
+        return f"replay · {state}", "dim"
+    playing = f"▶ playing {replay.get('speed', 1):g}×" if replay.get("playing") else "⏸ paused"
+    return f"{playing} · job {state}", STATES.get(state, "dim")
+
+
+def own_cost(snap: Snapshot) -> str:
+    """ddptop's own time on the training thread, mean over running ranks' recent steps, and its share."""
+    figures = [snap.recent(r) for r in snap.running]
+    figures = [f for f in figures if f.steps]
+    if not figures:
+        return ""
+    own = sum(f.own_s for f in figures) / len(figures)
+    step = sum(f.step_s for f in figures) / len(figures)
+    return f"ddptop {fmt_s(own)} {own / step:.1%} of a step" if step > 0 and own > 0 else ""  # 0: an older file
 
 
 class StatusHeader(Widget):
-    """Three lines: what runs where, the config in force and progress, and the newest notice or action."""
+    """Three lines: state and progress; the config in force and the job; the newest warning, action or notice."""
 
     DEFAULT_CSS = """
     StatusHeader { height: 3; background: $panel; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
@@ -32,6 +46,8 @@ class StatusHeader(Widget):
     """The session as of the last tick."""
     action: reactive[str] = reactive("")
     """What the app is doing on the user's behalf (stopping, a control answer)."""
+    replay: reactive[dict] = reactive(dict, always_update=True)
+    """A replay's transport status (playing, speed, step)."""
 
     def __init__(self, mode: str, recording: str | None, total_steps: int = 0, **kwargs):
         super().__init__(**kwargs)
@@ -41,32 +57,63 @@ class StatusHeader(Widget):
         snap = self.snapshot or Snapshot()
         wide = self.size.width >= 120
         out = Text(no_wrap=True, overflow="ellipsis")
-        out.append(" LIVE " if self.mode == "live" else " REPLAY ", style="bold reverse green" if self.mode == "live"
-                   else "bold reverse cyan")
-        run = snap.run
-        params = f"{run.param_count / 1e6:.2f}M" if run and run.param_count >= 1e6 else f"{(run.param_count if run else 0) / 1e3:.0f}k"
-        what = ((f" {run.model} ({params} params, {fmt_bytes(run.param_bytes)} of gradients) on {run.dataset}" if wide
-                 else f" {run.model} {params} on {run.dataset}") if run else " waiting for rank 0 to describe the run")
-        out.append(what, style="bold")
-        hosts = snap.hosts
-        out.append(f" · {snap.world_size} ranks on {len(hosts)} host{'s' if len(hosts) != 1 else ''}"
-                   f" ({', '.join(hosts[:4])}{'…' if len(hosts) > 4 else ''}) · {'found by ' if wide else ''}"
-                   f"{snap.rank_source}")
-        out.append(" · rec ")
-        out.append("● " + self.recording if self.recording else "off", style="red" if self.recording else "dim")
+        out.append_text(self._first_line(snap, wide))
         out.append("\n")
-        out.append(_config_text(snap.config, wide), style="yellow")
-        steps = self.total_steps or getattr(snap.run, "total_steps", 0)  # replays: the recorded run's plan
-        total = f"/{steps}" if steps else ""
-        segment = snap.segments[-1].index if snap.segments else 0
-        sweep = getattr(snap.run, "sweep_segments", 0)  # a profile's sweep: which configuration of how many
-        progress = f" · sweep {min(segment + 1, sweep)}/{sweep}" if sweep else ""
-        out.append(f" · {'segment' if wide else 'seg'} {segment}{progress} · step {snap.step}{total}"
-                   f" {'epoch' if wide else 'ep'} {snap.epoch} · {snap.images_per_s:,.0f} img/s · ")
-        stepping = any(r.last for r in snap.ranks)
-        state = "finished" if snap.finished else "paused" if snap.paused else "running" if stepping else "starting"
-        out.append(state, style={"running": "green", "paused": "yellow", "finished": "cyan"}.get(state, "dim"))
+        out.append_text(self._second_line(snap, wide))
         out.append("\n")
-        last = self.action or (snap.notices[-1] if snap.notices else "")
-        out.append(last, style="bold" if self.action else "dim")
+        out.append_text(self._third_line(snap))
         return out
+
+    def _first_line(self, snap: Snapshot, wide: bool) -> Text:
+        out = Text()
+        live = self.mode != "replay"
+        out.append(" LIVE " if live else " REPLAY ", style="bold reverse " + ("#009E73" if live else "#56B4E9"))
+        word, style = run_state(snap, self.mode, self.replay)
+        out.append(f" {word}", style=f"bold {style}")
+        steps = self.total_steps or getattr(snap.run, "total_steps", 0)  # replays: the recorded run's plan
+        out.append(f" · step {snap.step}{f'/{steps}' if steps else ''} · {'epoch ' if wide else 'ep '}{snap.epoch}")
+        sweep = getattr(snap.run, "sweep_segments", 0)  # a profile's sweep: which configuration of how many
+        out.append(f" · segment {snap.segment}" + (f" (sweep {min(snap.segment + 1, sweep)}/{sweep})" if sweep else ""))
+        if snap.paused and live:
+            out.append(" · img/s paused", style="yellow")
+        elif not snap.finished:
+            out.append(f" · {snap.images_per_s:,.0f} img/s")
+        cost = own_cost(snap)
+        if cost and wide and not snap.finished:
+            out.append(f" · {cost}")
+        out.append(" · ")
+        out.append_text(self._recording())
+        return out
+
+    def _recording(self) -> Text:
+        if self.mode == "replay":
+            return Text(f"file {self.recording}" if self.recording else "file", style="dim")
+        if self.recording:
+            return Text(f"rec ● {safe(self.recording)}", style=VERMILLION)
+        return Text("rec off", style="dim")
+
+    def _second_line(self, snap: Snapshot, wide: bool) -> Text:
+        out = Text()
+        config = snap.config
+        out.append(safe(tables.describe(config)) if config else "config: -", style="bold #F0E442")
+        run = snap.run
+        if run is None:
+            out.append(" · waiting for rank 0 to describe the run", style="dim")
+        else:
+            params = f"{run.param_count / 1e6:.2f}M" if run.param_count >= 1e6 else f"{run.param_count / 1e3:.0f}k"
+            out.append(f" · {safe(run.model)} ({params} params, {fmt_bytes(run.param_bytes)} of gradients) on "
+                       f"{safe(run.dataset)}" if wide else f" · {safe(run.model)} on {safe(run.dataset)}")
+        hosts = snap.hosts
+        out.append(f" · {snap.world_size} ranks on {len(hosts)} host{'s' if len(hosts) != 1 else ''}")
+        if wide:
+            out.append(f" ({safe(', '.join(hosts[:4]))}{'…' if len(hosts) > 4 else ''}) · found by "
+                       f"{safe(snap.rank_source)}")
+        return out
+
+    def _third_line(self, snap: Snapshot) -> Text:
+        if snap.diverged:
+            return Text(f"⚠ {safe(snap.diverged[-1].describe())}", style=f"bold {VERMILLION}")
+        if self.action:
+            return Text(safe(self.action), style="bold")
+        return Text(safe(snap.notices[-1]) if snap.notices else "", style="dim")
+

@@ -7,19 +7,18 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from ddptop.state.session import Snapshot
-from ddptop.tui.render.plot import Marker, Series, line_plot
+from ddptop.tui.render.cells import wrap_items
+from ddptop.tui.render.overview import markers as _markers
+from ddptop.tui.render.palette import MARKER, series_style
+from ddptop.tui.render.plot import Series, line_plot
 from ddptop.tui.render.units import fmt_s
 
-RANK_STYLES = ("cyan", "green", "magenta", "blue", "bright_cyan", "bright_green", "bright_magenta", "bright_blue")
-
-
-def _markers(snap: Snapshot) -> list[Marker]:
-    return [Marker(s.step, s.label()) for s in snap.segments if s.who != "start" or s.index > 0]
+MEAN_STYLE = "bold"  # the terminal's own foreground: the mean stands apart from every rank's colour
 
 
 class LossPanel(Widget, can_focus=True):
     DEFAULT_CSS = """
-    LossPanel { height: 1fr; min-height: 14; padding: 0 1; }
+    LossPanel { height: 1fr; min-height: 20; padding: 0 1; }
     """
 
     snapshot: reactive[Snapshot | None] = reactive(None)
@@ -36,19 +35,18 @@ class LossPanel(Widget, can_focus=True):
         loss_h = max(4, (height - 3) * 5 // 10)
         iter_h = max(3, (height - 3) * 3 // 10)
         acc_h = max(3, height - 3 - loss_h - iter_h)
-        ranks = [Series(f"r{r}", RANK_STYLES[r % len(RANK_STYLES)], [(d.step, d.loss) for d in h])
-                 for r, h in snap.history.items()]
-        mean = Series("mean", "bold white", snap.mean_loss())
-        out = self._title("loss", [(s.label, s.style) for s in ranks] + [("mean", "bold white")])
+        ranks = [Series(f"r{r}", series_style(r), [(d.step, d.loss) for d in h]) for r, h in snap.history.items()]
+        mean = Series("mean", MEAN_STYLE, snap.mean_loss())
+        out = self._title("loss", [(s.label, s.style) for s in ranks] + [("mean", MEAN_STYLE)])
         out.append_text(line_plot(ranks + [mean], markers, width, loss_h, x_range=x_range))
-        iters = [Series(f"r{r}", RANK_STYLES[r % len(RANK_STYLES)], [(d.step, d.iter_s) for d in h])
+        iters = [Series(f"r{r}", series_style(r), [(d.step, d.iter_s) for d in h if not d.sampled])
                  for r, h in snap.history.items()]
         out.append("\n")
-        out.append_text(self._title("iteration time", [(s.label, s.style) for s in iters]))
+        out.append_text(self._title("step time (sampled steps left out)", [(s.label, s.style) for s in iters]))
         out.append_text(line_plot(iters, markers, width, iter_h, fmt=fmt_s, x_range=x_range, y_range=(0.0, max(
             (y for s in iters for _, y in s.points), default=1.0))))
         out.append("\n")
-        acc = Series("accuracy", "bold green", [(p.step, p.accuracy * 100) for p in snap.evals], dots_only=True)
+        acc = Series("accuracy", series_style(2), [(p.step, p.accuracy * 100) for p in snap.evals], dots_only=True)
         last = f" (last {snap.evals[-1].accuracy:.0%}, loss {snap.evals[-1].test_loss:.4f})" if snap.evals else ""
         out.append_text(self._title(f"test accuracy %{last}", []))
         out.append_text(line_plot([acc], markers, width, acc_h, fmt=lambda v: f"{v:.0f}%", x_range=x_range,
@@ -56,9 +54,10 @@ class LossPanel(Widget, can_focus=True):
         return out
 
     def _title(self, name: str, legend: list[tuple[str, str]]) -> Text:
-        out = Text(name, style="bold")
+        items = [Text(name, style="bold")]
         for label, style in legend:
-            out.append("  ━ ", style=style)
-            out.append(label)
-        out.append("   ┊ config change\n", style="yellow")
+            items.append(Text("━ ", style=style).append(label, style="default"))
+        items.append(Text("┊ config change", style=MARKER))
+        out = wrap_items(items, max(30, self.size.width))
+        out.append("\n")
         return out

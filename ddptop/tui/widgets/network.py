@@ -8,24 +8,23 @@ from textual.binding import Binding
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from ddptop.state.expected import formula
 from ddptop.state.session import Snapshot
 from ddptop.state.views import NodeView
-from ddptop.tui.render.slurm import nic_summary_line, slurm_graph, slurm_stats
-from ddptop.tui.render.units import fmt_bytes
+from ddptop.tui.render.slurm import expected_line, nic_summary_line, slurm_graph, slurm_stats
+from ddptop.tui.render.units import safe
 
 STATS_ROWS = 7
 
 
 class NetworkPanel(Widget, can_focus=True):
     DEFAULT_CSS = """
-    NetworkPanel { height: 1fr; min-height: 16; padding: 0 1; }
+    NetworkPanel { height: auto; padding: 0 1; }
     """
     BINDINGS = [Binding("up", "node(-1)", "Node ↑", show=False), Binding("down", "node(1)", "Node ↓", show=False),
                 Binding("left", "iface(-1)", "Interface ←", show=False),
                 Binding("right", "iface(1)", "Interface →", show=False)]
 
-    snapshot: reactive[Snapshot | None] = reactive(None)
+    snapshot: reactive[Snapshot | None] = reactive(None, layout=True)
     """The session as of the last tick."""
     node: reactive[int] = reactive(0)
     """Index of the node shown."""
@@ -40,43 +39,38 @@ class NetworkPanel(Widget, can_focus=True):
         return sorted(node.nics)
 
     def render(self) -> Text:
-        node, width, height = self._node(), max(20, self.size.width), max(10, self.size.height)
+        node, width = self._node(), max(20, self.size.width)
         if node is None or not node.nics:
             return Text("waiting for the first system sample of each node", style="dim")
         iface = self.iface if self.iface in node.nics else node.job_iface
         nic = node.nic(iface)
         nodes = self.snapshot.nodes
         out = self._title(node, iface)
-        summary_rows = len(nodes) + 1 if len(nodes) > 1 or height >= 30 else 0
-        graph_rows = max(3, height - STATS_ROWS - 4 - summary_rows)
+        summary_rows = len(nodes) + 2
+        visible = self.screen.size.height - 8  # header, tabs, footer (and a replay's bar): the graph fills the view,
+        graph_rows = max(5, visible - STATS_ROWS - 6 - summary_rows)  # the all-nodes table below may scroll
         out.append("\n")
         out.append_text(slurm_graph(nic.rx_history, nic.tx_history, width, graph_rows))
         out.append("\n")
         out.append_text(slurm_stats(nic.stat, nic.rx_history, nic.tx_history, width))
         out.append("\n")
         out.append_text(self._expected(node, iface))
-        if summary_rows:
-            out.append("\nall nodes\n", style="bold")
-            out.append("\n".join(nic_summary_line(n.host, (n.nic() or nic).stat, width) for n in nodes))
+        out.append("\n\nall nodes (their job interfaces)\n", style="bold")
+        out.append("\n".join(nic_summary_line(safe(n.host), (n.nic() or nic).stat, width) for n in nodes))
         return out
 
     def _title(self, node: NodeView, iface: str) -> Text:
-        out = Text(f"node {node.host} (ranks {', '.join(map(str, node.ranks))})  ", style="bold")
+        out = Text(f"node {safe(node.host)} (ranks {', '.join(map(str, node.ranks))})  ", style="bold")
         out.append("interface ")
         for name in self._ifaces(node):
             style = "bold reverse" if name == iface else ""
-            out.append(f" {name}{'*' if name == node.job_iface else ''} ", style=style)
+            out.append(f" {safe(name)}{'*' if name == node.job_iface else ''} ", style=style)
         out.append("   ↑↓ node  ←→ interface  (* carries the job)", style="dim")
         return out
 
     def _expected(self, node: NodeView, iface: str) -> Text:
         config = self.snapshot.config if self.snapshot else {}
-        nic = node.nic(iface)
-        out = Text("per step  expected ", style="bold")
-        out.append(f"TX {fmt_bytes(node.expected_tx)} RX {fmt_bytes(node.expected_rx)}", style="yellow")
-        out.append(f" ({formula(config.get('strategy', '?'))}, S = gradient bytes)  NIC counted ")
-        out.append(f"TX {fmt_bytes(nic.per_step_tx)} RX {fmt_bytes(nic.per_step_rx)}", style="cyan")
-        return out
+        return expected_line(node, iface, str(config.get("strategy", "?")))
 
     def action_node(self, delta: int) -> None:
         count = len(self.snapshot.nodes) if self.snapshot else 0
@@ -105,7 +99,7 @@ class NetworkPanel(Widget, can_focus=True):
                 if 0 <= start <= x < start + len(name) + 2:
                     self.iface = name
             return
-        first_summary = self.size.height - len(self.snapshot.nodes)
+        first_summary = self.size.height - len(self.snapshot.nodes)  # the all-nodes table ends the panel
         if event.y >= first_summary:
             self.node = event.y - first_summary
             self.iface = None

@@ -11,9 +11,9 @@ from textual.widget import Widget
 
 from ddptop.state.session import Snapshot
 from ddptop.tui.messages import RankChosen
-from ddptop.tui.render.breakdown import breakdown_bar, breakdown_legend, step_parts
+from ddptop.tui.render.breakdown import OTHER_NOTE, breakdown_bar, breakdown_legend, step_parts
 from ddptop.tui.render.tables import ranks_table
-from ddptop.tui.render.units import fmt_s
+from ddptop.tui.render.units import fmt_s, safe
 
 
 class RanksPanel(Widget, can_focus=True):
@@ -35,18 +35,20 @@ class RanksPanel(Widget, can_focus=True):
         bar_width = max(10, width - 16)
         scale = max((r.last.iter_s for r in snap.ranks if r.last), default=0.0)
         if snap.ranks:
-            parts.append(Text("latest step of each rank: data · compute · exposed comm · other", style="bold"))
+            parts.append(Text("latest step of each rank, by part (they add up to its step time; * a sampled step)",
+                              style="bold"))
         for r in snap.ranks:
             if r.last:
                 line = Text(f"r{r.rank:<3}", style="bold")
                 line.append_text(breakdown_bar(step_parts(r.last), bar_width, legend=False, scale=scale))
-                line.append(f" {fmt_s(r.last.iter_s)}")
+                line.append(f" {fmt_s(r.last.iter_s)}{'*' if r.last.sampled else ''}")
                 parts.append(line)
-        latest = next((r.last for r in snap.ranks if r.last), None)
-        if latest:
-            parts.append(Text("    ").append_text(breakdown_legend(step_parts(latest))))
+        slowest = max((r.last for r in snap.ranks if r.last), key=lambda d: d.iter_s, default=None)
+        if slowest:
+            parts.append(Text("    ").append_text(breakdown_legend(step_parts(slowest), width - 4)))
+            parts.append(Text("    " + OTHER_NOTE, style="dim"))
         if snap.notices:
-            parts += [Text(""), Text("events", style="bold")] + [Text(n, style="dim") for n in snap.notices[-6:]]
+            parts += [Text(""), Text("events", style="bold")] + [Text(safe(n), style="dim") for n in snap.notices[-12:]]
         return Group(*parts)
 
     def action_move(self, delta: int) -> None:

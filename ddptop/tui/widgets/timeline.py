@@ -8,20 +8,21 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from ddptop.state.session import Snapshot
-from ddptop.tui.render.breakdown import breakdown_bar, span_parts
+from ddptop.tui.render.breakdown import OTHER_NOTE, breakdown_bar, span_parts, step_parts
 from ddptop.tui.render.gantt import gantt
 from ddptop.tui.render.units import fmt_s
 
 
 class TimelinePanel(Widget, can_focus=True):
     DEFAULT_CSS = """
-    TimelinePanel { height: 1fr; padding: 0 1; }
+    TimelinePanel { height: auto; min-height: 100%; padding: 0 1; }
     """
     BINDINGS = [Binding("left", "step(-1)", "Step ←", show=False), Binding("right", "step(1)", "Step →", show=False),
                 Binding("up", "rank(-1)", "Rank ↑", show=False), Binding("down", "rank(1)", "Rank ↓", show=False),
-                Binding("home", "first", "First step", show=False), Binding("end", "latest", "Latest", show=False)]
+                Binding("less_than_sign", "first", "First step", show=False),
+                Binding("greater_than_sign", "latest", "Latest", show=False)]
 
-    snapshot: reactive[Snapshot | None] = reactive(None)
+    snapshot: reactive[Snapshot | None] = reactive(None, layout=True)
     """The session as of the last tick."""
     rank: reactive[int] = reactive(0)
     """The rank shown."""
@@ -41,30 +42,36 @@ class TimelinePanel(Widget, can_focus=True):
         return self.step if self.step in steps else steps[-1]
 
     def render(self) -> Text:
-        step, width, height = self.shown_step(), max(30, self.size.width), max(8, self.size.height)
+        step, width = self.shown_step(), max(30, self.size.width)
         spans = self.snapshot.spans.get(self.rank, step) if step is not None else None
-        key = (self.rank, step, self.step is None, width, height, id(spans), len(self._steps()))
+        key = (self.rank, step, self.step is None, width, id(spans), len(self._steps()))
         if key != self._key:  # the chart changes every --span-every steps, not every tick
-            self._key, self._text = key, self._draw(step, width, height)
+            self._key, self._text = key, self._draw(step, width)
         return self._text
 
-    def _draw(self, step: int | None, width: int, height: int) -> Text:
+    def _draw(self, step: int | None, width: int) -> Text:
         if step is None:
             return Text(f"rank {self.rank}: no sampled step yet (per-layer spans come every --span-every steps)",
                         style="dim")
         spans = self.snapshot.spans.get(self.rank, step)
         done = next((d for d in self.snapshot.history.get(self.rank, ()) if d.step == step), None)
         iter_s = done.iter_s if done else None
-        parts, overlap = span_parts(spans.spans, iter_s)
+        if done is not None:  # the step's own figures (ddptop.metrics): the bar adds up to its step time
+            parts, overlap = step_parts(done), done.overlap
+        else:
+            parts, overlap = span_parts(spans.spans, iter_s)
         steps = self._steps()
-        out = Text(f"rank {self.rank} · step {step} · segment {spans.segment}", style="bold")
-        out.append(f" · iter {fmt_s(iter_s)} · overlap {overlap:.0%}")
+        out = Text(f"rank {self.rank} · sampled step {step} · segment {spans.segment}", style="bold")
+        out.append(f" · step time {fmt_s(iter_s)} · overlap {overlap:.0%}")
         follow = " (following the latest)" if self.step is None else ""
-        out.append(f" · sampled steps {steps[0]}…{steps[-1]}{follow}   ←→ step ↑↓ rank home/end", style="dim")
+        out.append(f" · sampled steps {steps[0]}…{steps[-1]}{follow}   ←→ step ↑↓ rank < > first/latest", style="dim")
         out.append("\n")
         out.append_text(breakdown_bar(parts, width))
         out.append("\n")
-        out.append_text(gantt(spans.spans, width, height - 4, iter_s))
+        out.append(f"a sampled step: layer hooks ran, so it is slower than the others (time figures leave it out). "
+                   f"{OTHER_NOTE}; wait: blocked on an async handle (not communication)", style="dim")
+        out.append("\n")
+        out.append_text(gantt(spans.spans, width, None, iter_s))
         return out
 
     def action_step(self, delta: int) -> None:

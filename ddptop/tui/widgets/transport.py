@@ -26,16 +26,17 @@ def current_segment(status: dict) -> int:
 
 
 def status_line(status: dict) -> str:
-    """`▶ 2× step 120/400 t 3.1/7.2s seg 2/4`."""
+    """`▶ 2× step 120/400 t 3.1/7.2s segment 2 of 0–3`: steps done and segments counted as the header does."""
     if not status:
         return ""
     mark = "▶" if status.get("playing") else "⏸"
     segments = status.get("segments") or []
     step = status.get("step")
     current = current_segment(status)
-    return (f"{mark} {status.get('speed', 1):g}× step {'-' if step is None else step}/{status.get('step_end') or 0} "
-            f"t {status.get('t', 0):.1f}/{status.get('t_end', 0):.1f}s seg {current + 1 if segments else 0}"
-            f"/{len(segments)}")
+    end = status.get("step_end")  # counted as the header counts: steps done (the newest step's index + 1)
+    return (f"{mark} {status.get('speed', 1):g}× step {0 if step is None else step + 1}/{0 if end is None else end + 1} "
+            f"t {status.get('t', 0):.1f}/{status.get('t_end', 0):.1f}s segment {current if segments else 0}"
+            f" of 0–{max(0, len(segments) - 1)}")
 
 
 class TransportBar(Horizontal):

@@ -1,0 +1,150 @@
+"""Provides the one front pipeline: `Feed(source, sinks)` hands every event to the shared SessionState and the sinks.
+
+    source (LiveSource | ReplaySource) ─▶ Feed ─▶ SharedState (SessionState) ─▶ listeners (headless printer)
+                                              └▶ sinks (the recording)       └▶ snapshots (the screen)
+
+The screen, the headless run, `ddptop attach` and the collector under torchrun/Slurm all use it. Live, it runs
+on a thread of its own, so a slow terminal or a redraw never delays the recording; over a replay the screen
+drives it from its timer (seeks happen between two pumps, never inside one).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from ddptop.events import Event, Source
+from ddptop.state.session import SessionState, Snapshot
+
+POLL_S = 0.2  # the collector thread polls the store every 0.2 s too: events never wait longer than that twice
+
+
+class Sink(Protocol):
+    def handle(self, events: list[Event]) -> None: ...
+
+
+class SharedState:
+    """The one SessionState of a front, behind a lock: the feed applies events, readers take frozen snapshots.
+
+    Listeners (the headless printer) get each event right after it is applied, so what they read is the state as
+    of that event, however the events were batched (a live run and its replay print the same lines)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.state = SessionState()
+        self.listeners: list[Callable[[list[Event]], None]] = []
+
+    def handle(self, events: list[Event]) -> None:
+        with self._lock:
+            if not self.listeners:
+                self.state.apply_all(events)
+                return
+            for event in events:
+                self.state.apply(event)
+                for listener in self.listeners:
+                    listener([event])
+
+    def reset(self) -> None:
+        """A replay seeked: what comes next is the history up to the new position."""
+        with self._lock:
+            self.state = SessionState()
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return self.state.snapshot()
+
+
+class Feed:
+    """source → SharedState and sinks, in order, each event once. `job` (a LocalJob or AttachedJob) adds its lost
+    ranks and is supervised on every pump, so nothing depends on who is watching."""
+
+    def __init__(self, source: Source | None, sinks: Sequence[Sink] = (), job: Any = None,
+                 state: SharedState | None = None, interval_s: float = POLL_S):
+        self.source, self.job, self.interval_s = source, job, interval_s
+        self.state = state or SharedState()
+        self.sinks = list(sinks)
+        self.error: str | None = None  # a sink that failed: said once at the end, the feed goes on
+        self._generation = getattr(source, "generation", 0)
+        self._lock = threading.RLock()
+        self._halt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> "Feed":
+        """Pump on a thread of its own until `stop()`."""
+        self._thread = threading.Thread(target=self._run, name="ddptop-feed", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._halt.wait(self.interval_s):
+            self.pump()
+
+    def pump(self) -> int:
+        """One poll of the source (and the job's lost ranks) to every sink; returns how many events came."""
+        with self._lock:
+            if self.source is None or self._closed:
+                return 0
+            events = self.source.poll()
+            if self.job is not None:
+                events += self.job.lost_events()
+                self.job.check()
+            generation = getattr(self.source, "generation", 0)
+            if generation != self._generation:  # a seek: this poll starts with the history up to the new position
+                self._generation = generation
+                self.state.reset()
+            self.push(events)
+            return len(events)
+
+    def push(self, events: list[Event]) -> None:
+        """Events that did not come from the source (a recording read at once, a test) go the same way."""
+        with self._lock:
+            for sink in (self.state, *self.sinks):
+                try:
+                    sink.handle(events)
+                except Exception as exc:  # a bug in one sink must not starve the others (the recording above all)
+                    if self.error is None:
+                        self.error = f"{type(sink).__name__}: {type(exc).__name__}: {exc}"
+
+    def control(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` (a replay's seek, speed, play) between two pumps."""
+        with self._lock:
+            return fn()
+
+    def snapshot(self) -> Snapshot:
+        return self.state.snapshot()
+
+    def stop(self) -> None:
+        """Stop the thread, close the source and hand the last events on: nothing the ranks sent is lost."""
+        self._halt.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        with self._lock:
+            if self._closed:
+                return
+            if self.source is not None:
+                self.source.close()
+                self.pump_closed()
+            self._closed = True
+        if self.error:
+            print(f"ddptop: while showing the run: {self.error}", file=sys.stderr)
+
+    def pump_closed(self) -> None:
+        """The drain after close: LiveSource.close() collects once more; poll returns what that found."""
+        events = self.source.poll() if self.source is not None else []
+        if self.job is not None:
+            events += self.job.lost_events()
+        self.push(events)
+
+
+def feed_all(events: Iterable[Event], sinks: Sequence[Sink], state: SharedState | None = None) -> SharedState:
+    """A whole stream at once (`replay --instant`), through the same path as a live one."""
+    feed = Feed(None, sinks, state=state)
+    for event in events:
+        feed.push([event])
+    return feed.state

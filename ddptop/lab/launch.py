@@ -1,0 +1,204 @@
+"""One ddptop job on a lab: node 0's front on the user's terminal, one rank per host, stopped and cleaned up whole.
+
+Node 0 runs `ddptop --master <node 0> --rank 0 ...` (the front: store, collector, screen or headless lines,
+--record) exactly as on a cluster; hosts 1..N−1 run `--rank r` in sessions of their own, logging to the lab's
+folder. The front gets its own process group and, when the lab owns the terminal, the terminal's foreground:
+Ctrl-C and the screen's keys reach it alone, as if it had been typed on node 0. A SIGINT/SIGTERM sent to the lab
+process is passed on to the front, which stops every rank at a step boundary and closes the recording.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from ddptop.lab.cluster import Lab
+
+FRONT_STOP_S = 60.0  # after a stop, the front's own STOP_WAIT_S (20 s) and its closing, then it is killed
+WORKER_EXIT_S = 30.0  # after the front ends, the other hosts' ranks get this long to finish and leave
+LOST_FRONT_S = 30.0  # every worker gone but the front still runs: it gets this long to notice, then SIGTERM
+
+
+class Signals:
+    """SIGINT, SIGTERM and SIGHUP to the lab process: noted (and passed on), never a half-torn-down lab."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.job_running = False  # True: a job (or the teardown) is under way, so a signal is only noted
+        self.previous = {s: signal.signal(s, self._note) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def _note(self, signum, frame) -> None:
+        self.pending.append(signum)
+        if not self.job_running:  # while the lab is built or torn down: unwind through its `finally`
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def shield(self):
+        """No KeyboardInterrupt inside: a lab is torn down whole, however often Ctrl-C is pressed."""
+        before, self.job_running = self.job_running, True
+        try:
+            yield
+        finally:
+            self.job_running = before
+
+    def take(self) -> list[int]:
+        taken, self.pending = self.pending, []
+        return taken
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+class Foreground:
+    """Hands the terminal to the front's process group while it runs, as a shell does for a foreground job."""
+
+    def __init__(self, pgid: int) -> None:
+        self.fd: int | None = None
+        try:
+            fd = sys.stdin.fileno()
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                self._set(fd, pgid)
+                self.fd = fd
+        except (OSError, ValueError):
+            pass
+
+    @staticmethod
+    def _set(fd: int, pgid: int) -> None:
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background group may not take the terminal
+        try:
+            os.tcsetpgrp(fd, pgid)
+        finally:
+            signal.signal(signal.SIGTTOU, previous)
+
+    def restore(self) -> None:
+        if self.fd is not None:
+            try:
+                self._set(self.fd, os.getpgrp())
+            except OSError:
+                pass
+
+
+def node_argv(run_argv: list[str], lab: Lab, nodes: int, rank: int, token: str, record: str | None) -> list[str]:
+    argv = [sys.executable, "-m", "ddptop", *run_argv, "--master", lab.addresses[0], "--rank", str(rank),
+            "--world-size", str(nodes), "--token", token]
+    if not any(a == "--threads" or a.startswith("--threads=") for a in run_argv):
+        argv += ["--threads", str(lab.threads)]
+    return argv + (["--record", record] if record and rank == 0 else [])
+
+
+def run_job(lab: Lab, nodes: int, run_argv: list[str], record: str | None, signals: Signals) -> int:
+    """Run one job on hosts 0..nodes−1 to its end; its exit code (the front's, else the first failed host's)."""
+    token = secrets.token_hex(16)
+    env = {**os.environ, "DDPTOP_STATE_DIR": os.path.join(lab.folder, "jobs")}  # this lab's own job files
+    front = lab.popen(0, node_argv(run_argv, lab, nodes, 0, token, record), quota=False, group=True, env=env)
+    try:
+        os.setpgid(front.pid, front.pid)  # also from this side, before the terminal is handed over
+    except OSError:
+        pass
+    terminal = Foreground(front.pid)
+    logs, workers = [], []
+    try:
+        for r in range(1, nodes):
+            logs.append(open(os.path.join(lab.folder, f"node{r}.log"), "w"))
+            workers.append(lab.popen(r, node_argv(run_argv, lab, nodes, r, token, None), session=True, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=logs[-1], stderr=subprocess.STDOUT))
+        signals.job_running = True
+        _supervise(lab, front, workers, signals)
+    finally:
+        signals.job_running = False
+        terminal.restore()
+        for proc in [front, *workers]:
+            _end(proc)
+        for log in logs:
+            log.close()
+    return _exit_code(lab, front, workers)
+
+
+def _supervise(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen], signals: Signals) -> None:
+    moved: set[int] = set()
+    stop_at = workers_gone_at = None
+    while front.poll() is None:
+        for signum in signals.take():
+            _signal(front, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+            stop_at = stop_at or time.monotonic()
+        _quota_for_rank0(lab, front.pid, moved)
+        if workers and all(w.poll() is not None for w in workers):
+            workers_gone_at = workers_gone_at or time.monotonic()
+            if time.monotonic() - workers_gone_at > LOST_FRONT_S:
+                _signal(front, signal.SIGTERM)
+                stop_at = stop_at or time.monotonic()
+        if stop_at is not None and time.monotonic() - stop_at > FRONT_STOP_S:
+            _signal_group(front, signal.SIGKILL)
+        time.sleep(0.1)
+    if front.returncode != 0:  # the job failed (or never started): the other hosts' ranks have nothing to wait for
+        return
+    deadline = time.monotonic() + WORKER_EXIT_S
+    while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _quota_for_rank0(lab: Lab, front_pid: int, moved: set[int]) -> None:
+    """Rank 0 is the front's child: it joins node 0's CPU quota; the front itself (screen, collector) does not."""
+    try:
+        children = psutil.Process(front_pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        if child.pid not in moved and lab.join_quota(0, child.pid):
+            moved.add(child.pid)
+
+
+def _signal(proc: subprocess.Popen, signum: int) -> None:
+    """To the front alone: its rank-0 child shares its group and must live on until the front stops it."""
+    try:
+        os.kill(proc.pid, signum)
+    except OSError:
+        pass
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except OSError:
+        pass
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 5 s: whatever is still running when its job is over."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _exit_code(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen]) -> int:
+    codes = [p.returncode for p in [front, *workers]]
+    for r, (code, proc) in enumerate(zip(codes[1:], workers), start=1):
+        if code:
+            print(f"ddptop lab: node {r} exited with {_how(code)}; its last lines:", file=sys.stderr)
+            print(_tail(os.path.join(lab.folder, f"node{r}.log")), file=sys.stderr)
+    code = next((c for c in codes if c), 0)
+    return 128 - code if code < 0 else code
+
+
+def _how(code: int) -> str:
+    return f"signal {-code}" if code < 0 else f"code {code}"
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join("  " + line for line in f.readlines()[-lines:]).rstrip()
+    except OSError:
+        return "  (no log)"

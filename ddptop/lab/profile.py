@@ -1,0 +1,90 @@
+"""A profile's `[lab]` table: the cluster it wants (nodes, link, CPUs per node) and the runs one command makes.
+
+    [lab]
+    nodes = 4                 # hosts the lab builds (the largest run)
+    link = "1gbit"
+    cpus_per_node = 0.5       # optional: default cores / nodes; the same for every run, so nodes stay alike
+    runs = [{ name = "n1", nodes = 1 }, { name = "n2", nodes = 2 }, { name = "n4", nodes = 4 }]  # optional
+
+Without `runs`, one job on every host. Each run is a whole job (its own recording), on hosts 0..nodes−1.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+
+from ddptop.errors import UsageError
+from ddptop.profiles import find_profile
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+KEYS = {"nodes", "link", "cpus_per_node", "runs"}
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    nodes: int
+
+
+@dataclass(frozen=True)
+class LabSettings:
+    nodes: int | None = None
+    link: str | None = None
+    cpus_per_node: str | None = None
+    runs: tuple[Run, ...] = field(default_factory=tuple)
+
+
+def lab_settings(profile: str | None) -> LabSettings:
+    """The `[lab]` table of a profile (empty settings without a profile or table); UsageError when malformed."""
+    if not profile:
+        return LabSettings()
+    path = find_profile(profile)
+    try:
+        table = tomllib.loads(path.read_text()).get("lab", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"profile {path} cannot be read: {exc}") from None
+    where = f"profile {path.name} [lab]"
+    if not isinstance(table, dict):
+        raise UsageError(f"{where}: must be a table")
+    unknown = sorted(set(table) - KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown setting(s) {', '.join(unknown)} (known: {', '.join(sorted(KEYS))})")
+    nodes = table.get("nodes")
+    if nodes is not None and (not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1):
+        raise UsageError(f"{where}: nodes must be a whole number ≥ 1, got {nodes!r}")
+    link = table.get("link")
+    if link is not None and not isinstance(link, str):
+        raise UsageError(f"{where}: link must be a string like \"1gbit\", got {link!r}")
+    cpus = table.get("cpus_per_node")
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, (int, float, str))):
+        raise UsageError(f"{where}: cpus_per_node must be a number or \"unlimited\", got {cpus!r}")
+    runs = tuple(_run(item, where, nodes) for item in _list(table.get("runs", []), where))
+    if len({r.name for r in runs}) < len(runs):
+        raise UsageError(f"{where}: two runs share a name")
+    return LabSettings(nodes, link, None if cpus is None else str(cpus), runs)
+
+
+def _list(value: object, where: str) -> list:
+    if not isinstance(value, list):
+        raise UsageError(f"{where}: runs must be a list of tables")
+    return value
+
+
+def _run(item: object, where: str, lab_nodes: int | None) -> Run:
+    if not isinstance(item, dict) or set(item) - {"name", "nodes"}:
+        raise UsageError(f"{where}: each run is a table with name and nodes, got {item!r}")
+    name, nodes = item.get("name"), item.get("nodes")
+    if not isinstance(name, str) or not RUN_NAME.match(name):
+        raise UsageError(f"{where}: a run's name must be letters, digits, '.', '_' or '-', got {name!r}")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise UsageError(f"{where}: run {name}: nodes must be a whole number ≥ 1, got {nodes!r}")
+    if lab_nodes is not None and nodes > lab_nodes:
+        raise UsageError(f"{where}: run {name} wants {nodes} nodes but the lab has {lab_nodes}")
+    return Run(name, nodes)

@@ -1,0 +1,134 @@
+"""A lab run's figures against the lab's own link: ring bus bandwidth as % of the link, NIC bytes per host.
+
+`ddptop report` knows the job; only the lab knows the link it ran on, so `ddptop lab --record-dir DIR` adds
+`DIR/report/lab.md`: the report's own per-segment figures (ddptop.report.analysis, i.e. ddptop.metrics) set
+against the link (HPML Lab 4 Q3.2's bandwidth utilization), and each host's NIC bytes per step from its own
+eth0 counters (CS744's node-0 traffic). A configuration that ran in several segments (a sweep repeated in
+rounds) is pooled over all its measured steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from ddptop.events import RunStarted, StepDone, SystemSample
+from ddptop.lab.links import Link
+from ddptop.probes import wire
+from ddptop.report.analysis import segment_stats
+
+QUIET_BYTES_S = 1e6  # a NIC moving less than this (telemetry, heartbeats) is between collectives
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One configuration in one run: a segment, or every segment that ran it, pooled."""
+
+    run: str
+    nodes: int
+    segments: tuple[int, ...]
+    config: str
+    steps: int  # measured steps (the slowest rank's)
+    step_s: float  # the slowest rank's mean step time (ddptop.metrics)
+    compute_s: float  # means over ranks
+    comm_s: float
+    ring_bytes: int  # what a ring all-reduce moves per rank and step each way, 2(N−1)/N·S; 0 when none runs
+    nic: tuple[tuple[float, float] | None, ...]  # per rank: (sent, received) MB per step on its eth0
+
+    def bus_gbit(self) -> float | None:
+        """The report's all-reduce bus bandwidth, 2(N−1)/N·S / communication time, in Gbit/s."""
+        return self.ring_bytes * 8 / self.comm_s / 1e9 if self.comm_s > 0 and self.ring_bytes else None
+
+
+def segments(events: list, run: str, warmup: int) -> list[Segment]:
+    """Every segment's measured figures, in order."""
+    steps = [e for e in events if isinstance(e, StepDone)]
+    samples = [e for e in events if isinstance(e, SystemSample)]
+    started = next((e for e in events if isinstance(e, RunStarted)), None)
+    size = started.param_bytes if started else 0
+    out = []
+    for s in segment_stats(events, warmup=warmup):
+        n = s.world_size
+        measured = [d for d in steps if d.segment == s.index and d.step >= s.first_step + warmup]
+        nic = tuple(nic_per_step([x for x in samples if x.rank == r], [d for d in measured if d.rank == r])
+                    for r in range(n))
+        ring = wire.ring_allreduce(size, n)[0] if s.allreduce_gbps is not None else 0  # where the report has one
+        out.append(Segment(run, n, (s.index,), s.config.describe(), s.measured_steps, s.mean_step_s, s.compute_s,
+                           s.comm_s, ring, nic))
+    return out
+
+
+def by_config(rows: list[Segment]) -> list[Segment]:
+    """Segments of one run that ran the same configuration, pooled (means weighted by measured steps): a profile
+    that repeats its sweep in rounds compares configurations under the same drift of background load."""
+    groups: dict[tuple[str, str], list[Segment]] = {}
+    for row in rows:
+        groups.setdefault((row.run, row.config), []).append(row)
+    out = []
+    for same in groups.values():
+        first, total = same[0], sum(r.steps for r in same)
+
+        def pooled(name: str) -> float:
+            return sum(getattr(r, name) * r.steps for r in same) / total if total else 0.0
+
+        nic = tuple(_mean([r.nic[i] for r in same]) for i in range(first.nodes))
+        out.append(Segment(first.run, first.nodes, tuple(i for r in same for i in r.segments), first.config, total,
+                           pooled("step_s"), pooled("compute_s"), pooled("comm_s"), first.ring_bytes, nic))
+    return out
+
+
+def _mean(values: list[tuple[float, float] | None]) -> tuple[float, float] | None:
+    known = [v for v in values if v is not None]
+    return (statistics.fmean(v[0] for v in known), statistics.fmean(v[1] for v in known)) if known else None
+
+
+def nic_per_step(samples: list[SystemSample], steps: list[StepDone],
+                 quiet: float = QUIET_BYTES_S) -> tuple[float, float] | None:
+    """(sent, received) MB per step on one rank's NIC, between two *quiet* samples of its counters.
+
+    A rank's collective traffic flows while that rank is inside its collectives, within its step. A sample
+    taken after a quiet interval (both rates below `quiet`) therefore falls between two steps' traffic, so the
+    counters between two such samples hold exactly the steps that ended between them: no partial step at either
+    end (with steps of seconds and samples every 0.5 s, a plain window would be off by up to a step's bytes).
+    """
+    steps = sorted(steps, key=lambda d: d.t)
+    if not steps:
+        return None
+    calm = [s for s in sorted(samples, key=lambda s: s.t) if steps[0].t <= s.t <= steps[-1].t
+            and (nic := s.nic()) is not None and nic.tx_rate < quiet and nic.rx_rate < quiet]
+    if len(calm) < 2:
+        return None
+    a, b = calm[0], calm[-1]
+    counted = sum(1 for d in steps if a.t < d.t <= b.t)
+    if counted == 0:
+        return None
+    na, nb = a.nic(), b.nic()
+    return (nb.tx_bytes - na.tx_bytes) / counted / 1e6, (nb.rx_bytes - na.rx_bytes) / counted / 1e6
+
+
+def _ids(row: Segment) -> str:
+    return ", ".join(str(s) for s in row.segments)
+
+
+def markdown(rows: list[Segment], link: Link, lab: str) -> str:
+    """The lab's tables: step times and link utilization per configuration, then every host's NIC bytes."""
+    lines = ["# The lab", "", lab, "",
+             "| run | nodes | segments | config | steps | mean s/step (slowest rank) | compute s | comm s | "
+             "ring bus Gbit/s | % of link |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        bus = r.bus_gbit()
+        pct = f"{bus * 1e9 / link.bits_per_s:.0%}" if bus and link.bits_per_s else "–"
+        lines.append(f"| {r.run or '-'} | {r.nodes} | {_ids(r)} | {r.config} | {r.steps} | {r.step_s:.3f} | "
+                     f"{r.compute_s:.3f} | {r.comm_s:.3f} | {f'{bus:.3f}' if bus else '–'} | {pct} |")
+    width = max((r.nodes for r in rows), default=0)
+    lines += ["", "Step time, compute and communication as in `report.md` (ddptop.metrics), pooled over a "
+              "configuration's segments; ring bus bandwidth: 2(N−1)/N·S divided by the communication time per "
+              f"step; % of link: against the lab's {link.describe()} each way.", "",
+              "| run | segments | config | " + " | ".join(f"node {i} sent / received MB/step" for i in range(width))
+              + " |", "|---|---|---|" + "---|" * width]
+    for r in rows:
+        cells = [f"{nic[0]:.1f} / {nic[1]:.1f}" if nic else "–" for nic in r.nic] + [""] * (width - r.nodes)
+        lines.append(f"| {r.run or '-'} | {_ids(r)} | {r.config} | " + " | ".join(cells) + " |")
+    lines += ["", "NIC bytes: each host's own eth0 counters (kernel-counted) over the segment's measured steps, "
+              "between two samples taken while that NIC was quiet (between two steps' traffic)."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,86 @@
+"""Shared by the security tests (not a conftest: a module name of its own, so no other folder's conftest shadows it):
+a real ddptop job (front process, 2 gloo ranks, a real TCPStore) and a stranger who only knows its address."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import psutil
+
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # the stranger's refused clients: no C++ traces in the log
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "cli"))
+
+from ddptop.control.client import ControlClient  # noqa: E402
+from ddptop.control.token import running_jobs  # noqa: E402
+from ddptop.errors import DdptopError  # noqa: E402
+from test_run_cli import DDPTOP, TINY  # noqa: E402
+
+TOKEN = "the-users-job-token"
+LOST_AFTER_S = 4  # short, for the tests; with margin for a machine shared with other test runs
+
+
+def stranger(port: int, timeout_s: float = 5.0) -> dist.Store:
+    """What anyone who reaches the port can do: a plain TCPStore client under ddptop's public prefix."""
+    return dist.PrefixStore("ddptop", dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=timeout_s)))
+
+
+class Job:
+    """`ddptop --local 2 --headless --record R --token T`, training until stopped."""
+
+    def __init__(self, tmp, *extra: str):
+        self.env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp / "jobs"), "TORCH_CPP_LOG_LEVEL": "FATAL"}
+        self.record = tmp / "job.db"
+        self.proc = subprocess.Popen(
+            DDPTOP + ["--local", "2", "--steps", "100000", "--log-every", "100000", "--record", str(self.record),
+                      "--token", TOKEN, "--lost-after", str(LOST_AFTER_S), *TINY, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True)
+        self.port = self._wait_training()
+        self.client = ControlClient("127.0.0.1", self.port, TOKEN)
+        self.kept: list = []  # sockets and clients an attack leaves open until the job ends
+
+    def _wait_training(self, timeout: float = 90) -> int:
+        os.environ["DDPTOP_STATE_DIR"] = self.env["DDPTOP_STATE_DIR"]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                jobs = running_jobs()
+                if jobs and ControlClient("127.0.0.1", jobs[0]["port"], TOKEN).status()["step"] >= 3:
+                    return jobs[0]["port"]
+            except DdptopError:
+                pass
+            if self.proc.poll() is not None:
+                raise AssertionError(self.proc.communicate())
+            time.sleep(0.3)
+        raise AssertionError("the job never started training")
+
+    def step(self, rank: int = 0) -> int:
+        status = self.client.status()
+        return status["step"] if rank == 0 else status["ranks"][rank].get("step", -1)
+
+    def advances(self, rank: int = 0, within_s: float = 10.0) -> float:
+        """Seconds until `rank` reports a newer step (asserts it does within `within_s`)."""
+        start, first = time.monotonic(), self.step(rank)
+        while self.step(rank) <= first:
+            assert time.monotonic() - start < within_s, f"rank {rank} stopped training"
+            time.sleep(0.1)
+        return time.monotonic() - start
+
+    def ranks(self) -> list[psutil.Process]:
+        return [c for c in psutil.Process(self.proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> tuple[str, str, float]:
+        start = time.monotonic()
+        os.kill(self.proc.pid, sig)
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return out, err, time.monotonic() - start

@@ -1,0 +1,46 @@
+"""The join window of a job with a token: a stranger's hellos and verdicts neither abort it nor get in."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+
+from security_job import stranger
+from ddptop.control.store import free_port
+from test_run_cli import DDPTOP, TINY
+
+
+def wait_listening(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("the master never listened")
+
+
+def test_forged_hellos_and_verdicts_do_not_abort_a_job_with_a_token():
+    """The token also ends in bytes that are not UTF-8 (once a UnicodeEncodeError on the ranks)."""
+    port = str(free_port())
+    token = os.fsdecode(b"join-window-\xff\xfe")  # what Python makes of such bytes in argv
+    common = ["--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token", token,
+              "--timeout", "30", "--steps", "4", *TINY]
+    master = subprocess.Popen([os.fsencode(a) for a in DDPTOP + ["--rank", "0", *common]], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    wait_listening(int(port))
+    s = stranger(int(port))
+    s.set("join/1", "unsigned hello from a stranger")  # once: "rank 1 presented a wrong or no job token", exit 4
+    s.set("join/verdict", json.dumps({"ok": False, "error": "FORGED: rank 0 refused this job", "world_size": 2,
+                                      "nonces": {}}))
+    s.set("pg/0", "a stranger's address")
+    worker = subprocess.run([os.fsencode(a) for a in DDPTOP + ["--rank", "1", *common]], capture_output=True,
+                            text=True, timeout=120)
+    out, err = master.communicate(timeout=120)
+    assert master.returncode == 0 and worker.returncode == 0, err + worker.stderr
+    assert "step 4/4 loss" in out and "rank 1 finished 4 steps" in worker.stderr
+    assert "FORGED" not in out + err + worker.stderr + worker.stdout

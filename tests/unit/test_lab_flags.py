@@ -1,0 +1,79 @@
+"""`ddptop lab`'s flags and profiles, checked before anything is built: rates, quotas, [lab] tables, one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddptop.cli import main
+from ddptop.errors import UsageError
+from ddptop.lab.links import Link, parse_link
+from ddptop.lab.profile import Run, lab_settings
+
+
+@pytest.mark.parametrize("text,bits", [("100mbit", 100e6), ("1gbit", 1e9), ("10gbit", 10e9), ("2.5gbit", 2.5e9),
+                                       ("200MBIT", 200e6), ("unlimited", None)])
+def test_link_rates(text, bits):
+    assert parse_link(text) == Link(bits)
+
+
+@pytest.mark.parametrize("text", ["fast", "100", "100mbps", "1 gbit/s", "-1gbit", "0mbit", "200gbit", ""])
+def test_bad_link_rates_are_usage_errors(text):
+    with pytest.raises(UsageError, match="--link"):
+        parse_link(text)
+
+
+def test_tbf_holds_a_millisecond_of_the_rate_and_a_20ms_queue():
+    assert Link(1e9).tbf() == ["tbf", "rate", "1000000000bit", "burst", "125000", "limit", "2500000"]
+    assert Link(10e6).tbf()[4] == "3028"  # at least two full frames, however slow the link
+    assert Link(None).burst_bytes == 0
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--link", "fast"], "--link"),
+    (["--nodes", "0"], "--nodes must be at least 1"),
+    (["--local", "2"], "drop --local"),
+    (["--master", "10.0.0.1", "--rank", "0", "--world-size", "2"], "drop --master, --rank, --world-size"),
+    (["--cpus-per-node", "lots"], "--cpus-per-node"),
+    (["--cpus-per-node", "0"], "--cpus-per-node must be between"),
+    (["--strategy", "nope"], "invalid choice"),
+    (["--record", "a.db", "--record-dir", "d"], "not both"),
+    (["--subnet", "192.0.2.0/30", "--nodes", "4"], "room for 2 hosts"),
+    (["--profile", "no-such-profile"], "no profile"),
+])
+def test_bad_lab_flags_get_one_line_and_exit_2_before_anything_is_built(argv, words, capsys):
+    assert main(["lab", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddptop: ") and words in err[0], err
+
+
+def test_the_lab_profiles_carry_their_cluster():
+    assert lab_settings("cs744-lab").nodes == 4 and lab_settings("cs744-lab").link == "1gbit"
+    assert lab_settings("hpml-lab4-lab").runs == (Run("1node", 1), Run("2nodes", 2), Run("4nodes", 4))
+    assert lab_settings("cs744-compare").nodes is None  # a profile without [lab]: the lab's own defaults
+
+
+@pytest.mark.parametrize("table,words", [
+    ("[lab]\nnodes = 0\n", "nodes must be a whole number"),
+    ("[lab]\nlink = 1\n", "link must be a string"),
+    ("[lab]\nspeed = \"1gbit\"\n", "unknown setting(s) speed"),
+    ("[lab]\nnodes = 2\nruns = [{ name = \"big\", nodes = 4 }]\n", "wants 4 nodes but the lab has 2"),
+    ("[lab]\nruns = [{ name = \"a b\", nodes = 1 }]\n", "a run's name"),
+    ("[lab]\nruns = [{ name = \"a\", nodes = 1 }, { name = \"a\", nodes = 2 }]\n", "share a name"),
+])
+def test_malformed_lab_tables_are_usage_errors(table, words, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(table)
+    with pytest.raises(UsageError) as caught:
+        lab_settings(str(path))
+    assert words in str(caught.value)
+
+
+def test_several_runs_are_recorded_into_a_folder_never_over_a_file(tmp_path, capsys):
+    profile = tmp_path / "three.toml"
+    profile.write_text("[lab]\nnodes = 2\nruns = [{ name = \"a\", nodes = 1 }, { name = \"b\", nodes = 2 }]\n")
+    assert main(["lab", "--profile", str(profile), "--record", str(tmp_path / "x.db")]) == 2
+    assert "record them with --record-dir" in capsys.readouterr().err
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "three-b.db").write_text("")
+    assert main(["lab", "--profile", str(profile), "--record-dir", str(tmp_path / "out")]) == 2
+    assert "three-b.db exists" in capsys.readouterr().err
