@@ -1,12 +1,18 @@
-"""`ddptop report FILE [FILE ...] -o DIR`: markdown and PNG figures from one or several recordings."""
+"""`ddptop report FILE [FILE ...] -o DIR`: report.md, report.html, figures (PNG, SVG, PDF) and figures.json."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import re
+import sys
 from pathlib import Path
 from typing import Sequence
 
-from ddptop.errors import RecordingError, UsageError
+from ddptop.errors import DdptopError, UsageError
+
+MIN_MEASURED = 3  # by default a segment needs warm-up + 3 steps: fewer give no step time worth a bar
 
 
 class _Parser(argparse.ArgumentParser):
@@ -15,71 +21,124 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ddptop report", description="Write a markdown report with figures from recordings.")
+    p = _Parser(prog="ddptop report", description="Write a report (markdown, HTML, figures) from recordings.")
     p.add_argument("files", nargs="+", metavar="FILE", help="recordings (several: compared in one report)")
-    p.add_argument("-o", "--out", required=True, metavar="DIR", help="folder for report.md and the PNG figures")
-    p.add_argument("--warmup", type=int, help="steps dropped at each segment's start (default: the sweep's, else 1)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="folder for report.md, report.html and figures")
+    p.add_argument("--warmup", type=int, help="steps left out at each segment's start (default: the sweep's, else 1)")
+    p.add_argument("--segments", default="", metavar="LIST",
+                   help="segments to show, e.g. 1,3-5 (in every FILE), or all; default: every segment with at least "
+                        f"warm-up + {MIN_MEASURED} steps")
     return p
 
 
-def load(path: str, warmup: int | None, label: str):
-    from ddptop.record.reader import Recording
-    from ddptop.report.analysis import segment_stats
+def parse_segments(spec: str) -> set[int] | None:
+    """`1,3-5` → {1, 3, 4, 5}; `all` → None (every segment)."""
+    if spec.strip() == "all":
+        return None
+    chosen: set[int] = set()
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+            raise UsageError(f"--segments: {part.strip()!r} is not a segment number or range like 3-5 (or: all)")
+        chosen.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    return chosen
 
-    from ddptop.record.commands import note_incomplete
-    from ddptop.record.info import verdict
 
-    with Recording.open(path) as rec:
-        events = list(rec.events())
-        config = rec.config
-        meta = rec.meta
-        duration = rec.duration
-        incomplete = verdict(rec)
-        note_incomplete(rec)
-    try:
-        stats = segment_stats(events, label=label, warmup=warmup, run_config=config)
-    except (UsageError, TypeError, ValueError, KeyError, AttributeError) as exc:  # values no ddptop wrote
-        raise RecordingError(f"{path} cannot be reported on: {str(exc).splitlines()[0] if str(exc) else exc!r}"
-                             ) from None
-    if not stats:
-        raise RecordingError(f"{path} holds no training steps to report on")
-    used = warmup if warmup is not None else (config.get("sweep_warmup", 5) if config.get("sweep") else 1)
-    rdv = meta.get("rendezvous") if isinstance(meta.get("rendezvous"), dict) else {}
-    run = {"path": path, "label": label, "model": config.get("model", "?"), "dataset": config.get("dataset", "?"),
-           "world_size": stats[0].world_size, "source": rdv.get("source", "?"), "duration": duration,
-           "segments": len(stats), "warmup": used, "incomplete": incomplete}
-    from ddptop.events import RunStarted
+def select(run, spec: str) -> tuple[list, list[str]]:
+    """The segments to show and, for each left out by default, why."""
+    if spec:
+        chosen = parse_segments(spec)
+        if chosen is None:
+            return list(run.segments), []
+        known = {s.index for s in run.segments}
+        missing = sorted(chosen - known)
+        if missing:
+            raise UsageError(f"--segments: {run.path} has no segment {', '.join(map(str, missing))} (it has "
+                             f"{', '.join(map(str, sorted(known)))})")
+        return [s for s in run.segments if s.index in chosen], []
+    need = run.warmup + MIN_MEASURED
+    kept = [s for s in run.segments if s.length >= need]
+    reasons = [f"segment {s.index} ({s.config.describe()}): {s.length} step{'s' if s.length != 1 else ''}, fewer than "
+               f"warm-up {run.warmup} + {MIN_MEASURED}; `--segments all` shows it"
+               for s in run.segments if s.length < need]
+    if not kept:
+        return list(run.segments), [f"every segment is shorter than warm-up {run.warmup} + {MIN_MEASURED} steps: "
+                                    "all are shown"]
+    return kept, reasons
 
-    started = next((e for e in events if isinstance(e, RunStarted)), None)
-    return run, stats, (started.param_bytes if started else 0)
+
+def labels(paths: Sequence[str]) -> list[str]:
+    """Each recording's name in a report of several: its file name, numbered where two share one."""
+    stems = [Path(p).stem for p in paths]
+    return [f"{stem}#{stems[:i].count(stem) + 1}" if stems.count(stem) > 1 else stem for i, stem in enumerate(stems)]
 
 
 def cmd_report(argv: Sequence[str]) -> int:
     args = parser().parse_args(argv)
     if args.warmup is not None and args.warmup < 0:
         raise UsageError("--warmup must be ≥ 0")
-    from ddptop.report import figures, markdown
-    from ddptop.report.analysis import scaling
+    if args.segments:
+        parse_segments(args.segments)  # a bad list fails before any recording is read
+    from ddptop.report.runs import load
 
     several = len(args.files) > 1
-    runs, stats, param_bytes = [], [], 0
-    for path in args.files:
-        run, run_stats, param_bytes = load(path, args.warmup, f"{Path(path).stem}:" if several else "")
-        runs.append(run)
-        stats += run_stats
+    runs = [load(path, args.warmup, label) for path, label in zip(args.files, labels(args.files) if several else
+                                                                   [""] * len(args.files))]
+    shown, left_out = [], []
+    for run in runs:
+        kept, reasons = select(run, args.segments)
+        shown.append(kept)
+        left_out.append(reasons)
+        for reason in reasons:
+            print(f"ddptop report: {run.name}: left out {reason}", file=sys.stderr)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create {out}: {exc.strerror}") from None
-    made = [("Step time per configuration", figures.step_time(stats, out)),
-            ("Bytes per step: NIC vs formulas", figures.bytes_per_step(stats, param_bytes, out)),
-            ("CPU and memory per configuration", figures.cpu_memory(stats, out)),
-            ("Loss per configuration", figures.loss(stats, out)),
-            ("Compute vs communication", figures.breakdown(stats, out))]
+    try:
+        made, _ = write(runs, shown, left_out, out)
+    except OSError as exc:  # disk full, a file where a figure goes
+        raise DdptopError(f"cannot write the report in {out}: {exc.strerror or exc}") from None
+    print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {len(made)} figures (PNG, SVG, PDF)")
+    return 0
+
+
+def write(runs, shown, left_out, out: Path):
+    from ddptop.report import figures, html, markdown, page, sweeps, timeseries
+    from ddptop.report.analysis import scaling
+    from ddptop.report.labels import common, short_names
+
+    stats = [s for kept in shown for s in kept]
+    names = short_names(stats)
+    subtitle = common(stats)
+    several = len(runs) > 1
+    made = [figures.step_time(stats, names, out, subtitle), figures.breakdown(stats, names, out, subtitle),
+            figures.bytes_per_step(stats, names, out, subtitle), figures.cpu_memory(stats, names, out, subtitle)]
+    made += [m for m in (sweeps.bucket_size(stats, out), sweeps.batch_size(stats, out), sweeps.sync_async(stats, out))
+             if m is not None]
     rows = scaling(stats)
     if rows:
-        made.append(("Speedup and scaling efficiency", figures.scaling_figure(rows, out)))
-    (out / "report.md").write_text(markdown.document(runs, stats, made, rows))
-    print(f"wrote {out / 'report.md'} and {len(made)} figures")
-    return 0
+        made.append(sweeps.scaling_figure(rows, out))
+    for run in runs:
+        mine = [i for i, s in enumerate(stats) if s.label == run.label]
+        args = (run, [stats[i] for i in mine], [names[i] for i in mine], mine, out, several)
+        made += [m for m in (timeseries.loss_accuracy(*args), timeseries.network(*args), timeseries.system(*args))
+                 if m is not None]
+    blocks = page.document(runs, shown, left_out, stats, made, rows, out)
+    (out / "report.md").write_text(markdown.render(blocks))
+    (out / "report.html").write_text(html.render(blocks, out, blocks[0][1]))
+    data = {m.name: {"title": m.title, "finding": m.finding, **m.data} for m in made}
+    (out / "figures.json").write_text(json.dumps(_finite(data), indent=1, allow_nan=False) + "\n")
+    return made, blocks
+
+
+def _finite(value):
+    """JSON has no NaN: a value not drawn (NaN) is null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

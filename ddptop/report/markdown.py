@@ -1,62 +1,103 @@
-"""The report's markdown: what ran, the per-segment table, the figures, how to read them."""
+"""The report page as blocks (headings, paragraphs, tables, figures), and those blocks as markdown."""
 
 from __future__ import annotations
 
-from ddptop.report.analysis import Scaling, SegmentStats
+import re
+
+from ddptop.report.analysis import SegmentStats
+from ddptop.safe import clean
+
+MARKDOWN_SPECIALS = "\\`*_[]<>|#"
+
+
+def untrusted(text, limit: int | None = 500) -> str:
+    """A string from a recording (host, command, GPU name…) as plain text: no markup, no HTML, one line."""
+    out = clean(text, limit)
+    for ch in MARKDOWN_SPECIALS:
+        out = out.replace(ch, "\\" + ch)
+    return out
+
+
+def code(text) -> str:
+    """A string from a recording inside `backticks` (a code span shows everything but a backtick literally)."""
+    return "`" + clean(text, 1000).replace("`", "'") + "`"
+
 
 COLUMNS = ("segment", "config", "ranks", "steps", "mean s/step (slowest rank)", "median s/step (slowest rank)",
-           "mean s/step (mean over ranks)", "img/s", "compute s", "comm s", "exposed comm s", "overlap %",
-           "ddptop ms/step", "other s", "MB sent/step (formula)", "MB recv/step (formula)", "MB sent/step (NIC)",
-           "MB recv/step (NIC)", "CPU %", "RSS MB", "all-reduce GB/s", "final loss")
+           "p10–p90 s/step (slowest rank)", "mean s/step (mean over ranks)", "img/s", "compute s", "comm s",
+           "exposed comm s", "overlap %", "ddptop ms/step", "other s", "MB sent/step (formula)",
+           "MB recv/step (formula)", "MB sent/step (NIC)", "MB recv/step (NIC)", "CPU %", "RSS MB",
+           "all-reduce GB/s", "final loss")
+
+# A block is a tuple: ("h1"|"h2"|"h3"|"p"|"warn", text), ("list", [text]), ("code", text),
+# ("table", header, rows), ("figure", Made). Text may hold **bold**, `code` and [links](url).
 
 
 def _opt(value: float | None, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
 
 
+def segment_name(s: SegmentStats) -> str:
+    return f"{s.label}:{s.index}" if s.label else str(s.index)
+
+
 def row(s: SegmentStats) -> list[str]:
-    return [f"{s.label} {s.index}".strip(), s.config.describe(), str(s.world_size), str(s.measured_steps),
-            f"{s.mean_step_s:.4f}", f"{s.median_step_s:.4f}", f"{s.mean_rank_step_s:.4f}", f"{s.images_per_s:.1f}",
-            f"{s.compute_s:.4f}", f"{s.comm_s:.4f}", f"{s.exposed_comm_s:.4f}", f"{100 * s.overlap:.1f}",
-            f"{s.own_s * 1e3:.2f}", f"{s.other_s:.4f}", f"{s.sent_mb_per_step:.2f}",
-            f"{s.recv_mb_per_step:.2f}", _opt(s.nic_sent_mb_per_step, ".2f"), _opt(s.nic_recv_mb_per_step, ".2f"),
-            _opt(s.cpu_percent, ".0f"), _opt(s.rss_mb, ".0f"), _opt(s.allreduce_gbps, ".3f"), f"{s.final_loss:.4f}"]
+    return [segment_name(s), s.config.describe(), str(s.world_size), str(s.measured_steps),
+            f"{s.mean_step_s:.4f}", f"{s.median_step_s:.4f}", f"{s.step_p10:.4f}–{s.step_p90:.4f}",
+            f"{s.mean_rank_step_s:.4f}", f"{s.images_per_s:.1f}", f"{s.compute_s:.4f}", f"{s.comm_s:.4f}",
+            f"{s.exposed_comm_s:.4f}", f"{100 * s.overlap:.1f}", f"{s.own_s * 1e3:.2f}" if s.own_recorded else "–",
+            f"{s.other_s:.4f}",
+            f"{s.sent_mb_per_step:.2f}", f"{s.recv_mb_per_step:.2f}", _opt(s.nic_sent_mb_per_step, ".2f"),
+            _opt(s.nic_recv_mb_per_step, ".2f"), _opt(s.cpu_percent, ".0f"), _opt(s.rss_mb, ".0f"),
+            _opt(s.allreduce_gbps, ".3f"), f"{s.final_loss:.4f}"]
 
 
-def table(stats: list[SegmentStats]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row(s)) + " |" for s in stats]
-    return "\n".join(lines)
+def segment_table(stats: list[SegmentStats]) -> tuple:
+    return ("table", list(COLUMNS), [row(s) for s in stats])
 
 
-def scaling_table(rows: list[Scaling]) -> str:
-    lines = ["| config | ranks | img/s | speedup | efficiency |", "|---|---|---|---|---|"]
-    lines += [f"| {r.config} | {r.world_size} | {r.images_per_s:.1f} | {r.speedup:.2f}× | {100 * r.efficiency:.0f}% |"
-              for r in rows]
-    return "\n".join(lines)
+def gpu_table(stats: list[SegmentStats]) -> tuple | None:
+    """Seed 004's table per configuration: GPU memory-usage (the most used / total) and volatile GPU-util."""
+    rows = []
+    for s in stats:
+        for g in s.gpus:
+            used = "–" if g.mem_used_mib is None else f"{g.mem_used_mib:.0f} MiB"
+            total = "" if g.mem_total_mib is None else f" / {g.mem_total_mib:.0f} MiB"
+            util = "–" if g.util is None else f"{g.util.mean:.0f}% (p10–p90 {g.util.p10:.0f}–{g.util.p90:.0f}%)"
+            rows.append([segment_name(s), s.config.describe(), f"{g.rank} ({untrusted(g.host)})",
+                         f"{g.index}: {untrusted(g.name)}",
+                         used + total, util])
+    if not rows:
+        return None
+    return ("table", ["segment", "config", "rank (host)", "GPU", "GPU memory-usage (most used)",
+                      "volatile GPU-util (mean)"], rows)
 
 
-def document(runs: list[dict], stats: list[SegmentStats], figures: list[tuple[str, str]],
-             rows: list[Scaling]) -> str:
-    parts = ["# ddptop report", ""]
-    for run in runs:
-        parts.append(f"- **{run['label'] or run['path']}**: `{run['path']}` — {run['model']} on {run['dataset']}, "
-                     f"{run['world_size']} ranks ({run['source']}), {run['duration']:.0f} s, "
-                     f"{run['segments']} segment(s), warm-up steps dropped per segment: {run['warmup']}")
-        if run.get("incomplete"):
-            parts.append(f"  - **incomplete**: {'; '.join(run['incomplete'])}")
-    parts += ["", "## Per segment", "", table(stats), "",
-              "Step time: wall clock from one step boundary to the next (README glossary), for the slowest rank "
-              "and the mean over ranks; each segment's warm-up steps and its sampled steps (layer hooks) are left "
-              "out; compute, communication, overlap, ddptop's own cost and other are means over ranks; "
-              "*formula* bytes follow the algorithm (ring all-reduce 2(N−1)/N·S each way; gather+scatter "
-              "(N−1)·S in and out at rank 0, S at the others); *NIC* bytes are what each rank's network "
-              "interface counted over the same steps (– when all ranks share one machine's loopback). "
-              "All-reduce GB/s is the ring formula's bus bandwidth: 2(N−1)/N·S divided by the measured "
-              "communication time (HPML Lab 4, Q3.2).", ""]
-    if rows:
-        parts += ["## Scaling", "", scaling_table(rows), "",
-                  "Weak scaling: the batch per rank stays fixed, so ideal speedup equals the rank ratio.", ""]
-    parts += ["## Figures", ""]
-    parts += [f"### {title}\n\n![{title}]({name})\n" for title, name in figures]
-    return "\n".join(parts)
+def render(blocks: list[tuple]) -> str:
+    out = []
+    for block in blocks:
+        kind = block[0]
+        if kind in ("h1", "h2", "h3"):
+            out += ["#" * int(kind[1]) + " " + block[1], ""]
+        elif kind == "p":
+            out += [block[1], ""]
+        elif kind == "warn":
+            out += [f"> ⚠ {block[1]}", ""]
+        elif kind == "list":
+            out += [f"- {item}" for item in block[1]] + [""]
+        elif kind == "code":
+            out += ["```", block[1], "```", ""]
+        elif kind == "table":
+            out += _table(block[1], block[2]) + [""]
+        elif kind == "figure":
+            made = block[1]
+            png, svg, pdf = made.data["files"]
+            out += [f"![{made.title}]({png})", "",
+                    f"*What this shows:* {untrusted(made.finding, None)} ([SVG]({svg}) · [PDF]({pdf}))", ""]
+    return "\n".join(out)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    cell = lambda text: re.sub(r"(?<!\\)\|", r"\\|", str(text))  # a pipe not escaped already  # noqa: E731
+    return (["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows])

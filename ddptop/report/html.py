@@ -1,0 +1,54 @@
+"""The report page's blocks as one self-contained HTML file (figures embedded as PNG data, no outside files)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;
+line-height:1.45}
+table{border-collapse:collapse;font-size:12px;display:block;overflow-x:auto}th,td{border:1px solid #ccc;padding:2px 6px;
+text-align:right;white-space:nowrap}th{background:#f3f3f3}td:nth-child(2),th:nth-child(2){text-align:left}
+img{max-width:100%}blockquote{border-left:4px solid #c44e52;background:#fff4f4;margin:1em 0;padding:.5em 1em}
+code{background:#f3f3f3;padding:0 3px}pre{background:#f3f3f3;padding:.6em;overflow-x:auto}.what{color:#333}"""
+
+
+def _inline(text: str) -> str:
+    out = html.escape(text, quote=False)
+    # markup only where its characters are not escaped (markdown.untrusted escapes what came from a recording)
+    out = re.sub(r"(?<!\\)`([^`]+?)(?<!\\)`", r"<code>\1</code>", out)
+    out = re.sub(r"(?<!\\)\*\*(.+?)(?<!\\)\*\*", r"<b>\1</b>", out)
+    out = re.sub(r"(?<!\\)\*([^*]+?)(?<!\\)\*", r"<i>\1</i>", out)
+    out = re.sub(r"(?<!\\)\[([^\]]+)(?<!\\)\]\(([^)\s]+)\)",
+                 lambda m: f'<a href="{html.escape(m.group(2))}">{m.group(1)}</a>', out)
+    return re.sub(r"\\(&lt;|&gt;|&amp;|[\\`*_\[\]|#])", r"\1", out)  # markdown's escapes (markdown.untrusted)
+
+
+def render(blocks: list[tuple], folder: Path, title: str) -> str:
+    body = []
+    for block in blocks:
+        kind = block[0]
+        if kind in ("h1", "h2", "h3"):
+            body.append(f"<{kind}>{_inline(block[1])}</{kind}>")
+        elif kind == "p":
+            body.append(f"<p>{_inline(block[1])}</p>")
+        elif kind == "warn":
+            body.append(f"<blockquote>⚠ {_inline(block[1])}</blockquote>")
+        elif kind == "list":
+            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in block[1]) + "</ul>")
+        elif kind == "code":
+            body.append(f"<pre>{html.escape(block[1])}</pre>")
+        elif kind == "table":
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in block[1])
+            rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in block[2])
+            body.append(f"<table><tr>{head}</tr>{rows}</table>")
+        elif kind == "figure":
+            made = block[1]
+            png = base64.b64encode((folder / made.data["files"][0]).read_bytes()).decode()
+            body.append(f'<figure><img alt="{html.escape(made.title)}" src="data:image/png;base64,{png}">'
+                        f'<figcaption class="what"><i>What this shows:</i> {html.escape(made.finding)}</figcaption>'
+                        '</figure>')
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

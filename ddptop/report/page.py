@@ -1,0 +1,134 @@
+"""What the report page says, in order: warnings, what ran (provenance), the tables, the figures, the glossary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ddptop import metrics
+from ddptop.report import markdown
+from ddptop.report.analysis import Scaling, SegmentStats
+from ddptop.report.runs import RunData
+
+TABLE_NOTE = ("Step time: wall clock from one step boundary to the next, for the slowest rank (mean, median, and "
+              "p10–p90 of its measured steps) and the mean over ranks; each segment's warm-up steps and its sampled "
+              "steps (layer hooks) are left out; compute, communication, overlap, ddptop's own cost and other are "
+              "means over ranks; *formula* bytes follow the algorithm (ring all-reduce 2(N−1)/N·S each way; "
+              "gather+scatter (N−1)·S in and out at rank 0, S at the others); *NIC* bytes are what each rank's "
+              "network interface counted over the same steps (– when ranks share one machine's loopback, whose "
+              "counters mix them: the bytes figure shows that interface once, for all of them). All-reduce GB/s is "
+              "the ring formula's bus bandwidth: 2(N−1)/N·S divided by the measured communication time (HPML Lab 4, "
+              "Q3.2). CPU % is of one core, per rank process.")
+
+
+def glossary_link(out: Path) -> str:
+    """A relative link to README.md#glossary when the report is written inside ddptop's repository."""
+    root = Path(__file__).resolve().parents[2]
+    readme = root / "README.md"
+    try:
+        out.resolve().relative_to(root)
+    except ValueError:
+        return "README.md#glossary in ddptop's repository (the terms are also at the end of this page)"
+    if not readme.exists():
+        return "README.md#glossary in ddptop's repository (the terms are also at the end of this page)"
+    rel = os.path.relpath(readme, out.resolve())
+    return f"[README's glossary]({rel}#glossary) (and at the end of this page)"
+
+
+def run_lines(run: RunData, shown: list[SegmentStats], left_out: list[str], out: Path) -> list[str]:
+    p = run.provenance
+    link = os.path.relpath(Path(run.path).resolve(), out.resolve())
+    u = markdown.untrusted
+    lines = [f"recording [{markdown.code(run.path)}]({link}) ({run.size_bytes / 1e6:.2f} MB, SHA-256 "
+             f"`{run.sha256[:16]}…`)",
+             f"command: {markdown.code(p['command'])}",
+             f"{u(run.model)} on {u(run.dataset)}"
+             + (f" ({u(p['synthetic_size'])} training images)" if p.get("synthetic_size") else "")
+             + f", {run.world_size} rank{'s' if run.world_size > 1 else ''}"
+             + (f", profile {u(p['profile'])}" if p.get("profile") else "")
+             + (f", seed {u(p['seed'])}" if p.get("seed") is not None else ""),
+             f"started {u(p['when'])}, recorded for {run.duration:.0f} s",
+             "hosts: " + ("; ".join(u(h) for h in p["hosts"]) or "?"),
+             f"versions: {u(p['versions'] or '?')}",
+             f"segments shown: {', '.join(str(s.index) for s in shown) or 'none'}; warm-up steps left out at each "
+             f"segment's start: {run.warmup}"]
+    lines += [f"left out: {reason}" for reason in left_out]
+    return lines
+
+
+def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: list[list[str]],
+             stats: list[SegmentStats], made: list, scaling_rows: list[Scaling], out: Path) -> list[tuple]:
+    several = len(runs) > 1
+    title = "ddptop report: " + ", ".join(r.name for r in runs)
+    blocks: list[tuple] = [("h1", title)]
+    for run in runs:
+        blocks += [("warn", f"{markdown.untrusted(run.name)}: {w}") for w in run.warnings]
+    blocks += [("p", f"Terms (step time, exposed communication, overlap, …) as defined in {glossary_link(out)}.")]
+    blocks.append(("h2", "What ran"))
+    for run, kept, reasons in zip(runs, shown, left_out):
+        if several:
+            blocks.append(("h3", run.name))
+        blocks.append(("list", run_lines(run, kept, reasons, out)))
+    blocks += [("h2", "Per segment"), markdown.segment_table(stats), ("p", TABLE_NOTE)]
+    gpu = markdown.gpu_table(stats)
+    if gpu:
+        blocks += [("h2", "GPU memory and utilization per configuration"), gpu,
+                   ("p", "As nvidia-smi shows them: the most memory used during the segment's measured steps over "
+                         "the board's total, and the mean of the volatile GPU-util readings.")]
+    if scaling_rows:
+        blocks += hpml_tables(runs, stats, scaling_rows)
+    blocks.append(("h2", "Figures"))
+    for m in made:
+        blocks += [("h3", m.title), ("figure", m)]
+    blocks += [("h2", "Glossary"), ("table", ["term", "unit", "meaning"],
+                                    [[k, u or "–", d] for k, (u, d) in metrics.GLOSSARY.items()])]
+    return blocks
+
+
+def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scaling]) -> list[tuple]:
+    """HPML Lab 4 tables 1-3 over several world sizes: epoch time and speedup, compute vs communication per epoch,
+    bandwidth utilization. An epoch is the run's images per epoch at the measured rate."""
+    images = {r.label: r.epoch_images for r in runs}
+    configs = sorted({r.config for r in rows}, key=lambda c: (len(c), c))  # those run at several world sizes
+    worlds = sorted({s.world_size for s in stats})
+    cell = {(s.world_size, s.config.describe()): s for s in stats}
+    base = {c: cell.get((worlds[0], c)) for c in configs}
+
+    def epoch_s(s: SegmentStats) -> float:
+        return images.get(s.label, 0) / s.images_per_s if s.images_per_s else 0.0
+
+    def steps(s: SegmentStats) -> float:
+        return images.get(s.label, 0) / (s.world_size * s.config.batch_size)
+
+    t1, t2, t3 = [], [], []
+    for n in worlds:
+        row1, row2, row3 = [f"{n}"], [f"{n}"], [f"{n}"]
+        for c in configs:
+            s, b = cell.get((n, c)), base[c]
+            if s is None:
+                row1 += ["–", "–"]
+                row2 += ["–", "–"]
+                row3 += ["–"]
+                continue
+            row1 += [f"{epoch_s(s):.3g}", f"{epoch_s(b) / epoch_s(s):.2f}" if b and epoch_s(s) else "–"]
+            row2 += [f"{s.compute_s * steps(s):.3g}", f"{s.comm_s * steps(s):.3g}"]
+            row3 += [_opt(s.allreduce_gbps)]
+        t1.append(row1)
+        if n > 1:
+            t2.append(row2)
+            t3.append(row3)
+    return [("h2", "HPML Lab 4: speedup, compute vs communication, bandwidth utilization"),
+            ("p", f"**Table 1**: time per epoch (s) and speedup over {worlds[0]} rank(s), batch size fixed per rank "
+                  "(weak scaling). An epoch is the run's images per epoch (steps per epoch × batch × ranks at its "
+                  "start) at each configuration's measured img/s."),
+            ("table", ["ranks"] + [f"{c}: {h}" for c in configs for h in ("time (s)", "speedup")], t1),
+            ("p", "**Table 2**: compute and communication per epoch (s): the mean per step over ranks × steps per "
+                  "epoch at that batch size."),
+            ("table", ["ranks"] + [f"{c}: {h}" for c in configs for h in ("compute (s)", "comm (s)")], t2),
+            ("p", "**Table 3**: bandwidth utilization (GB/s): the ring all-reduce's 2(N−1)/N·S bytes per rank "
+                  "divided by the measured communication time per step."),
+            ("table", ["ranks"] + [f"{c}: bandwidth (GB/s)" for c in configs], t3)]
+
+
+def _opt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"

@@ -1,0 +1,171 @@
+"""One recording loaded for a report: its segments' statistics, its time series and where it came from."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddptop import metrics
+from ddptop.errors import RecordingError, UsageError
+from ddptop.events import LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, StepDone, SystemSample
+from ddptop.report.markdown import untrusted
+from ddptop.report.analysis import SegmentStats, segment_stats, test_accuracy
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One step over every rank: the loss mean, lowest and highest, and when the last rank finished it."""
+
+    step: int
+    segment: int
+    t: float
+    loss: float
+    lo: float
+    hi: float
+
+
+@dataclass
+class RunData:
+    """What a report shows of one recording."""
+
+    path: str
+    label: str
+    sha256: str
+    size_bytes: int
+    model: str
+    dataset: str
+    world_size: int
+    warmup: int
+    start: float  # wall clock of the recording's first row
+    duration: float
+    segments: list[SegmentStats]
+    points: list[StepPoint]
+    samples: list[SystemSample]
+    evals: list[tuple[int, float, float]]  # (step, test accuracy over every rank's shard, test loss)
+    provenance: dict
+    warnings: list[str] = field(default_factory=list)
+    pauses: list[tuple[float, float]] = field(default_factory=list)  # wall clock, as rank 0 saw them
+    param_bytes: int = 0
+    steps_per_epoch: int = 0
+    epoch_images: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.label or Path(self.path).stem
+
+
+def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
+    from ddptop.record.commands import note_incomplete
+    from ddptop.record.info import verdict
+    from ddptop.record.reader import DAMAGE, Recording, damaged
+
+    with Recording.open(path) as rec:
+        try:
+            events = list(rec.events())
+            config, meta, start, duration = rec.config, rec.meta, rec.start, rec.duration
+            incomplete = verdict(rec)
+        except DAMAGE as exc:
+            raise damaged(path, exc) from None
+        note_incomplete(rec)
+    used = metrics.warmup_for(config) if warmup is None else warmup
+    buckets = meta.get("ddp_buckets") if isinstance(meta.get("ddp_buckets"), dict) else {}
+    try:
+        stats = segment_stats(events, label=label, warmup=used, run_config=config, buckets=buckets)
+    except (UsageError, TypeError, ValueError, KeyError, AttributeError) as exc:  # values no ddptop wrote
+        raise RecordingError(f"{path} cannot be reported on: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+                             ) from None
+    if not stats:
+        raise RecordingError(f"{path} holds no training steps to report on")
+    started = next((e for e in events if isinstance(e, RunStarted)), None)
+    world = stats[0].world_size
+    return RunData(
+        path=path, label=label, sha256=_sha256(path), size_bytes=os.path.getsize(path),
+        model=str(config.get("model", started.model if started else "?")),
+        dataset=str(config.get("dataset", started.dataset if started else "?")), world_size=world, warmup=used,
+        start=start, duration=duration, segments=stats, points=_points(events),
+        samples=[e for e in events if isinstance(e, SystemSample)], evals=test_accuracy(events),
+        provenance=provenance(meta, config, start, duration),
+        warnings=[f"**Incomplete:** {untrusted(reason)}" for reason in incomplete] + _warnings(events),
+        pauses=_pauses(events, start + duration),
+        param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
+        epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _points(events) -> list[StepPoint]:
+    by_step: dict[int, list[StepDone]] = {}
+    for e in events:
+        if isinstance(e, StepDone):
+            by_step.setdefault(e.step, []).append(e)
+    out = []
+    for step in sorted(by_step):
+        ds = by_step[step]
+        losses = [d.loss for d in ds]
+        out.append(StepPoint(step, ds[0].segment, max(d.t for d in ds), sum(losses) / len(losses), min(losses),
+                             max(losses)))
+    return out
+
+
+def _pauses(events, end: float) -> list[tuple[float, float]]:
+    out, since = [], None
+    for e in events:
+        if isinstance(e, RunState) and e.rank == 0:
+            if e.paused and since is None:
+                since = e.t
+            elif not e.paused and since is not None:
+                out.append((since, e.t))
+                since = None
+    return out + ([(since, end)] if since is not None else [])
+
+
+def _warnings(events) -> list[str]:
+    """What a reader must know before trusting the figures: models that differ, errors (lost ranks: the verdict)."""
+    out = []
+    for e in events:
+        if isinstance(e, ModelsDiverged):
+            out.append(f"**Warning:** {untrusted(e.describe())}; from there on the ranks train different models")
+        elif isinstance(e, RunFinished) and e.reason.startswith("error"):
+            out.append(f"**Rank {e.rank} ended with an error** after {e.steps} steps: {untrusted(e.reason)}")
+        elif isinstance(e, LogLine) and e.level == "error":
+            out.append(f"**Rank {e.rank}**: {untrusted(e.message)}")
+    return out
+
+
+def provenance(meta: dict, config: dict, start: float, duration: float) -> dict:
+    """Command, versions, hosts and devices of the run, from the recording's meta (all optional)."""
+    argv = meta.get("argv") if isinstance(meta.get("argv"), list) else []
+    ranks = meta.get("ranks") if isinstance(meta.get("ranks"), dict) else {}
+    versions = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
+    created = meta.get("created")
+    when = (datetime.datetime.fromtimestamp(start).strftime("%Y-%m-%d %H:%M:%S")
+            if start else (str(created) if created else "?"))
+    places = {}
+    for rank, r in sorted(ranks.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
+        if isinstance(r, dict):
+            key = tuple(str(r.get(k, "?")) for k in ("host", "device", "backend", "threads", "torch_version"))
+            places.setdefault(key, []).append(str(rank))
+    hosts = [f"{host}: rank{'s' if len(rs) > 1 else ''} {', '.join(rs)} ({device}, {backend}, {threads} thread(s), "
+             f"torch {torch})" for (host, device, backend, threads, torch), rs in places.items()]
+    return {"command": command(argv), "when": when, "duration_s": duration,
+            "versions": ", ".join(f"{k} {v}" for k, v in versions.items() if isinstance(v, (str, int, float))),
+            "hosts": hosts, "profile": str(config.get("profile", "") or ""), "seed": config.get("seed"),
+            "synthetic_size": config.get("synthetic_size") if config.get("dataset") == "synthetic" else None}
+
+
+def command(argv: list) -> str:
+    """The command line as the user typed it: `ddptop ...` for the package's own entry points."""
+    words = [str(a) for a in argv]
+    if words and (words[0].endswith(("ddptop/__main__.py", "/ddptop")) or words[0] in ("ddptop", "-m")):
+        words = ["ddptop", *words[1:]]
+    return shlex.join(words) if words else "?"
