@@ -9,8 +9,8 @@ from itertools import islice
 from typing import TextIO
 
 from ddptop import metrics, tables
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, RankJoined,
-                           RankLost, RunFinished, RunStarted, RunState, StepDone, SystemSample)
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory,
+                           RankJoined, RankLost, RunFinished, RunStarted, RunState, StepDone, SystemSample)
 from ddptop.metrics import Figures
 from ddptop.traffic import measured_vs_expected
 
@@ -107,6 +107,8 @@ class HeadlessPrinter:
                     self._print(f"step {event.step}: now {tables.describe(event.config)} "
                                 f"(segment {event.segment}, asked by {event.who}; switch took "
                                 f"{event.switch_s:.2f} s{synced})")
+            elif isinstance(event, OutOfMemory):
+                self._print(f"step {event.step}: {event.describe()}")
             elif isinstance(event, ModelsDiverged):
                 self._print(f"WARNING: {event.describe()}")
             elif isinstance(event, ControlRefused):

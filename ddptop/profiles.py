@@ -47,5 +47,8 @@ def load_profile(name: str, known_flags: set[str]) -> dict[str, Any]:
         if bad:
             raise UsageError(f"profile {path.name}: a sweep config sets {', '.join(bad)}; "
                              f"only {', '.join(sorted(SWEEP_KEYS))} can change between segments")
+    until_oom = sweep.get("until_oom", False)
+    if not isinstance(until_oom, bool):
+        raise UsageError(f"profile {path.name}: [sweep] until_oom must be true or false")
     return {"name": path.stem, "run": run, "sweep": configs, "warmup": int(sweep.get("warmup", 5)),
-            "measure": int(sweep.get("measure", 20))}
+            "measure": int(sweep.get("measure", 20)), "until_oom": until_oom}

@@ -17,7 +17,9 @@ def tiny_config(**sync_changes) -> RunConfig:
     model = sync_changes.pop("model", "tiny")
     span_every = sync_changes.pop("span_every", 1)
     sync = SyncConfig(**{"batch_size": 16, **sync_changes})
-    return RunConfig(model=model, sync=sync, steps=steps, span_every=span_every, synthetic_size=640, eval=False)
+    # gloo on CPU, also on a GPU machine: the tests compare against CPU ground truth (tests/gpu/ runs CUDA)
+    return RunConfig(model=model, sync=sync, steps=steps, span_every=span_every, synthetic_size=640, eval=False,
+                     backend="gloo")
 
 
 def run_job(cfg: RunConfig, world_size: int = 2, timeout_s: float = 30.0, port: int = 0, token: str = "",

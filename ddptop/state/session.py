@@ -8,8 +8,8 @@ from typing import Iterable, Mapping
 
 from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop import metrics
-from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, RankJoined, RunFinished, RunStarted, StepDone,
-                           StepSpans, SystemSample)
+from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory, RankJoined, RunFinished, RunStarted,
+                           StepDone, StepSpans, SystemSample)
 from ddptop.metrics import Figures, SegmentFigures
 from ddptop.state.expected import expected_bytes
 from ddptop.state.nodes import NodeTracker
@@ -123,7 +123,7 @@ class SessionState:
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
                           RunFinished: self._finished, ConfigApplied: self._config, ControlRefused: self._refused,
                           RankLost: self._lost, RunState: self._run_state, LogLine: self._log,
-                          ModelsDiverged: self._diverged}
+                          ModelsDiverged: self._diverged, OutOfMemory: self._out_of_memory}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -214,6 +214,9 @@ class SessionState:
 
     def _log(self, e: LogLine) -> None:
         self.notices.append(f"rank {e.rank} {e.level}: {e.message}")
+
+    def _out_of_memory(self, e: OutOfMemory) -> None:
+        self.notices.append(f"step {e.step}: {e.describe()}")
 
     def _diverged(self, e: ModelsDiverged) -> None:
         self.diverged.append(e)

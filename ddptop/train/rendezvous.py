@@ -80,8 +80,9 @@ def from_slurm(env: Mapping[str, str], port: int | None) -> Rendezvous | None:
 
 
 def resolve(master: str | None, port: int | None, rank: int | None, world_size: int | None, local: int | None,
-            env: Mapping[str, str] | None = None) -> Rendezvous:
-    """Flags first, then torchrun's environment, then Slurm's; with none of them, 2 local ranks."""
+            env: Mapping[str, str] | None = None, default_local: int = 2) -> Rendezvous:
+    """Flags first, then torchrun's environment, then Slurm's; with none of them, `default_local` local ranks
+    (one per GPU on a CUDA machine, else 2: see train/devices.py)."""
     env = os.environ if env is None else env
     if local is not None:
         if local < 1:
@@ -98,4 +99,5 @@ def resolve(master: str | None, port: int | None, rank: int | None, world_size: 
     found = from_torchrun(env) or from_slurm(env, port)
     if found is not None:
         return found
-    return Rendezvous("127.0.0.1", port or 0, 0, world_size or 2, 0, world_size or 2, "local")
+    count = world_size or default_local
+    return Rendezvous("127.0.0.1", port or 0, 0, count, 0, count, "local")

@@ -18,7 +18,8 @@ from netns_cluster import Cluster, namespaces_work
 REASON = namespaces_work()
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON or "namespaces work")
 TESTS = Path(__file__).resolve().parents[1]
-RUN = ["--headless", "--no-eval", "--threads", "1", "--log-every", "50", "--port", "29511", "--timeout", "60"]
+RUN = ["--headless", "--no-eval", "--threads", "1", "--log-every", "50", "--port", "29511", "--timeout", "60", "--backend",
+       "gloo"]
 # tiny's 12 tensors fill one DDP bucket of 84 KB; per-parameter collectives need VGG-11's big tensors, since
 # per-message TCP/IP overhead would swamp tiny's 64-byte biases
 MODELS = {"tiny": (20986 * 4, ["--model", "tiny", "--synthetic-size", "1920", "--batch-size", "16", "--steps", "150"]),

@@ -13,7 +13,7 @@ import pytest
 from ddptop.control.store import free_port
 
 DDPTOP = [sys.executable, "-m", "ddptop"]
-TINY = ["--headless", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval"]
+TINY = ["--headless", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval", "--backend", "gloo"]
 
 
 def ddptop(*args: str, timeout: float = 120, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -121,3 +121,12 @@ def test_torchrun_environment_is_honoured():
     outputs = [p.communicate(timeout=90) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert "ranks found by torchrun" in outputs[0][1] and "step 3/3 loss" in outputs[0][0]
+
+
+def test_nccl_without_a_gpu_is_one_line_and_exit_2():
+    result = ddptop("--headless", "--local", "2", "--backend", "nccl", "--model", "tiny", "--steps", "2",
+                    env={"CUDA_VISIBLE_DEVICES": ""}, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "ddptop: --backend nccl needs a GPU and none is visible (CUDA_VISIBLE_DEVICES=''): use --backend gloo "
+        "(trains on CPU)"], result.stderr

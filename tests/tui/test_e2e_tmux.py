@@ -54,7 +54,7 @@ def _alive(pid: int) -> bool:
 def test_switch_strategy_in_the_ui_then_quit(tmp_path):
     name = f"ddptop-e2e-{os.getpid()}"
     record, status = tmp_path / "run.db", tmp_path / "exit"
-    command = (f"cd {REPO} && OMP_NUM_THREADS=1 {sys.executable} -m ddptop --local 2 --model tiny --steps 100000 "
+    command = (f"cd {REPO} && OMP_NUM_THREADS=1 {sys.executable} -m ddptop --local 2 --backend gloo --model tiny --steps 100000 "
                f"--synthetic-size 640 --batch-size 16 --no-eval --span-every 5 --record {record}; "
                f"echo $? > {status}; sleep 30")
     _tmux("new-session", "-d", "-s", name, "-x", "160", "-y", "48", command)
