@@ -170,13 +170,23 @@ class NicStat:
 
 @dataclass(frozen=True)
 class GpuStat:
-    index: int
+    """One GPU a rank trains on, through NVML. None: the device does not report that metric (MIG slices, some
+    boards), or a rate has no previous reading yet. Fields after temp_c came later: older recordings read None."""
+
+    index: int  # nvidia-smi's index of the physical GPU
     name: str
-    util_percent: float | None  # None where NVML refuses the metric (MIG slices, some boards)
-    mem_used_bytes: int | None
+    util_percent: float | None  # share of the last sample period in which a kernel ran ("volatile GPU-util")
+    mem_used_bytes: int | None  # the whole GPU, every process
     mem_total_bytes: int | None
     power_w: float | None
     temp_c: float | None
+    sm_clock_mhz: float | None = None
+    pcie_rx_bytes_s: float | None = None  # NVML's PCIe throughput, a 20 ms window
+    pcie_tx_bytes_s: float | None = None
+    nvlink_rx_bytes_s: float | None = None  # data over every NVLink of the GPU; None without NVLink
+    nvlink_tx_bytes_s: float | None = None
+    proc_mem_bytes: int | None = None  # this rank's process alone (context and allocator), as NVML counts it
+    uuid: str = ""
 
 
 @dataclass(frozen=True)

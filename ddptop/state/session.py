@@ -20,6 +20,10 @@ RECENT_STEPS = 10  # the window of "now" figures (header img/s, the ranks' rolli
 SPAN_STEPS = 64  # sampled steps kept (all ranks together) for moving through the timeline
 UTIL_HISTORY = 240  # system samples kept per rank (2 minutes at the sampler's 0.5 s)
 NOTICES = 50
+GPU_HISTORIES = {"gpu": "util_percent", "gpu_mem": "mem_used_bytes", "power": "power_w",  # UtilView name → GpuStat
+                 "proc_gpu_mem": "proc_mem_bytes", "temp": "temp_c", "sm_clock": "sm_clock_mhz",
+                 "pcie_rx": "pcie_rx_bytes_s", "pcie_tx": "pcie_tx_bytes_s", "nvlink_rx": "nvlink_rx_bytes_s",
+                 "nvlink_tx": "nvlink_tx_bytes_s"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,14 +171,13 @@ class SessionState:
     def _system(self, e: SystemSample) -> None:
         self._set(e.rank, system=e, host=e.host if self._rank(e.rank).host == "?" else self._rank(e.rank).host)
         hist = self.util.setdefault(e.rank, {k: collections.deque(maxlen=UTIL_HISTORY)
-                                             for k in ("cpu", "rss", "gpu", "gpu_mem", "power")})
+                                             for k in ("cpu", "rss", *GPU_HISTORIES)})
         hist["cpu"].append(e.proc_cpu_percent)
         hist["rss"].append(float(e.proc_rss_bytes))
         gpu = e.gpus[0] if e.gpus else None
         if gpu is not None:
-            hist["gpu"].append(gpu.util_percent or 0.0)
-            hist["gpu_mem"].append(float(gpu.mem_used_bytes or 0))
-            hist["power"].append(gpu.power_w or 0.0)
+            for name, attr in GPU_HISTORIES.items():
+                hist[name].append(float(getattr(gpu, attr) or 0))
         view = self.ranks[e.rank]
         self.nodes.sample(e, view.last.step + 1 if view.last else 0)
 

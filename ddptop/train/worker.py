@@ -23,6 +23,7 @@ from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
 from ddptop.events import RankJoined
 from ddptop.probes.clock import clock_for
 from ddptop.probes.step import StepProbe
+from ddptop.sources.gpu import cuda_uuid
 from ddptop.sources.sampler import SystemSampler
 from ddptop.sources.system import job_interface
 from ddptop.train import devices
@@ -100,7 +101,8 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     sampler = None
     if cfg.probes != "off":
         gpus = [device.index] if device.type == "cuda" else []
-        sampler = SystemSampler(rdv.rank, me["host"], iface, publisher.emit, gpu_indices=gpus)
+        sampler = SystemSampler(rdv.rank, me["host"], iface, publisher.emit, gpu_indices=gpus,
+                                gpu_uuids=[cuda_uuid(i) for i in gpus])
         sampler.start()
     agent = None
     try:
