@@ -130,3 +130,9 @@ def test_nccl_without_a_gpu_is_one_line_and_exit_2():
     assert result.stderr.splitlines() == [
         "ddptop: --backend nccl needs a GPU and none is visible (CUDA_VISIBLE_DEVICES=''): use --backend gloo "
         "(trains on CPU)"], result.stderr
+
+
+def test_loader_workers_feed_a_rank():
+    result = ddptop("--local", "1", "--steps", "3", "--workers", "2", "--strategy", "single", *TINY)
+    assert result.returncode == 0, result.stderr
+    assert "finished: 3 steps on 1 ranks (done)" in result.stdout.splitlines()

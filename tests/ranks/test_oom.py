@@ -97,6 +97,16 @@ def test_the_models_stay_identical(live):
         assert prints[0] == prints[1], segment
 
 
+def test_both_backends_were_bound_to_the_job_interface_in_every_rank(live):
+    """Set before the first process group (the control group included); the master is 127.0.0.1, so: lo."""
+    from ddptop.events import RankJoined
+    from ddptop.sources.system import loopback_interface
+
+    _, events, _ = live
+    joined = [(e.gloo_ifname, e.nccl_ifname) for e in events if isinstance(e, RankJoined)]
+    assert joined == [(loopback_interface(), loopback_interface())] * 2
+
+
 def test_the_trial_step_of_a_batch_that_fits_is_measured_like_any_other(live):
     _, events, answers = live
     for rank in (0, 1):
