@@ -53,8 +53,8 @@ def _rank(rank, world, port, strategy, async_op, model_name, batch, steps, threa
     criterion = torch.nn.CrossEntropyLoss()
     times = []
     iterator = iter(loader)
-    for _ in range(steps):
-        t0 = time.perf_counter()
+    top = time.perf_counter()
+    for _ in range(steps):  # a step: loop top to loop top, like ddptop's step boundaries
         inputs, labels = next(iterator)
         opt.zero_grad(set_to_none=True)
         loss = criterion(forward(inputs), labels)
@@ -62,8 +62,10 @@ def _rank(rank, world, port, strategy, async_op, model_name, batch, steps, threa
         if strategy != "ddp":
             sync_gradients(model, strategy, rank, world, async_op)
         opt.step()
-        times.append(time.perf_counter() - t0)
         loss.item()
+        now = time.perf_counter()
+        times.append(now - top)
+        top = now
     if rank == 0:
         with open(out_path, "w") as f:
             f.write("\n".join(map(str, times)))

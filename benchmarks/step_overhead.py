@@ -1,7 +1,9 @@
 """Step time of ddptop vs a plain torch script (issue 2: ≤1.02×) and `--probes all` vs `--probes off` (issue 3: ≤1.01×).
 
 VGG-11, batch 64 per rank, 2 local gloo ranks, each strategy; all measured in this one run, interleaved, on
-the same machine. Prints a markdown table (medians of the measured steps, warm-up steps dropped).
+the same machine. Both sides time the whole loop: ddptop's step time runs from one step boundary to the next
+(the control exchange, the probes and handing events to the publisher included) and the plain script's from
+one loop top to the next. Prints a markdown table (medians of the measured steps, warm-up steps dropped).
 
     .venv/bin/python benchmarks/step_overhead.py [--steps 12] [--warmup 2] [--model vgg11] [--rounds 1]
 """

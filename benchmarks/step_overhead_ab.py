@@ -1,24 +1,27 @@
-"""Step time of plain torch vs ddptop `--probes off` vs `--probes all`, interleaved in the same rank processes.
+"""The whole training loop: plain torch vs ddptop `--probes off` vs `--probes all`, interleaved in the same ranks.
 
-Separate runs on a 2-core VM differ by ±10% from process placement alone, more than the targets (ddptop vs
-plain ≤1.02×, probes all vs off ≤1.01×). Here the three modes alternate in blocks of steps inside one pair of
-rank processes on one model, so placement, caches and clock drift hit all three alike:
+Separate runs on a 2-core VM differ by ±10% from process placement alone, more than the targets. Here the three
+modes alternate in blocks of steps inside one pair of rank processes on one model, so placement, caches and
+clock drift hit all three alike. Every mode is timed the same way: the wall clock of a block of whole loop
+iterations, from one loop top to the one B iterations later (the data loader, forward, backward, the sync, the
+optimizer step, and whatever the loop does around them):
 
-- plain: the benchmark's own loop (DataLoader, forward, backward, the CS744-style sync or plain DDP, SGD step);
-- off:   ddptop's Trainer step with `--probes off` (one perf_counter, the loss as a number);
-- all:   ddptop's Trainer step with `--probes all`: clock marks, every collective stamped (DDP through the comm
-         hook), per-layer hooks every --span-every step, StepDone/StepSpans built and published through the real
-         telemetry bus to a store in the parent (which runs the collector, as the front does), and the
-         system sampler thread running.
+- plain: the benchmark's own loop (CS744-style sync or plain DDP), `loss.item()` every step;
+- off:   ddptop's real loop body with `--probes off`: the step boundary (the control agent's pipelined exchange,
+         a real ControlAgent with its control thread), the step probe, events to the real telemetry bus;
+- all:   the same with `--probes all`: clock marks, every collective stamped (DDP through the comm hook), layer
+         hooks every --span-every step, spans resolved on the publisher thread, the system sampler running.
 
-Each block rebuilds the strategy for its mode (the comm hook belongs to the probe) and drops its first step.
+Besides the ratios it reports ddptop's own cost measured from inside: the median `own_s` of the StepDone events
+the ranks published (time the training thread spent in ddptop code), in µs and as a share of the step.
 
-    .venv/bin/python benchmarks/step_overhead_ab.py [--blocks 8] [--block-steps 5] [--model vgg11] [--batch 64]
+    .venv/bin/python benchmarks/step_overhead_ab.py [--blocks 4] [--block-steps 10] [--model vgg11] [--batch 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -36,19 +39,21 @@ from plain_torch import sync_gradients  # noqa: E402
 
 from ddptop.config import RunConfig, SyncConfig  # noqa: E402
 from ddptop.control import store as stores  # noqa: E402
+from ddptop.control.agent import ControlAgent, Decision  # noqa: E402
 from ddptop.control.bus import Collector, Publisher  # noqa: E402
+from ddptop.events import StepDone  # noqa: E402
 from ddptop.probes.clock import CpuClock  # noqa: E402
-from ddptop.probes.comm import CommRecorder  # noqa: E402
-from ddptop.probes.off import MinimalStepProbe  # noqa: E402
 from ddptop.probes.step import StepProbe  # noqa: E402
 from ddptop.sources.sampler import SystemSampler  # noqa: E402
 from ddptop.train.loop import Trainer  # noqa: E402
 
 CASES = [("single", False), ("gather-scatter", False), ("allreduce", False), ("allreduce", True), ("ddp", False)]
 MODES = ("plain", "off", "all")
+TOKEN = "benchmark-token"
 
 
-def plain_step(trainer: Trainer, forward, inputs, labels, criterion, strategy: str, async_op: bool) -> None:
+def plain_iteration(trainer: Trainer, forward, iterator, criterion, strategy: str, async_op: bool) -> None:
+    inputs, labels = next(iterator)
     trainer.optimizer.zero_grad(set_to_none=True)
     loss = criterion(forward(inputs), labels)
     loss.backward()
@@ -58,61 +63,76 @@ def plain_step(trainer: Trainer, forward, inputs, labels, criterion, strategy: s
     loss.item()
 
 
+def ddptop_iteration(trainer: Trainer, agent: ControlAgent, criterion) -> None:
+    """What Trainer.run does for one step (the loop body, unchanged)."""
+    trainer.probe.begin()
+    trainer._boundary(agent)
+    trainer.probe.ready(trainer.step, trainer.segment, trainer.segment_start)
+    inputs, labels = trainer._next_batch(criterion)
+    trainer._train_step(inputs, labels, criterion)
+
+
 def _rank(rank, world, port, store_port, args, out_path):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    publisher = Publisher(stores.ddptop_view(stores.connect("127.0.0.1", store_port, 30)), rank)
-    lines = []
+
+    def connect():
+        return stores.ddptop_view(stores.connect("127.0.0.1", store_port, 30))
+
+    publisher = Publisher(connect(), rank)
+    clock = CpuClock()
+    probes = {"plain": StepProbe(rank, clock, publisher.emit, detail=False),
+              "off": StepProbe(rank, clock, publisher.emit, detail=False),
+              "all": StepProbe(rank, clock, publisher.emit, args.span_every, spans=True)}
+    first = SyncConfig(strategy="single", batch_size=args.batch)
+    cfg = RunConfig(model=args.model, sync=first, eval=False, span_every=args.span_every,
+                    synthetic_size=max(12800, args.batch * world * (args.block_steps + 2) * 2))
+    trainer = Trainer(cfg, rank, world, torch.device("cpu"), publisher.emit, probes["off"])
+    agent = ControlAgent(rank, world, TOKEN, connect, publisher.emit, trainer.check, first)
+    criterion = torch.nn.CrossEntropyLoss()
+    lines, segments = [], {}  # segment → (case, mode): one trainer, so segment numbers are unique
     for strategy, async_op in CASES:
-        sync = SyncConfig(strategy=strategy, async_op=async_op, batch_size=args.batch)
-        cfg = RunConfig(model=args.model, sync=sync, eval=False, span_every=args.span_every,
-                        synthetic_size=max(12800, args.batch * world * args.blocks * args.block_steps * 3))
-        clock = CpuClock()
-        probes = {"plain": MinimalStepProbe(rank), "off": MinimalStepProbe(rank),
-                  "all": StepProbe(rank, clock, CommRecorder(clock), args.span_every, spans=True)}
-        trainer = Trainer(cfg, rank, world, torch.device("cpu"), publisher.emit, probes["off"])
-        trainer.start_segment(sync)
-        criterion = torch.nn.CrossEntropyLoss()
-        iterator = trainer._epoch_iterator()
+        case = f"{strategy}{' async' if async_op else ''}"
+        sync = first.replace(strategy=strategy, async_op=async_op)
         times = {m: [] for m in MODES}
         for block in range(args.blocks * len(MODES)):
             mode = MODES[block % len(MODES)]
             trainer.probe = probes[mode]
-            trainer.start_segment(sync)
-            forward = trainer.forward_module  # for plain DDP: the wrapper with no comm hook (the probe is off)
+            trainer.start_segment(Decision(0, sync, f"benchmark {mode}"), agent if mode != "plain" else None)
+            segments[trainer.segment] = (case, mode)
+            forward = trainer.forward_module  # plain DDP: the wrapper without the comm hook (the probe is off)
+            plain_iter = iter(trainer.loader)
             sampler = SystemSampler(rank, "bench", "lo", publisher.emit) if mode == "all" else None
             if sampler:
                 sampler.start()
-            for i in range(args.block_steps):
-                dist.barrier()  # every block step starts together on both ranks, as lockstep training does
-                t0 = time.perf_counter()
+            dist.barrier()
+            for i in range(args.block_steps + 2):  # the first iteration of a block (a new DDP) is not timed
+                if i == 1:
+                    t0 = time.perf_counter()
                 if mode == "plain":
-                    inputs, labels = next(iterator)
-                    plain_step(trainer, forward, inputs, labels, criterion, strategy, async_op)
+                    plain_iteration(trainer, forward, plain_iter, criterion, strategy, async_op)
+                    trainer.step += 1
                 else:
-                    trainer.probe.start(trainer.step)
-                    inputs, labels = next(iterator)
-                    trainer._train_step(inputs, labels, criterion)
-                    trainer._flush_events()
-                dt = time.perf_counter() - t0
-                if i > 0:
-                    times[mode].append(dt)
+                    ddptop_iteration(trainer, agent, criterion)
+                if i == args.block_steps:
+                    times[mode].append((time.perf_counter() - t0) / args.block_steps)
+            trainer.probe.close()
             if sampler:
                 sampler.stop()
         med = {m: statistics.median(times[m]) for m in MODES}
-        lines.append(f"{strategy}{' async' if async_op else ''} {med['plain']} {med['off']} {med['all']} "
-                     f"{len(times['all'])}")
+        lines.append(f"{case}|{med['plain']}|{med['off']}|{med['all']}")
+    agent.close()
     publisher.close()
     if rank == 0:
         with open(out_path, "w") as f:
-            f.write("\n".join(lines))
+            json.dump({"lines": lines, "segments": segments}, f)
     dist.destroy_process_group()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--blocks", type=int, default=8, help="blocks per mode")
-    ap.add_argument("--block-steps", type=int, default=5)
+    ap.add_argument("--blocks", type=int, default=4, help="blocks per mode")
+    ap.add_argument("--block-steps", type=int, default=10, help="timed steps per block (one sampled step in 10)")
     ap.add_argument("--model", default="vgg11")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--span-every", type=int, default=10)
@@ -120,27 +140,50 @@ def main() -> None:
     server = stores.serve(0)
     collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", server.port, 30)), 2)
     done = threading.Event()
-    drained = [0]
+    events = []
 
     def collect():  # the front's job: drain the bus while the ranks train
         while not done.wait(0.2):
-            drained[0] += len(collector.poll())
+            events.extend(collector.poll())
 
-    threading.Thread(target=collect, daemon=True).start()
+    thread = threading.Thread(target=collect, daemon=True)
+    thread.start()
     out = f"/tmp/ddptop-ab-{os.getpid()}.txt"
     mp.spawn(_rank, args=(2, stores.free_port(), server.port, args, out), nprocs=2)
+    time.sleep(0.5)
     done.set()
-    print(f"{args.model}, batch {args.batch}/rank, 2 local gloo ranks, {os.cpu_count()} cores; modes interleaved in "
-          f"blocks of {args.block_steps} steps, {args.blocks} blocks each; median s/step; "
-          f"{drained[0]} events collected\n")
-    print("| strategy | plain torch | ddptop --probes off | ddptop --probes all | off / plain | all / plain | all / off |")
-    print("|---|---|---|---|---|---|---|")
+    thread.join()
+    events.extend(collector.poll())
     with open(out) as f:
-        for line in f.read().splitlines():
-            *name, plain, off, on, n = line.split()
-            p, o, a = float(plain), float(off), float(on)
-            print(f"| {' '.join(name)} | {p:.3f} | {o:.3f} | {a:.3f} | {o / p:.3f}× | {a / p:.3f}× | {a / o:.3f}× |")
+        result = json.load(f)
     os.unlink(out)
+    own = _own_costs(events, result["segments"])
+    print(f"{args.model}, batch {args.batch}/rank, 2 local gloo ranks, {os.cpu_count()} cores; modes interleaved in "
+          f"blocks of {args.block_steps} steps, {args.blocks} blocks each; median s/step of whole loop iterations; "
+          f"ddptop's own cost: median own_s of the published steps, both ranks\n")
+    print("| strategy | plain torch | ddptop --probes off | ddptop --probes all | off / plain | all / plain | all / off "
+          "| ddptop's own cost, off | ddptop's own cost, all |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for line in result["lines"]:
+        name, plain, off, on = line.split("|")
+        p, o, a = float(plain), float(off), float(on)
+        cost = {m: own.get((name, m), 0.0) for m in ("off", "all")}
+        print(f"| {name} | {p:.3f} | {o:.3f} | {a:.3f} | {o / p:.3f}× | {a / p:.3f}× | {a / o:.3f}× "
+              f"| {cost['off'] * 1e6:.0f} µs ({cost['off'] / o:.3%}) | {cost['all'] * 1e6:.0f} µs ({cost['all'] / a:.3%}) |")
+
+
+def _own_costs(events, segments: dict) -> dict:
+    """(case, mode) → median own_s of the steps the ranks published in that mode's segments (after each block's
+    untimed first step)."""
+    first: dict = {}
+    values: dict = {}
+    for e in events:
+        if isinstance(e, StepDone):
+            case, mode = segments.get(str(e.segment), ("?", "plain"))
+            if mode == "plain" or e.step == first.setdefault((e.rank, e.segment), e.step):
+                continue
+            values.setdefault((case, mode), []).append(e.own_s)
+    return {k: statistics.median(v) for k, v in values.items() if v}
 
 
 if __name__ == "__main__":

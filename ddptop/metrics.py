@@ -17,8 +17,9 @@ from ddptop.events import ConfigApplied, Event, StepDone
 # name → (unit, definition). The README glossary is this table in prose.
 GLOSSARY: dict[str, tuple[str, str]] = {
     "step time": ("s", "wall clock from one step boundary to the next on one rank: everything the training thread "
-                       "does for that step, ddptop's own work included; a pause, a configuration switch and the "
-                       "end-of-epoch test are not part of any step"),
+                       "does for that step, ddptop's own work included; a pause, a configuration switch, waiting at "
+                       "the first boundary for every rank to start and the end-of-epoch test are not part of any "
+                       "step"),
     "images/s": ("img/s", "images trained in a window of steps divided by the wall time of those steps; for the "
                           "job, every rank's images divided by the slowest rank's time"),
     "data": ("s", "waiting for the next batch and copying it to the device"),

@@ -45,7 +45,7 @@ class Boundary:
 
     decision: Decision | None
     stop: bool
-    waited_s: float = 0.0  # time spent paused at this boundary (not part of any step)
+    waited_s: float = 0.0  # time spent paused, or waiting for every rank to start (not part of any step)
 
 
 class ControlAgent:
@@ -69,6 +69,7 @@ class ControlAgent:
         self._sent: dict[int, Decision] = {}  # rank 0: broadcast, not yet applied
         self._sent_id = 0
         self._inflight: tuple | None = None  # the broadcast launched at the previous boundary
+        self._start_wait = 0.0
         self._latest = initial  # rank 0: the config the newest accepted request leads to
         self._paused = False
         self._stop_requested = False
@@ -99,6 +100,7 @@ class ControlAgent:
             decision = self._decision(request_id)
             self._applied_id = request_id
         waited = time.perf_counter() - waited_from if waited_from is not None else 0.0
+        waited, self._start_wait = waited + self._start_wait, 0.0
         return Boundary(decision, bool(stop), waited)
 
     def applied(self, decision: Decision, step: int, segment: int, answer: bool = True) -> None:
@@ -150,10 +152,14 @@ class ControlAgent:
         one boundary later than a blocking broadcast would apply it."""
         if self.group is None:
             return tuple(self._state())
-        if self._inflight is None:  # the first boundary: every rank starts here together
+        first = self._inflight is None
+        if first:  # the first boundary: every rank starts here together
             self._inflight = self._launch()
         handle, flags = self._inflight
+        began = time.perf_counter()
         handle.wait()
+        if first:  # waiting for the last rank to start is not ddptop's cost: set aside like a pause
+            self._start_wait = time.perf_counter() - began
         self._inflight = self._launch()
         return tuple(int(x) for x in flags.tolist())
 

@@ -35,6 +35,7 @@ class _Step:
     epoch: int = 0
     batch_size: int = 0
     sampled: bool = False
+    overlapped_backward: bool = False  # the step's own segment's (a switch may come before it is resolved)
     marks: dict[str, Any] = field(default_factory=dict)
     aside: dict[str, float] = field(default_factory=dict)  # seconds set aside (pause, switch, test) per phase
     own: dict[str, float] = field(default_factory=dict)  # ddptop's own seconds per phase
@@ -98,7 +99,7 @@ class StepProbe:
 
         A segment's first step is never sampled (DDP's first iteration has one bucket for everything)."""
         cur = self._cur
-        cur.step, cur.segment = step, segment
+        cur.step, cur.segment, cur.overlapped_backward = step, segment, self.overlapped_backward
         cur.sampled = self.sampled = (self.spans and step > segment_start
                                       and (step - segment_start - 1) % self.span_every == 0)
         self.mark("ready")
@@ -158,7 +159,7 @@ class StepProbe:
         comm = [Span(c.kind, c.name, rel(c.start), rel(c.end) - rel(c.start), c.nbytes, c.tx_bytes, c.rx_bytes)
                 for c in p.comm]
         bwd_end = at["bwd"]
-        if self.overlapped_backward:  # backward computes until the last bucket is launched, then waits for it
+        if p.overlapped_backward:  # backward computes until the last bucket is launched, then waits for it
             launches = [s.start_s for s in comm if s.kind == "comm" and at["fwd"] <= s.start_s <= at["bwd"]]
             bwd_end = max(launches, default=bwd_end)
 
@@ -189,7 +190,6 @@ class StepProbe:
         spans.append(Span("opt", "optimizer", at["sync"], at["opt"] - at["sync"]))
         spans.sort(key=lambda s: s.start_s)
         return [StepSpans(rank=self.rank, step=p.step, segment=p.segment, t0=p.wall_t0, spans=tuple(spans)), done]
-
 
     def _wait(self, p: _Step) -> None:
         """Until every mark of the step can be read. The phase and layer marks precede `end` on the training

@@ -36,6 +36,9 @@ def test_ctl_changes_a_running_job_and_stops_it(tmp_path):
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("applied at step ")
         assert "allreduce async batch=16" in ctl("status", env=env).stdout
+        # settings that mean nothing for the strategy in force are refused, never shown as in force
+        assert_one_line_error(ctl("set", "bucket_mb=10", env=env), 2, "bucket_mb applies only to ddp")
+        assert_one_line_error(ctl("set", "strategy=ddp", "async_op=true", env=env), 2, "async_op applies only")
         assert_one_line_error(ctl("set", "batch_size=0", env=env), 2, "batch size")
         assert_one_line_error(ctl("set", "strategy=ring", env=env), 2, "strategy")
         assert_one_line_error(ctl("set", "nonsense", env=env), 2, "KEY=VALUE")
@@ -89,3 +92,31 @@ def test_attach_watches_a_running_job_and_detaching_leaves_it_running(tmp_path):
         if job.poll() is None:
             job.kill()
     assert job.returncode == 0
+
+
+def test_a_sweep_reports_segment_0_everywhere_and_refuses_set(tmp_path):
+    """A profile whose sweep starts with `single` while the flags say ddp: everything shows `single` (what runs),
+    and a `set` during the sweep is refused with the reason instead of being merged into it."""
+    profile = tmp_path / "two.toml"
+    profile.write_text('[run]\nmodel = "tiny"\n[sweep]\nwarmup = 0\nmeasure = 1000\n'
+                       'configs = [{ strategy = "single" }, { strategy = "ddp", bucket_mb = 5 }]\n')
+    env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs"), "DDPTOP_TEST_MODEL": "sleep-ms=20"}
+    record = tmp_path / "sweep.db"
+    job = subprocess.Popen(DDPTOP + ["--local", "2", "--profile", str(profile), "--strategy", "ddp", "--record",
+                                     str(record), *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=env)
+    try:
+        status = wait_for_status(env)
+        assert "single batch=16" in status and "segment 0" in status, status
+        assert_one_line_error(ctl("set", "lr=0.05", env=env), 1, "sweep")
+        assert "single batch=16" in ctl("status", env=env).stdout
+        assert ctl("stop", env=env).returncode == 0
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, err
+    first = next(line for line in out.splitlines() if line.startswith("training "))
+    assert ", single, batch 16/rank" in first
+    info = subprocess.run(DDPTOP + ["info", str(record)], capture_output=True, text=True, timeout=60)
+    assert "single batch=16" in info.stdout and "ddp" not in info.stdout.split("segments")[1].splitlines()[2]

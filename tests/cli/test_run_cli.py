@@ -13,7 +13,8 @@ import pytest
 from ddptop.control.store import free_port
 
 DDPTOP = [sys.executable, "-m", "ddptop"]
-TINY = ["--headless", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval", "--backend", "gloo"]
+TINY = ["--headless", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval",
+        "--backend", "gloo"]  # gloo on CPU on every machine (on a GPU machine too)
 
 
 def ddptop(*args: str, timeout: float = 120, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -121,6 +122,35 @@ def test_torchrun_environment_is_honoured():
     outputs = [p.communicate(timeout=90) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert "ranks found by torchrun" in outputs[0][1] and "step 3/3 loss" in outputs[0][0]
+
+
+def test_resnet18_trains_and_save_keeps_the_model_the_ranks_reported(tmp_path):
+    """ResNet-18 with the default probes (layer hooks on sampled steps; torchvision adds in place after a hooked
+    BatchNorm), and --save: the file's parameters hash to rank 0's final fingerprint in the recording."""
+    import hashlib
+    import json
+    import sqlite3
+
+    import torch
+
+    from ddptop.train.models import build_model
+
+    saved, record = tmp_path / "resnet.pt", tmp_path / "resnet.db"
+    result = ddptop("--headless", "--local", "2", "--backend", "gloo", "--model", "resnet18", "--batch-size", "8",
+                    "--steps", "3",
+                    "--span-every", "1", "--synthetic-size", "320", "--no-eval", "--save", str(saved),
+                    "--record", str(record), timeout=300)
+    assert result.returncode == 0, result.stderr
+    state = torch.load(saved, map_location="cpu", weights_only=True)
+    digest = hashlib.sha256()
+    for name, _ in build_model("resnet18").named_parameters():  # README: raw bytes, named_parameters() order
+        digest.update(state[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    with sqlite3.connect(record) as db:
+        finished = [json.loads(data) for (data,) in db.execute("SELECT data FROM events WHERE kind = 'run_finished'")]
+    assert {f["rank"]: f["fingerprint"] for f in finished}[0] == digest.hexdigest()
+    assert len({f["fingerprint"] for f in finished}) == 1  # DDP: both ranks hold the same model
+    assert_one_line_error(ddptop("--headless", "--local", "2", "--backend", "gloo", "--model", "tiny", "--save",
+                                  str(saved)), 2, "exists")
 
 
 def test_nccl_without_a_gpu_is_one_line_and_exit_2():
