@@ -19,7 +19,7 @@ from ddptop.errors import UsageError
 from ddptop.events import EpochDone, Event, OutOfMemory, RunFinished, RunStarted
 from ddptop.probes.own import now
 from ddptop.train.data import build_datasets, make_loader
-from ddptop.train.devices import loader_workers
+from ddptop.train.devices import check_strategy, loader_workers
 from ddptop.train.models import build_model, layer_param_counts, test_tweaks
 from ddptop.train.strategies import Strategy, build_strategy
 from ddptop.train.sync_state import broadcast_state, fingerprint, model_bytes
@@ -101,6 +101,8 @@ class Trainer:
 
     def check(self, sync: SyncConfig) -> None:
         """Rank 0 refuses a configuration this data cannot train before any rank sees it."""
+        if self.device.type == "cuda" and dist.is_initialized():  # gloo moves CUDA tensors for some collectives only
+            check_strategy("cuda", dist.get_backend(), sync.strategy)
         if sync.batch_size * self.world_size > len(self.train_set):
             raise UsageError(f"batch size {sync.batch_size} x {self.world_size} ranks is more than the "
                              f"{len(self.train_set)} training images")
