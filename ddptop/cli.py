@@ -9,7 +9,7 @@ import sys
 from typing import Sequence
 
 from ddptop import __version__
-from ddptop.config import BACKENDS, DATASETS, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig, SyncConfig
+from ddptop.config import BACKENDS, DATASETS, DEVICES, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig, SyncConfig
 from ddptop.errors import DdptopError, UsageError
 
 
@@ -70,12 +70,16 @@ def run_parser() -> argparse.ArgumentParser:
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"ddptop {__version__}")
     where = p.add_argument_group("where the ranks run (default: 2 local ranks)")
-    where.add_argument("--local", type=int, metavar="N", help="start N ranks on this machine")
+    where.add_argument("--local", type=int, metavar="N",
+                       help="start N ranks on this machine (default: one per visible GPU, else 2)")
     where.add_argument("--master", metavar="HOST", help="address of rank 0's machine")
     where.add_argument("--rank", type=int, metavar="R", help="this machine's rank (with --master)")
     where.add_argument("--world-size", type=int, metavar="N", help="number of ranks in the job")
     where.add_argument("--port", type=int, metavar="P", help="ddptop's store port (default 29511; free port for --local)")
-    where.add_argument("--backend", choices=BACKENDS, default="auto", help="gloo on CPU, nccl with CUDA (auto)")
+    where.add_argument("--backend", choices=BACKENDS, default="auto",
+                       help="auto: nccl when every local rank has its own GPU, else gloo on CPU")
+    where.add_argument("--device", choices=DEVICES, default="auto",
+                       help="auto: CUDA under nccl, CPU under gloo; cuda with gloo: CUDA tensors over gloo")
     where.add_argument("--iface", help="network interface to watch (default: the one that routes to the master)")
     where.add_argument("--timeout", type=float, default=60.0, metavar="S",
                        help="give up on an unreachable master or missing ranks after S seconds (60)")
@@ -95,6 +99,8 @@ def run_parser() -> argparse.ArgumentParser:
     what.add_argument("--synthetic-size", type=int, default=12800, help="training images of the synthetic set")
     what.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation at each epoch's end")
     what.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)")
+    what.add_argument("--workers", type=int, default=-1, metavar="N",
+                      help="data loader processes per rank (default: 0 on CPU, cores per rank up to 4 on a GPU)")
     sync = p.add_argument_group("gradient synchronization")
     sync.add_argument("--strategy", choices=STRATEGIES, default="ddp",
                       help="how gradients are synchronized: none, gather+scatter at rank 0, per-parameter "
@@ -147,9 +153,10 @@ def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> R
         raise UsageError(f"--bucket-mb applies only to ddp, not to {args.strategy}")
     sync = sweep[0] if sweep else sync  # what runs first is what every report of the start says
     extra = {"sweep": sweep, "sweep_warmup": profile["warmup"], "sweep_measure": profile["measure"],
-             "profile": profile["name"]} if profile else {}
+             "sweep_until_oom": profile["until_oom"], "profile": profile["name"]} if profile else {}
     return RunConfig(**extra, model=args.model, dataset=args.dataset, data_dir=os.path.abspath(args.data_dir),
-                     sync=sync, epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend, probes=args.probes,
+                     sync=sync, epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend,
+                     device=args.device, workers=args.workers, probes=args.probes,
                      span_every=args.span_every, iface=args.iface, threads=args.threads,
                      synthetic_size=args.synthetic_size, eval=not args.no_eval, save=_save_path(args.save))
 
@@ -176,13 +183,20 @@ def cmd_run(argv: Sequence[str]) -> int:
         raise UsageError(f"--lost-after must be 1 to 3600 seconds, got {args.lost_after:g}")
     if args.record_required and args.no_record:
         raise UsageError("--record-required and --no-record contradict each other")
-    from ddptop.train import rendezvous
+    from ddptop.train import devices, rendezvous
     from ddptop.train.data import ensure_dataset
 
-    rdv = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local)
+    gpus = devices.visible_gpus()
+    rdv = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local,
+                             default_local=devices.default_local(cfg.backend, cfg.device, gpus))
     rendezvous.check_host(rdv.master, rdv.port)
     if args.local is not None and args.world_size not in (None, args.local):
         raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
+    placement = devices.place(cfg.backend, cfg.device, rdv.local_world_size, gpus)  # this machine's ranks
+    for sync in cfg.sweep or (cfg.sync,):
+        devices.check_strategy(placement.device, placement.backend, sync.strategy)
+    if placement.note:
+        print(f"ddptop: {placement.note}", file=sys.stderr)
     ensure_dataset(cfg)
     from ddptop.front.recording import choose
     from ddptop.run import records_here, run

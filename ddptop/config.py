@@ -14,6 +14,7 @@ MODELS = ("vgg11", "resnet18", "tiny")
 DATASETS = ("synthetic", "cifar10", "mnist")
 BACKENDS = ("auto", "gloo", "nccl")
 PROBE_LEVELS = ("all", "system", "off")
+DEVICES = ("auto", "cpu", "cuda")
 
 MAX_BATCH_SIZE = 65536
 MAX_BUCKET_MB = 4096.0
@@ -95,6 +96,8 @@ class RunConfig:
     steps: int = 0  # 0: run the epochs to the end; otherwise stop after this many steps in all
     seed: int = 0
     backend: str = "auto"
+    device: str = "auto"  # auto: CUDA under nccl, CPU under gloo (the policy: train/devices.py)
+    workers: int = -1  # loader worker processes per rank; -1: 0 on CPU, one per core up to 4 on a GPU
     probes: str = "all"
     span_every: int = 10
     iface: str | None = None
@@ -105,6 +108,7 @@ class RunConfig:
     sweep: tuple[SyncConfig, ...] = ()
     sweep_warmup: int = 5
     sweep_measure: int = 20
+    sweep_until_oom: bool = False  # a sweep of growing batches stops at the first one that does not fit
     profile: str = ""
     save: str = ""  # --save FILE: rank 0 writes its final state_dict here (torch.save)
 
@@ -112,6 +116,9 @@ class RunConfig:
         _check_choice("model", self.model, MODELS)
         _check_choice("dataset", self.dataset, DATASETS)
         _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("device", self.device, DEVICES)
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < -1:
+            raise UsageError(f"--workers must be a whole number ≥ 0, got {self.workers!r}")
         _check_choice("probe level", self.probes, PROBE_LEVELS)
         for name in ("epochs", "steps", "span_every", "threads", "synthetic_size"):
             value = getattr(self, name)

@@ -55,6 +55,8 @@ class RankJoined(Event):
     ddptop_version: str
     rank_source: str
     t: float
+    gloo_ifname: str = ""  # the interface gloo and nccl bind to (GLOO_/NCCL_SOCKET_IFNAME; older files: "")
+    nccl_ifname: str = ""
 
 
 @dataclass(frozen=True)
@@ -170,13 +172,23 @@ class NicStat:
 
 @dataclass(frozen=True)
 class GpuStat:
-    index: int
+    """One GPU a rank trains on, through NVML. None: the device does not report that metric (MIG slices, some
+    boards), or a rate has no previous reading yet. Fields after temp_c came later: older recordings read None."""
+
+    index: int  # nvidia-smi's index of the physical GPU
     name: str
-    util_percent: float | None  # None where NVML refuses the metric (MIG slices, some boards)
-    mem_used_bytes: int | None
+    util_percent: float | None  # share of the last sample period in which a kernel ran ("volatile GPU-util")
+    mem_used_bytes: int | None  # the whole GPU, every process
     mem_total_bytes: int | None
     power_w: float | None
     temp_c: float | None
+    sm_clock_mhz: float | None = None
+    pcie_rx_bytes_s: float | None = None  # NVML's PCIe throughput, a 20 ms window
+    pcie_tx_bytes_s: float | None = None
+    nvlink_rx_bytes_s: float | None = None  # data over every NVLink of the GPU; None without NVLink
+    nvlink_tx_bytes_s: float | None = None
+    proc_mem_bytes: int | None = None  # this rank's process alone (context and allocator), as NVML counts it
+    uuid: str = ""
 
 
 @dataclass(frozen=True)
@@ -254,6 +266,32 @@ class ConfigApplied(Event):
     fingerprint: str = ""  # SHA-256 of this rank's parameters as the segment starts
     sync_bytes: int = 0  # one-off: bytes broadcast from rank 0 to re-synchronize the ranks at this switch
     switch_s: float = 0.0  # one-off: time the switch took on this rank (rebuild, broadcast, fingerprint)
+    steps_per_epoch: int = 0  # at this segment's batch size (older files: 0, unknown)
+
+
+@dataclass(frozen=True)
+class OutOfMemory(Event):
+    """A batch that did not fit: the trial step after the batch grew ran out of GPU memory on `ranks`, and every
+    rank went back to batch `back_to` at `step` (0: the run stopped there, a sweep that grows until it does not fit)."""
+
+    kind: ClassVar[str] = "out_of_memory"
+    rank: int  # the rank reporting it (rank 0; every rank acts alike)
+    step: int
+    segment: int  # the segment whose batch did not fit
+    batch_size: int
+    back_to: int
+    ranks: tuple  # ranks that ran out of memory
+    t: float
+
+    def __post_init__(self) -> None:  # JSON brings a list
+        if not isinstance(self.ranks, (list, tuple)) or not all(isinstance(r, int) for r in self.ranks):
+            raise TypeError("ranks must be a list of whole numbers")
+        object.__setattr__(self, "ranks", tuple(self.ranks))
+
+    def describe(self) -> str:
+        who = f"rank{'s' if len(self.ranks) != 1 else ''} {', '.join(map(str, self.ranks))}"
+        then = f"back to batch {self.back_to}" if self.back_to else "the sweep stops growing the batch here"
+        return f"batch {self.batch_size} does not fit (CUDA out of memory on {who}): {then}"
 
 
 @dataclass(frozen=True)
@@ -354,7 +392,7 @@ class StoreFlooded(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
                               ConfigApplied, ControlRefused, RankLost, RunState, RankBack, TelemetryGap,
-                              RecorderFailed, StoreFlooded, ModelsDiverged)
+                              RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory)
 }
 
 

@@ -7,8 +7,8 @@ import time
 from typing import TextIO
 
 from ddptop import metrics, tables
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, RankBack,
-                           RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory,
+                           RankBack,                            RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
                            StoreFlooded, TelemetryGap)
 from ddptop.front.feed import Feed, SharedState
 from ddptop.metrics import Figures
@@ -112,6 +112,8 @@ class HeadlessPrinter:
                 synced = f"; one-off: {event.sync_bytes / MB:.1f} MB broadcast from rank 0" if event.sync_bytes else ""
                 self._print(f"step {event.step}: now {tables.describe(event.config)} (segment {event.segment}, "
                             f"asked by {event.who}; switch took {event.switch_s:.2f} s{synced})")
+        elif isinstance(event, OutOfMemory):
+            self._print(f"step {event.step}: {event.describe()}")
         elif isinstance(event, ModelsDiverged):
             self._print(f"WARNING: {event.describe()}")
         elif isinstance(event, ControlRefused):

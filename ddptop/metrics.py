@@ -41,6 +41,8 @@ GLOSSARY: dict[str, tuple[str, str]] = {
     "sampled step": ("", "a step with per-layer spans (every --span-every steps, never a segment's first); its "
                          "hooks slow it, so it is left out of time figures"),
     "slowest rank": ("", "the rank with the largest mean step time over the segment's measured steps"),
+    "time per epoch": ("s", "the slowest rank's mean step time × the steps of one epoch at the segment's batch "
+                            "size (HPML Lab 4 Q1): projected from the measured steps, not a timed epoch"),
 }
 
 DEFAULT_WARMUP = 1
@@ -186,10 +188,16 @@ class SegmentFigures:
     switch_bytes: int = 0  # one-off bytes broadcast to re-synchronize the ranks when the segment started
     switch_s: float = 0.0  # one-off time the switch took (rebuild, broadcast, fingerprint), rank 0
     fingerprints: Mapping[int, str] = field(default_factory=dict)  # at the segment's start, per rank
+    steps_per_epoch: int = 0  # at the segment's batch size (0: unknown, an older recording)
 
     @property
     def measured_steps(self) -> int:
         return self.slowest.steps
+
+    @property
+    def epoch_s(self) -> float:
+        """Time per epoch (see GLOSSARY); 0 when the steps per epoch are unknown."""
+        return self.slowest.step_s * self.steps_per_epoch
 
 
 class SegmentTable:
@@ -199,7 +207,8 @@ class SegmentTable:
 
     def __init__(self, warmup: int = DEFAULT_WARMUP):
         self.warmup = warmup
-        self._starts: dict[int, tuple[int, dict, int, float]] = {}  # segment → (step, config, bytes, switch_s)
+        self._starts: dict[int, tuple[int, dict, int, float, int]] = {}  # segment → (step, config, bytes, switch_s,
+        #                                                                     steps per epoch)
         self._prints: dict[int, dict[int, str]] = {}
         self._first_seen: dict[int, int] = {}
         self._last: dict[int, int] = {}
@@ -226,7 +235,8 @@ class SegmentTable:
             self._cache.pop(event.segment, None)
             self._prints.setdefault(event.segment, {})[event.rank] = event.fingerprint
             if event.rank == 0 or event.segment not in self._starts:
-                self._starts[event.segment] = (event.step, dict(event.config), event.sync_bytes, event.switch_s)
+                self._starts[event.segment] = (event.step, dict(event.config), event.sync_bytes, event.switch_s,
+                                               event.steps_per_epoch)
 
     def _step(self, d: StepDone) -> None:
         seg = d.segment
@@ -251,7 +261,8 @@ class SegmentTable:
         return out
 
     def _figures(self, seg: int) -> SegmentFigures:
-        step0, config, nbytes, switch_s = self._starts.get(seg, (self._first_seen.get(seg, 0), {}, 0, 0.0))
+        unknown = (self._first_seen.get(seg, 0), {}, 0, 0.0, 0)
+        step0, config, nbytes, switch_s, per_epoch = self._starts.get(seg, unknown)
         ranks = sorted({r for s, r in self._losses if s == seg})
         per_rank: dict[int, Figures] = {}
         left_out = 0
@@ -272,7 +283,8 @@ class SegmentTable:
             slowest_rank=slowest_rank, slowest=slowest, mean=_mean_figures(list(timed.values())),
             images_per_s=job_images_per_s(timed.values()),
             final_loss=statistics.fmean(final) if final else math.nan, sampled_left_out=left_out,
-            switch_bytes=nbytes, switch_s=switch_s, fingerprints=dict(self._prints.get(seg, {})))
+            switch_bytes=nbytes, switch_s=switch_s, fingerprints=dict(self._prints.get(seg, {})),
+            steps_per_epoch=per_epoch)
 
 
 def _mean_figures(figures: list[Figures]) -> Figures:
@@ -303,6 +315,7 @@ def table_rows(segments: Iterable[SegmentFigures]) -> list[dict[str, Any]]:
             "comm_s": s.mean.comm_s, "exposed_comm_s": s.mean.exposed_comm_s, "overlap": s.mean.overlap,
             "ddptop_s": s.mean.own_s, "ddptop_share": s.mean.share(s.mean.own_s), "other_s": s.mean.other_s,
             "sent_mb": s.mean.tx_bytes / 1e6, "recv_mb": s.mean.rx_bytes / 1e6, "final_loss": s.final_loss,
-            "switch_mb": s.switch_bytes / 1e6, "switch_s": s.switch_s,
+            "switch_mb": s.switch_bytes / 1e6, "switch_s": s.switch_s, "steps_per_epoch": s.steps_per_epoch,
+            "epoch_s": s.epoch_s,
         })
     return rows

@@ -55,7 +55,7 @@ def load_profile(name: str, flags: dict[str, Any]) -> dict[str, Any]:
         raise UsageError(f"{where}: unknown setting(s) {', '.join(bad)} in [run]")
     for key, value in run.items():
         _check_flag(where, key, value, flags[key])
-    extra = sorted(set(sweep) - {"warmup", "measure", "configs"})
+    extra = sorted(set(sweep) - {"warmup", "measure", "configs", "until_oom"})
     if extra:
         raise UsageError(f"{where}: unknown setting(s) {', '.join(extra)} in [sweep]")
     configs = sweep.get("configs", [])
@@ -69,8 +69,11 @@ def load_profile(name: str, flags: dict[str, Any]) -> dict[str, Any]:
         for key, value in item.items():
             if not _typed(value, SWEEP_TYPES[key]):
                 raise UsageError(f"{where}: sweep config {key} = {value!r} is not a {SWEEP_TYPES[key][0].__name__}")
+    until_oom = sweep.get("until_oom", False)
+    if not isinstance(until_oom, bool):
+        raise UsageError(f"{where}: [sweep] until_oom must be true or false")
     return {"name": path.stem, "run": run, "sweep": configs, "warmup": _steps(where, sweep, "warmup", 5, 0),
-            "measure": _steps(where, sweep, "measure", 20, 1)}
+            "measure": _steps(where, sweep, "measure", 20, 1), "until_oom": until_oom}
 
 
 def _table(data: dict, name: str, where: str) -> dict:

@@ -7,8 +7,8 @@ from typing import Any, Iterable, Mapping
 
 from ddptop.metrics import SegmentFigures, table_rows
 
-HEADER = ("#", "steps", "config", "s/step slowest", "s/step mean", "img/s", "compute", "comm", "exposed", "overlap",
-          "ddptop", "MB/step", "loss")
+HEADER = ("#", "steps", "config", "s/step slowest", "s/step mean", "img/s", "s/epoch", "compute", "comm", "exposed",
+          "overlap", "ddptop", "MB/step", "loss")
 
 
 def describe(config: Mapping[str, Any]) -> str:
@@ -31,6 +31,7 @@ def cells(row: dict[str, Any]) -> tuple[str, ...]:
     loss = row["final_loss"]
     return (str(row["segment"]), f"{row['first_step']}-{row['last_step']}", describe(row["config"]),
             f"{row['step_s_slowest']:.3f}", f"{row['step_s_mean']:.3f}", f"{row['images_per_s']:.0f}",
+            f"{row['epoch_s']:.1f}" if row.get("epoch_s") else "-",
             _ms(row["compute_s"]), _ms(row["comm_s"]), _ms(row["exposed_comm_s"]), f"{row['overlap']:.0%}",
             f"{_ms(row['ddptop_s'])} {row['ddptop_share']:.1%}", f"{row['sent_mb']:.1f}",
             "nan" if math.isnan(loss) else f"{loss:.4f}")
@@ -53,5 +54,6 @@ def row_lines(rows: list[dict[str, Any]], indent: str = "") -> list[str]:
     left = sum(r["sampled_left_out"] for r in rows)
     out.append(f"{indent}(each segment's first {warmup} step{'s' if warmup != 1 else ''} left out as warm-up"
                f"{f', and {left} sampled steps (layer hooks)' if left else ''}; s/step of the slowest rank and the "
-               f"mean over ranks; the rest are means over ranks; MB/step sent by the algorithm's formula)")
+               f"mean over ranks; s/epoch: s/step slowest × steps per epoch; the rest are means over ranks; "
+               f"MB/step sent by the algorithm's formula)")
     return out

@@ -17,7 +17,8 @@ def tiny_config(**sync_changes) -> RunConfig:
     model = sync_changes.pop("model", "tiny")
     span_every = sync_changes.pop("span_every", 1)
     sync = SyncConfig(**{"batch_size": 16, **sync_changes})
-    return RunConfig(model=model, sync=sync, steps=steps, span_every=span_every, synthetic_size=640, eval=False)
+    return RunConfig(model=model, sync=sync, steps=steps, span_every=span_every, synthetic_size=640, eval=False,
+                     backend="gloo")
 
 
 def run_job(cfg: RunConfig, world_size: int = 2, timeout_s: float = 30.0, port: int = 0, token: str = "",
@@ -35,6 +36,8 @@ def run_job(cfg: RunConfig, world_size: int = 2, timeout_s: float = 30.0, port: 
         source.close()
         collected.extend(source.poll())
 
+    if cfg.backend == "auto":  # gloo on CPU on every machine, a GPU one too: the tests' ground truth is CPU training
+        cfg = cfg.replace(backend="gloo")
     rdv = Rendezvous("127.0.0.1", port, 0, world_size, 0, world_size, "local")
     code = run_front(cfg, rdv, WorkerOptions(timeout_s=timeout_s, token=token), consumer)
     return code, collected

@@ -13,7 +13,8 @@ WARMUP, MEASURE = 2, 6  # profiles/smoke.toml
 
 def record_smoke(folder: Path) -> Path:
     record = folder / "smoke.db"
-    run = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--profile", "smoke", "--record", str(record)],
+    run = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--profile", "smoke", "--local", "2", "--backend",
+                          "gloo", "--record", str(record)],
                          capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr
     return record

@@ -113,20 +113,37 @@ class ControlAgent:
         waited, self._start_wait = waited + self._start_wait, 0.0
         return Boundary(decision, bool(stop), waited)
 
-    def applied(self, decision: Decision, step: int, segment: int) -> None:
+    def applied(self, decision: Decision, step: int, segment: int, answer: bool = True) -> None:
+        """A segment started. `answer=False`: its request is answered later (`answer`), after a trial step."""
         with self._lock:
             self.config, self.segment = decision.config, segment
-            if decision.request_id == 0:  # a sweep step: later requests change what the sweep set
+            if decision.request_id == 0:  # a sweep step or a roll-back: later requests change what it set
                 self._latest = decision.config
             if self.rank == 0:  # before the answer, so a client that reads "applied" sees the new config
                 self.store.set(keys.STATUS, seal_json(self.keys.control, "status", self._status()))
-        if self.rank == 0 and decision.request_id > 0:
-            self._answer(self.store, decision.request_id,
-                         {"ok": True, "state": "applied", "step": step, "segment": segment})
+        if answer:
+            self.answer(decision.request_id, step, segment)
+
+    def answer(self, request_id: int, step: int, segment: int, error: str = "") -> None:
+        """Rank 0 answers a `set` request: applied, or rolled back with the reason (a batch that did not fit)."""
+        if self.rank != 0 or request_id <= 0:
+            return
+        body = ({"ok": False, "state": "rolled back", "error": error} if error else {"ok": True, "state": "applied"})
+        self._answer(self.store, request_id, {**body, "step": step, "segment": segment})
 
     def _answer(self, store: dist.Store, request_id: int, response: dict) -> None:
         store.set(keys.ctl_response(request_id),
                   seal_json(self.keys.control, f"resp {self.keys.job_id} {request_id}", response))
+
+    def out_of_memory(self, mine: bool) -> list[int]:
+        """The ranks that ran out of memory in a trial step, the same list on every rank: one all-reduce of a
+        flag per rank over the control group (the training group may be the one that is short of memory)."""
+        if self.group is None:
+            return [self.rank] if mine else []
+        flags = torch.zeros(self.world_size, dtype=torch.int64)
+        flags[self.rank] = int(mine)
+        dist.all_reduce(flags, group=self.group)
+        return [rank for rank, flag in enumerate(flags.tolist()) if flag]
 
     def _state(self) -> list[int]:
         """What rank 0 broadcasts: the newest request it hands to the ranks (one new one per broadcast), paused,

@@ -136,6 +136,8 @@ class ControlClient:
             raise ControlError(f"refused: {answer.get('error')}")
         accepted_step = answer.get("step")
         while op == "set" and wait_applied and answer.get("state") != "applied":
+            if answer.get("state") == "rolled back":  # a batch that did not fit: the job trains on as before
+                raise ControlError(str(answer.get("error")))
             if time.monotonic() > deadline:
                 raise ControlError(f"request {request_id} accepted but not applied within {timeout_s:g} s")
             time.sleep(0.05)

@@ -21,6 +21,14 @@ class CpuClock:
     def seconds(self, start: Any, end: Any) -> float:
         return end - start
 
+    def hold(self, tensor: Any) -> Any:
+        """A copy of `tensor` (a step's loss) to read after the step's marks resolve; the training step never
+        touches it again. On CPU the value is ready now."""
+        return tensor.detach().clone()
+
+    def synchronize(self) -> None:
+        """Wait for the device once (the run's end): nothing to wait for on CPU."""
+
 
 class CudaClock:
     """Marks are CUDA events on the current stream, so spans measure device time, not launch time.
@@ -47,6 +55,18 @@ class CudaClock:
 
     def seconds(self, start: Any, end: Any) -> float:
         return start.elapsed_time(end) / 1000.0
+
+    def hold(self, tensor: Any) -> Any:
+        """An asynchronous copy of `tensor` into page-locked host memory, queued before the step's end mark: once
+        that mark completes the value is there, so reading it never synchronizes (unlike `loss.item()`), and no
+        later step can overwrite it."""
+        host = self._torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor.detach(), non_blocking=True)
+        return host
+
+    def synchronize(self) -> None:
+        """Once, at the run's end, before the last steps are resolved and flushed."""
+        self._torch.cuda.synchronize()
 
 
 def clock_for(device_type: str) -> CpuClock | CudaClock:

@@ -122,13 +122,16 @@ class StepProbe:
         if cur.sampled and self.layers is not None:
             cur.layers = self.layers.detach()
         cur.comm = self.comm.take()
-        cur.loss = loss.detach()
+        cur.loss = self.clock.hold(loss)  # read on the publisher's thread: the training thread never syncs
         cur.epoch, cur.batch_size, cur.finished = epoch, batch_size, True
         self.own.since(began)
 
     def close(self) -> None:
-        """The run ended: the last step ends now (a step begun but never trained is dropped)."""
-        self._close(self.clock.now())
+        """The run ended: the last step ends now (a step begun but never trained is dropped). The one wait for
+        the device in a run is here, so the final flush reads completed marks."""
+        end = self.clock.now()
+        self.clock.synchronize()
+        self._close(end)
 
     def _close(self, end: Any) -> None:
         cur, self._cur = self._cur, None
@@ -141,12 +144,12 @@ class StepProbe:
 
     # -- the publisher's thread -------------------------------------------------------------------------------
     def resolve(self, p: _Step) -> list[Event]:
-        self.clock.wait(p.end)
+        self._wait(p)
         rel = lambda mark: self.clock.seconds(p.t0, mark)  # noqa: E731
         end = rel(p.end)
         iter_s = max(0.0, end - sum(p.aside.values()))
         own_s = sum(p.own.values())
-        loss = float(p.loss.item())
+        loss = float(p.loss)  # held on the host (clock.hold): complete once the step's end mark is
         if not self.detail:
             return [StepDone(rank=self.rank, step=p.step, epoch=p.epoch, segment=p.segment, t=p.wall_end,
                              iter_s=iter_s, data_s=0.0, compute_s=0.0, comm_s=0.0, exposed_comm_s=0.0, overlap=0.0,
@@ -187,6 +190,16 @@ class StepProbe:
         spans.append(Span("opt", "optimizer", at["sync"], at["opt"] - at["sync"]))
         spans.sort(key=lambda s: s.start_s)
         return [StepSpans(rank=self.rank, step=p.step, segment=p.segment, t0=p.wall_t0, spans=tuple(spans)), done]
+
+    def _wait(self, p: _Step) -> None:
+        """Until every mark of the step can be read. The phase and layer marks precede `end` on the training
+        stream; a DDP bucket's completion is stamped on the stream its all-reduce finished on, so each comm
+        mark is waited for too (a completed CUDA event returns at once)."""
+        wait = self.clock.wait
+        wait(p.end)
+        for c in p.comm:
+            wait(c.start)
+            wait(c.end)
 
 
 class _Resolve:

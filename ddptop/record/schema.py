@@ -119,12 +119,20 @@ _STEP_CHECKS = [_COLUMN[f.type] for f in dataclasses.fields(StepDone)]
 
 _NIC_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(NicStat)]
 _GPU_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(GpuStat)]
+_GPU_REQUIRED = sum(f.default is dataclasses.MISSING for f in dataclasses.fields(GpuStat))
 
 
 def _typed(checks: list[Callable], values: Any) -> list:
     if not isinstance(values, (list, tuple)) or len(values) != len(checks):
         raise EventDecodeError("a row has the wrong number of values")
     return [check(v) for check, v in zip(checks, values)]
+
+
+def _gpu(values: Any) -> GpuStat:
+    """A GPU as a JSON list; lists from before later fields were added stop early and take their defaults."""
+    if isinstance(values, list) and _GPU_REQUIRED <= len(values) < len(_GPU_CHECKS):
+        return GpuStat(*_typed(_GPU_CHECKS[:len(values)], values))
+    return GpuStat(*_typed(_GPU_CHECKS, values))
 
 
 def _json(text: Any) -> Any:
@@ -170,7 +178,7 @@ def decode_system(row: tuple) -> SystemSample:
         raise EventDecodeError("a system row has the wrong number of values")
     typed = {name: checks[name](v) for name, v in values.items()}
     return SystemSample(**typed, nics=tuple(NicStat(*_typed(_NIC_CHECKS, n)) for n in nics),
-                        gpus=tuple(GpuStat(*_typed(_GPU_CHECKS, g)) for g in gpus))
+                        gpus=tuple(_gpu(g) for g in gpus))
 
 
 def decode_event(blob: Any) -> Event:

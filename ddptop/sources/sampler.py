@@ -19,7 +19,8 @@ class SystemSampler:
     """Every `interval_s`, reads CPU, memory, NICs and GPUs and calls `sink(sample)` from a daemon thread.
 
     A failing reader (or sink) skips its part of that sample and is reported on stderr once; the thread
-    keeps going. One sample costs well under a millisecond of CPU (psutil reads a few /proc files).
+    keeps going. One sample costs well under a millisecond of CPU (psutil reads a few /proc files); on a GPU,
+    NVML's PCIe throughput takes 20 ms per direction, time this thread waits, not CPU.
     """
 
     def __init__(
@@ -30,6 +31,7 @@ class SystemSampler:
         sink: Callable[[SystemSample], None],
         interval_s: float = 0.5,
         gpu_indices: Sequence[int] | None = None,
+        gpu_uuids: Sequence[str | None] | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
@@ -38,7 +40,7 @@ class SystemSampler:
         self._sink = sink
         self._cpu = CpuMemReader()
         self._nics = NicTracker()  # totals count from here: the run's start
-        self._gpu = GpuReader(gpu_indices)
+        self._gpu = GpuReader(gpu_indices, uuids=gpu_uuids)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reported: set[str] = set()

@@ -8,8 +8,9 @@ from typing import Iterable, Mapping
 
 from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop import metrics
-from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, RankBack, RankJoined, RecorderFailed,
-                           RunFinished, RunStarted, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap)
+from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory, RankBack, RankJoined,
+                           RecorderFailed, RunFinished, RunStarted, StepDone, StepSpans, StoreFlooded, SystemSample,
+                           TelemetryGap)
 from ddptop.state.expected import expected_bytes
 from ddptop.state.nodes import NodeTracker
 from ddptop.state.snapshot import RECENT_STEPS, Snapshot  # noqa: F401  (Snapshot is the public result)
@@ -19,6 +20,10 @@ STEP_HISTORY = 2000  # steps kept per rank for the loss and iteration-time plots
 SPAN_STEPS = 64  # sampled steps kept (all ranks together) for moving through the timeline
 UTIL_HISTORY = 240  # system samples kept per rank (2 minutes at the sampler's 0.5 s)
 NOTICES = 50
+GPU_HISTORIES = {"gpu": "util_percent", "gpu_mem": "mem_used_bytes", "power": "power_w",  # UtilView name → GpuStat
+                 "proc_gpu_mem": "proc_mem_bytes", "temp": "temp_c", "sm_clock": "sm_clock_mhz",
+                 "pcie_rx": "pcie_rx_bytes_s", "pcie_tx": "pcie_tx_bytes_s", "nvlink_rx": "nvlink_rx_bytes_s",
+                 "nvlink_tx": "nvlink_tx_bytes_s"}
 
 
 class SessionState:
@@ -46,7 +51,8 @@ class SessionState:
                           RunFinished: self._finished, ConfigApplied: self._config, ControlRefused: self._refused,
                           RankLost: self._lost, RunState: self._run_state, LogLine: self._log,
                           ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._gap,
-                          RecorderFailed: self._recorder, StoreFlooded: self._flooded}
+                          RecorderFailed: self._recorder, StoreFlooded: self._flooded,
+                          OutOfMemory: self._out_of_memory}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -90,15 +96,14 @@ class SessionState:
     def _system(self, e: SystemSample) -> None:
         self._set(e.rank, system=e, host=e.host if self._rank(e.rank).host == "?" else self._rank(e.rank).host)
         hist = self.util.setdefault(e.rank, {k: collections.deque(maxlen=UTIL_HISTORY)
-                                             for k in ("cpu", "rss", "gpu", "gpu_mem", "power")})
+                                             for k in ("cpu", "rss", *GPU_HISTORIES)})
         self.samples.setdefault(e.rank, collections.deque(maxlen=UTIL_HISTORY)).append(e)
         hist["cpu"].append(e.proc_cpu_percent)
         hist["rss"].append(float(e.proc_rss_bytes))
         gpu = e.gpus[0] if e.gpus else None
         if gpu is not None:
-            hist["gpu"].append(gpu.util_percent or 0.0)
-            hist["gpu_mem"].append(float(gpu.mem_used_bytes or 0))
-            hist["power"].append(gpu.power_w or 0.0)
+            for name, attr in GPU_HISTORIES.items():
+                hist[name].append(float(getattr(gpu, attr) or 0))
         view = self.ranks[e.rank]
         self.nodes.sample(e, view.last.step + 1 if view.last else 0)
 
@@ -156,6 +161,9 @@ class SessionState:
 
     def _log(self, e: LogLine) -> None:
         self.notices.append(f"rank {e.rank} {e.level}: {e.message}")
+
+    def _out_of_memory(self, e: OutOfMemory) -> None:
+        self.notices.append(f"step {e.step}: {e.describe()}")
 
     def _diverged(self, e: ModelsDiverged) -> None:
         self.diverged.append(e)

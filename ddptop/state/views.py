@@ -109,14 +109,22 @@ class NodeView:
 
 @dataclass(frozen=True)
 class UtilView:
-    """CPU, memory and GPU histories of one rank."""
+    """CPU, memory and GPU histories of one rank (its first GPU; 0 where NVML gave no reading). Units: %, bytes,
+    W, °C, MHz, bytes/s."""
 
     rank: int
     cpu: tuple[float, ...] = ()
     rss: tuple[float, ...] = ()
     gpu: tuple[float, ...] = ()
-    gpu_mem: tuple[float, ...] = ()
+    gpu_mem: tuple[float, ...] = ()  # the whole GPU
     power: tuple[float, ...] = ()
+    proc_gpu_mem: tuple[float, ...] = ()  # this rank's process
+    temp: tuple[float, ...] = ()
+    sm_clock: tuple[float, ...] = ()
+    pcie_rx: tuple[float, ...] = ()
+    pcie_tx: tuple[float, ...] = ()
+    nvlink_rx: tuple[float, ...] = ()
+    nvlink_tx: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The per-rank training loop: segments of one sync configuration, each started in one place, steps measured
-from one step boundary to the next."""
+from one step boundary to the next; a batch that grows is tried first and rolled back on every rank if it does
+not fit."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.agent import Decision
 from ddptop.control.commands import ConfigApplied
 from ddptop.errors import UsageError
-from ddptop.events import EpochDone, RunFinished, RunStarted
+from ddptop.events import EpochDone, OutOfMemory, RunFinished, RunStarted
 from ddptop.probes.own import now
 from ddptop.train.data import build_datasets, make_loader
+from ddptop.train.devices import check_strategy, loader_workers
 from ddptop.train.models import build_model, layer_param_counts, test_tweaks
 from ddptop.train.strategies import Strategy, build_strategy
 from ddptop.train.sync_state import broadcast_state, fingerprint, model_bytes
@@ -27,7 +29,7 @@ class Trainer:
     """Trains one rank. `emit` receives every event; it must not block (the bus queues them)."""
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device,
-                 emit: Callable[[Any], None], probe: Any, model: nn.Module | None = None):
+                 emit: Callable[[Any], None], probe: Any, model: nn.Module | None = None, local_ranks: int = 1):
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
@@ -35,8 +37,10 @@ class Trainer:
         self.emit = emit
         self.probe = probe
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = (model or build_model(cfg.model, **test_tweaks())).to(device)
+        self.model = (model or build_model(cfg.model, **test_tweaks(rank))).to(device)
         self.train_set, self.test_set = build_datasets(cfg)
+        self.workers = loader_workers(cfg.workers, device.type, local_ranks)
+        self.pin = device.type == "cuda"  # page-locked batches: the copy to the GPU really is asynchronous
         self.sync: SyncConfig | None = None
         self.strategy: Strategy | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -46,6 +50,8 @@ class Trainer:
         self.epoch = 0
         self.stop_reason = "done"
         self._iterator = None
+        self._trial: Decision | None = None  # the configuration to go back to if the next step does not fit
+        self._rolled_back_at = -1  # the step a roll-back happened at: a sweep does not retry its switch there
 
     # -- segments ---------------------------------------------------------------------------------------
     def start_segment(self, decision: Decision, agent=None) -> None:
@@ -57,6 +63,9 @@ class Trainer:
         are reported once, in ConfigApplied, with the model's fingerprint."""
         began = now()
         sync, previous = decision.config, self.sync
+        # a larger batch is tried first: its first step runs without collectives (_trial_step)
+        trial = previous is not None and sync.batch_size > previous.batch_size
+        self._trial = Decision(decision.request_id, previous, decision.who) if trial else None
         if self.strategy is not None:
             self.strategy.teardown()
         if previous is None:
@@ -77,21 +86,23 @@ class Trainer:
         if previous is None or previous.batch_size != sync.batch_size:
             # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)
             self.loader, self.sampler = make_loader(self.train_set, sync.batch_size, self.rank, self.world_size,
-                                                    self.cfg.seed, train=True)
+                                                    self.cfg.seed, train=True, workers=self.workers, pin=self.pin)
             self._iterator = None
         for group in self.optimizer.param_groups:
             group["lr"] = sync.lr
         print_ = fingerprint(self.model)
-        if agent is not None:
-            agent.applied(decision, self.step, self.segment)
+        if agent is not None:  # a trial's `set` is answered once every rank knows whether the batch fits
+            agent.applied(decision, self.step, self.segment, answer=not trial)
         switch_s = now() - began
         self.probe.aside(switch_s)
         self.emit(ConfigApplied(self.rank, self.step, self.segment, sync.to_dict(), decision.request_id,
                                 decision.who, time.time(), fingerprint=print_, sync_bytes=sync_bytes,
-                                switch_s=switch_s))
+                                switch_s=switch_s, steps_per_epoch=len(self.loader)))
 
     def check(self, sync: SyncConfig) -> None:
         """Rank 0 refuses a configuration this data cannot train before any rank sees it."""
+        if self.device.type == "cuda" and dist.is_initialized():  # gloo moves CUDA tensors for some collectives only
+            check_strategy("cuda", dist.get_backend(), sync.strategy)
         if sync.batch_size * self.world_size > len(self.train_set):
             raise UsageError(f"batch size {sync.batch_size} x {self.world_size} ranks is more than the "
                              f"{len(self.train_set)} training images")
@@ -105,7 +116,7 @@ class Trainer:
     def _sweep_decision(self) -> Decision | None:
         """The sweep's next configuration when this step starts a new sweep segment (the same on every rank)."""
         per = self.cfg.sweep_steps()
-        if not self.cfg.sweep or self.step == 0 or self.step % per:
+        if not self.cfg.sweep or self.step == 0 or self.step % per or self.step == self._rolled_back_at:
             return None
         return Decision(0, self.cfg.sweep[self.step // per], f"sweep {self.cfg.profile}".strip())
 
@@ -124,9 +135,11 @@ class Trainer:
                 break
             probe.ready(self.step, self.segment, self.segment_start)
             inputs, labels = self._next_batch(criterion)
-            self._train_step(inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True),
-                             criterion)
-        probe.close()
+            if self._trial is None:
+                self._train_step(inputs, labels, criterion)
+            elif not self._trial_step(inputs, labels, criterion, agent):
+                break
+        probe.close()  # waits for the device once, so the last step's marks can be read
         if self.cfg.eval and self.stop_reason == "done" and self._evaluated_at != self.step:
             self._evaluate(criterion)
         self._finish()
@@ -170,6 +183,7 @@ class Trainer:
 
     def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module) -> None:
         probe = self.probe
+        inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
         probe.mark("data")
         self.optimizer.zero_grad(set_to_none=True)
         loss = criterion(self.forward_module(inputs), labels)
@@ -183,6 +197,61 @@ class Trainer:
         probe.mark("opt")
         probe.finish(loss, epoch=self.epoch, batch_size=int(labels.shape[0]))
         self.step += 1
+
+    def _trial_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, agent) -> bool:
+        """The first step after the batch grew. Forward and backward run without any collective (DDP's plain
+        module), so a rank that runs out of GPU memory leaves no peer waiting inside one; one all-reduce over
+        the control group then tells every rank which ranks ran out. If none did, the step ends as the strategy
+        would end it (its collectives, then the optimizer); else every rank rolls back at this step.
+        False: stop here (a sweep that grows the batch until it does not fit)."""
+        probe, loss = self.probe, None
+        try:
+            inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+            probe.mark("data")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = criterion(self.strategy.trial_module()(inputs), labels)
+            probe.mark("fwd")
+            loss.backward()
+            probe.mark("bwd")
+        except torch.cuda.OutOfMemoryError:  # leaving this block drops the traceback and the tensors it held
+            loss = None
+        del inputs, labels
+        began = now()
+        failed = agent.out_of_memory(loss is None) if agent is not None else ([] if loss is not None else [self.rank])
+        probe.own.add(now() - began)  # 8 bytes per rank over gloo, once per batch increase
+        trial, self._trial = self._trial, None
+        if failed:
+            del loss
+            return self._roll_back(trial, failed, agent)
+        self.strategy.trial_sync()
+        probe.mark("sync")
+        self.optimizer.step()
+        probe.mark("opt")
+        probe.finish(loss, epoch=self.epoch, batch_size=self.sync.batch_size)
+        self.step += 1
+        if agent is not None:
+            agent.answer(trial.request_id, self.step - 1, self.segment)
+        return True
+
+    def _roll_back(self, trial: Decision, failed: list[int], agent) -> bool:
+        """Every rank, at the same step: free the failed batch's memory, report, go back to `trial.config`."""
+        tried = self.sync.batch_size
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the failed batch's cached blocks back to the driver
+        stop = bool(self.cfg.sweep) and self.cfg.sweep_until_oom
+        event = OutOfMemory(self.rank, self.step, self.segment, tried, 0 if stop else trial.config.batch_size,
+                            tuple(failed), time.time())
+        if self.rank == 0:
+            self.emit(event)
+        self._rolled_back_at = self.step
+        if stop:
+            return False
+        self.start_segment(Decision(0, trial.config, f"roll-back: batch {tried} does not fit"), agent)
+        if agent is not None:
+            agent.answer(trial.request_id, self.step, self.segment, error=f"rolled back at step {self.step}: "
+                                                                          f"{event.describe()}")
+        return True
 
     def _finish(self) -> None:
         """The run's last word: the final fingerprint, and (`--save`) rank 0's model on disk."""

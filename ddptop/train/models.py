@@ -79,24 +79,48 @@ class SleepBefore(nn.Module):
         return self.model(x)
 
 
-def test_tweaks() -> dict:
-    """Test-only model changes from DDPTOP_TEST_MODEL ("no-batch-norm", "sleep-ms=40", comma-separated):
-    tests need a BatchNorm-free model (BN statistics are per rank) and a forward pass of known extra length."""
+class OutOfMemoryAt(nn.Module):
+    """Test-only: raises torch.cuda.OutOfMemoryError in forward for batches of `batch` or more, as CUDA would
+    for a batch that does not fit, so the roll-back can be tested on CPU. Enabled only through DDPTOP_TEST_MODEL."""
+
+    def __init__(self, model: nn.Module, batch: int):
+        super().__init__()
+        self.model = model
+        self.batch = batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= self.batch:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (test hook: batch {x.shape[0]} >= {self.batch})")
+        return self.model(x)
+
+
+def test_tweaks(rank: int | None = None) -> dict:
+    """Test-only model changes from DDPTOP_TEST_MODEL (comma-separated): "no-batch-norm" (BN statistics are per
+    rank), "sleep-ms=40" (a forward pass of known extra length), "oom-batch=64" with optional "oom-rank=1" (that
+    rank's forward raises CUDA out-of-memory from batch 64 on; every rank without oom-rank)."""
     import os
 
     out: dict = {}
+    oom_rank = None
     for item in filter(None, (x.strip() for x in os.environ.get("DDPTOP_TEST_MODEL", "").split(","))):
         key, _, value = item.partition("=")
         if key == "no-batch-norm":
             out["batch_norm"] = False
         elif key == "sleep-ms":
             out["sleep_s"] = float(value) / 1000.0
+        elif key == "oom-batch":
+            out["oom_batch"] = int(value)
+        elif key == "oom-rank":
+            oom_rank = int(value)
         else:
-            raise UsageError(f"DDPTOP_TEST_MODEL: unknown item {item!r} (no-batch-norm, sleep-ms=N)")
+            raise UsageError(f"DDPTOP_TEST_MODEL: unknown item {item!r} (no-batch-norm, sleep-ms=N, oom-batch=N, "
+                             "oom-rank=R)")
+    if oom_rank is not None and rank is not None and rank != oom_rank:
+        out.pop("oom_batch", None)
     return out
 
 
-def build_model(name: str, batch_norm: bool = True, sleep_s: float = 0.0) -> nn.Module:
+def build_model(name: str, batch_norm: bool = True, sleep_s: float = 0.0, oom_batch: int = 0) -> nn.Module:
     """A freshly initialized model; call after seeding so every rank starts from the same weights."""
     if name == "vgg11":
         model: nn.Module = VGG(batch_norm=batch_norm)
@@ -106,7 +130,8 @@ def build_model(name: str, batch_norm: bool = True, sleep_s: float = 0.0) -> nn.
         model = _resnet18()
     else:
         raise UsageError(f"unknown model {name!r}: choose one of vgg11, resnet18, tiny")
-    return SleepBefore(model, sleep_s) if sleep_s > 0 else model
+    model = SleepBefore(model, sleep_s) if sleep_s > 0 else model
+    return OutOfMemoryAt(model, oom_batch) if oom_batch > 0 else model
 
 
 def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:

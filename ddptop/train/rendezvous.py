@@ -92,10 +92,11 @@ def from_slurm(env: Mapping[str, str], port: int | None) -> Rendezvous | None:
 
 
 def resolve(master: str | None, port: int | None, rank: int | None, world_size: int | None, local: int | None,
-            env: Mapping[str, str] | None = None) -> Rendezvous:
-    """Flags first, then torchrun's environment, then Slurm's; with none of them, 2 local ranks."""
+            env: Mapping[str, str] | None = None, default_local: int = 2) -> Rendezvous:
+    """Flags first, then torchrun's environment, then Slurm's; with none of them, `default_local` local ranks
+    (one per GPU on a CUDA machine, else 2: see train/devices.py)."""
     env = os.environ if env is None else env
-    found = _resolve(master, port, rank, world_size, local, env)
+    found = _resolve(master, port, rank, world_size, local, env, default_local)
     if found.port and not 1 <= found.port <= 65535:  # MASTER_PORT=70000 would wrap around to 4464
         raise UsageError(f"the port must be between 1 and 65535, got {found.port} (from {found.source})")
     if not 1 <= found.world_size <= MAX_WORLD_SIZE or not 0 <= found.rank < found.world_size:
@@ -107,7 +108,7 @@ def resolve(master: str | None, port: int | None, rank: int | None, world_size: 
 
 
 def _resolve(master: str | None, port: int | None, rank: int | None, world_size: int | None, local: int | None,
-             env: Mapping[str, str]) -> Rendezvous:
+             env: Mapping[str, str], default_local: int = 2) -> Rendezvous:
     if local is not None:
         if local < 1:
             raise UsageError(f"--local must be at least 1, got {local}")
@@ -123,4 +124,5 @@ def _resolve(master: str | None, port: int | None, rank: int | None, world_size:
     found = from_torchrun(env) or from_slurm(env, port)
     if found is not None:
         return found
-    return Rendezvous("127.0.0.1", port or 0, 0, world_size or 2, 0, world_size or 2, "local")
+    count = world_size or default_local
+    return Rendezvous("127.0.0.1", port or 0, 0, count, 0, count, "local")

@@ -20,12 +20,14 @@ from ddptop.control.agent import ControlAgent
 from ddptop.control.auth import JobKeys, namespace, new_job_id, token_bytes
 from ddptop.control import store as stores
 from ddptop.control.bus import Publisher
-from ddptop.errors import DdptopError, PeerLost, RendezvousError
+from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
 from ddptop.events import RankJoined
 from ddptop.probes.clock import clock_for
 from ddptop.probes.step import StepProbe
+from ddptop.sources.gpu import cuda_uuid
 from ddptop.sources.sampler import SystemSampler
 from ddptop.sources.system import job_interface
+from ddptop.train import devices
 from ddptop.train.loop import Trainer
 from ddptop.train.rendezvous import Rendezvous
 
@@ -41,13 +43,18 @@ class WorkerOptions:
 
 
 def pick_device(cfg: RunConfig, rdv: Rendezvous) -> tuple[torch.device, str]:
-    cuda = torch.cuda.is_available() and cfg.backend != "gloo"
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cuda else "gloo")
-    if cuda:
-        index = rdv.local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index), backend
-    return torch.device("cpu"), backend
+    """This rank's device and backend by the policy in train/devices.py (one rank per GPU under nccl)."""
+    gpus = devices.visible_gpus()
+    placement = devices.place(cfg.backend, cfg.device, rdv.local_world_size, gpus)
+    for sync in cfg.sweep or (cfg.sync,):
+        devices.check_strategy(placement.device, placement.backend, sync.strategy)
+    index = placement.gpu_index(rdv.local_rank, gpus)
+    if index is None:
+        return torch.device("cpu"), placement.backend
+    if index >= gpus:
+        raise UsageError(f"local rank {rdv.local_rank} has no GPU of its own ({gpus} visible): nccl needs one per rank")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index), placement.backend
 
 
 def thread_count(cfg: RunConfig, rdv: Rendezvous) -> int:
@@ -70,8 +77,7 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     torch.set_num_threads(threads)
     device, backend = pick_device(cfg, rdv)
     iface = job_interface(rdv.master, cfg.iface)
-    if backend == "gloo":
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+    bound = devices.bind_interfaces(iface, typed=cfg.iface is not None)  # before any group: the control group too
     stores.resolve(rdv.master, rdv.port)
     base = stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)
     prefix = rdv.key_prefix
@@ -99,16 +105,19 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     publisher.emit(RankJoined(rank=rdv.rank, world_size=rdv.world_size, host=me["host"], pid=me["pid"],
                               device=me["device"], backend=backend, threads=threads,
                               torch_version=torch.__version__, ddptop_version=ddptop.__version__,
-                              rank_source=rdv.source, t=time.time()))
+                              rank_source=rdv.source, t=time.time(), gloo_ifname=bound["GLOO_SOCKET_IFNAME"],
+                              nccl_ifname=bound["NCCL_SOCKET_IFNAME"]))
     emit = publisher.emit
     sampler = None
     if cfg.probes != "off":
         gpus = [device.index] if device.type == "cuda" else []
-        sampler = SystemSampler(rdv.rank, me["host"], iface, publisher.emit, gpu_indices=gpus)
+        sampler = SystemSampler(rdv.rank, me["host"], iface, publisher.emit, gpu_indices=gpus,
+                                gpu_uuids=[cuda_uuid(i) for i in gpus])
         sampler.start()
     agent = None
     try:
-        trainer = Trainer(cfg, rdv.rank, rdv.world_size, device, emit, make_probe(cfg, rdv.rank, device, emit))
+        trainer = Trainer(cfg, rdv.rank, rdv.world_size, device, emit, make_probe(cfg, rdv.rank, device, emit),
+                          local_ranks=rdv.local_world_size)
         agent = ControlAgent(rdv.rank, rdv.world_size, job, connect, emit, trainer.check, cfg.first_sync, group=group,
                              sweep_segments=len(cfg.sweep))
         return trainer.run(agent)

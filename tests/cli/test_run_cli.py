@@ -13,7 +13,8 @@ import pytest
 from ddptop.control.store import free_port
 
 DDPTOP = [sys.executable, "-m", "ddptop"]
-TINY = ["--headless", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval"]
+TINY = ["--headless", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval",
+        "--backend", "gloo"]  # gloo on CPU on every machine (on a GPU machine too)
 
 
 def ddptop(*args: str, timeout: float = 120, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -164,7 +165,8 @@ def test_resnet18_trains_and_save_keeps_the_model_the_ranks_reported(tmp_path):
     from ddptop.train.models import build_model
 
     saved, record = tmp_path / "resnet.pt", tmp_path / "resnet.db"
-    result = ddptop("--headless", "--local", "2", "--model", "resnet18", "--batch-size", "8", "--steps", "3",
+    result = ddptop("--headless", "--local", "2", "--backend", "gloo", "--model", "resnet18", "--batch-size", "8",
+                    "--steps", "3",
                     "--span-every", "1", "--synthetic-size", "320", "--no-eval", "--save", str(saved),
                     "--record", str(record), timeout=300)
     assert result.returncode == 0, result.stderr
@@ -176,4 +178,20 @@ def test_resnet18_trains_and_save_keeps_the_model_the_ranks_reported(tmp_path):
         finished = [json.loads(data) for (data,) in db.execute("SELECT data FROM events WHERE kind = 'run_finished'")]
     assert {f["rank"]: f["fingerprint"] for f in finished}[0] == digest.hexdigest()
     assert len({f["fingerprint"] for f in finished}) == 1  # DDP: both ranks hold the same model
-    assert_one_line_error(ddptop("--headless", "--local", "2", "--model", "tiny", "--save", str(saved)), 2, "exists")
+    assert_one_line_error(ddptop("--headless", "--local", "2", "--backend", "gloo", "--model", "tiny", "--save",
+                                  str(saved)), 2, "exists")
+
+
+def test_nccl_without_a_gpu_is_one_line_and_exit_2():
+    result = ddptop("--headless", "--local", "2", "--backend", "nccl", "--model", "tiny", "--steps", "2",
+                    env={"CUDA_VISIBLE_DEVICES": ""}, timeout=60)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "ddptop: --backend nccl needs a GPU and none is visible (CUDA_VISIBLE_DEVICES=''): use --backend gloo "
+        "(trains on CPU)"], result.stderr
+
+
+def test_loader_workers_feed_a_rank():
+    result = ddptop("--local", "1", "--steps", "3", "--workers", "2", "--strategy", "single", *TINY)
+    assert result.returncode == 0, result.stderr
+    assert "finished: 3 steps on 1 ranks (done)" in result.stdout.splitlines()

@@ -41,7 +41,7 @@ def switched():
         client.send("stop")
 
     cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="single", batch_size=16, lr=0.05), steps=100000,
-                    synthetic_size=960, span_every=5, eval=False)
+                    synthetic_size=960, span_every=5, eval=False, backend="gloo")
     code, events = run_job(cfg, world_size=WORLD, port=port, token=TOKEN, script=script, timeout_s=60)
     return code, events, answers, refused
 

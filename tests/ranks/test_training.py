@@ -11,7 +11,7 @@ from jobs import run_job, steps_of
 
 def test_tiny_loss_falls_clearly_over_200_steps():
     cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="ddp", batch_size=32, lr=0.05), steps=200,
-                    synthetic_size=3200, span_every=50)
+                    synthetic_size=3200, span_every=50, backend="gloo")
     code, events = run_job(cfg)
     assert code == 0
     losses = [d.loss for d in sorted(steps_of(events, 0), key=lambda d: d.step)]

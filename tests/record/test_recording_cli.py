@@ -15,7 +15,8 @@ from ddptop.record.reader import Recording
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "recordings", "*.db")))
-TINY = ["--headless", "--local", "2", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval"]
+TINY = ["--headless", "--local", "2", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval",
+        "--backend", "gloo"]
 
 
 def ddptop(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -64,7 +64,7 @@ def test_a_real_job_killed_with_sigkill_leaves_a_readable_recording(tmp_path, ca
     """The whole job (front process and both ranks) dies at once, mid-run."""
     path = str(tmp_path / "job.db")
     argv = [sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--model", "tiny", "--steps", "2000",
-            "--synthetic-size", "640", "--batch-size", "16", "--no-eval", "--record", path]
+            "--synthetic-size", "640", "--batch-size", "16", "--no-eval", "--backend", "gloo", "--record", path]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 90

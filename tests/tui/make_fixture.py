@@ -47,7 +47,7 @@ def main() -> None:
             client.send("set", changes, timeout_s=60)
 
     cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="allreduce", batch_size=16, lr=0.05), steps=STEPS,
-                    synthetic_size=1280, span_every=10, eval=True)
+                    synthetic_size=1280, span_every=10, eval=True, backend="gloo")
     code, events = run_job(cfg, world_size=2, port=port, token=TOKEN, script=script, timeout_s=60)
     if code != 0:
         raise SystemExit(f"fixture job failed with exit code {code}")

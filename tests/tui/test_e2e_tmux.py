@@ -59,7 +59,7 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
     # a tmux server started earlier keeps its own environment: say what this ddptop needs; start it once the
     # window has its size
     command = (f"sleep 1; cd {tmp_path} && PYTHONPATH={shlex.quote(os.environ.get('PYTHONPATH', REPO))} "
-               f"DDPTOP_RUNS_DIR={runs} OMP_NUM_THREADS=1 {sys.executable} -m ddptop --local 2 "
+               f"DDPTOP_RUNS_DIR={runs} OMP_NUM_THREADS=1 {sys.executable} -m ddptop --local 2 --backend gloo "
                f"--model tiny --steps 100000 --synthetic-size 640 --batch-size 16 --no-eval --span-every 5; "
                f"echo $? > {status}; sleep 30")
     _tmux("new-session", "-d", "-s", name, "-x", "160", "-y", "48", command)

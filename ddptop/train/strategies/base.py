@@ -36,5 +36,15 @@ class Strategy:
     def before_step(self) -> None:
         pass
 
+    def trial_module(self) -> nn.Module:
+        """The module a trial step (the first after the batch grew) runs forward on: one that starts no
+        collective, so a rank that runs out of memory leaves no peer inside one."""
+        return self.model
+
+    def trial_sync(self) -> None:
+        """Finish a trial step's gradients as the strategy does (every rank's backward is done by now)."""
+        self.after_backward()
+        self.before_step()
+
     def teardown(self) -> None:
         pass

@@ -6,6 +6,7 @@ the default all-reduce to stamp each bucket's launch and completion without chan
 DDP also broadcasts BatchNorm buffers from rank 0 at every forward (a few KB; not counted here).
 """
 
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
@@ -24,6 +25,24 @@ class DDP(Strategy):
         if self.comm.enabled:
             self.ddp.register_comm_hook(self, _timed_allreduce)
         return self.ddp
+
+    def trial_module(self) -> nn.Module:
+        # the plain model: DDP's reducer ignores its hooks when forward did not go through DDP (what no_sync()
+        # does), and DDP's forward would also broadcast buffers, a collective a rank out of memory never reaches
+        return self.model
+
+    def trial_sync(self) -> None:
+        """The mean gradient DDP's buckets would give, one all_reduce per parameter (the trial step only)."""
+        n = self.world_size
+        for name, param in self.named_params:
+            grad = param.grad
+            if grad is None:  # unused by forward: the same parameters on every rank (one model)
+                continue
+            size = grad.numel() * grad.element_size()
+            start = self.comm.now()
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+            grad.div_(n)
+            self.comm.add(f"allreduce {name}", start, self.comm.now(), size, *wire.ring_allreduce(size, n))
 
     def teardown(self) -> None:
         # dropping the wrapper releases its reducer; parameters stay with the plain model

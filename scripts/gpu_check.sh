@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 17 (README, "GPUs"): run from the repository root on a machine with an NVIDIA GPU.
+#   scripts/gpu_check.sh cuda            nccl world size 1, placement, gloo on CUDA tensors, spans, NVML, no syncs
+#   scripts/gpu_check.sh oom             a real CUDA out-of-memory: ctl set rolls back; the hpml-lab4-q1 profile
+#   scripts/gpu_check.sh bench           plain torch vs --probes off vs all on VGG-11 and ResNet-18 (GPU), then
+#                                        the repository's CPU benchmarks
+#   scripts/gpu_check.sh suite [ARGS]    the test suite (tests/tui is left out when textual is not installed)
+# Logs and recordings go to $OUT (default /tmp/ddptop-gpu). Wheels in .whl/ (see README) are installed first.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+export OUT="${OUT:-/tmp/ddptop-gpu}" PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the working tree's ddptop, no install
+what="${1:-cuda}"
+shift || true
+case "$what" in
+  cuda|oom)
+    nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
+    "$PY" scripts/gpu_check.py "$what" "$@" 2>&1 | tee "$OUT/$what.log" ;;
+  bench)
+    "$PY" scripts/gpu_check.py bench "$@" 2>&1 | tee "$OUT/bench.log"
+    for model in vgg11 resnet18; do  # the lead's interleaved benchmark (gloo, 2 ranks on the CPU)
+      "$PY" benchmarks/step_overhead_ab.py --model "$model" 2>&1 | tee "$OUT/step_overhead_ab-$model.log"
+    done ;;
+  suite)
+    skip=()
+    "$PY" -c "import textual" 2>/dev/null || { echo "textual missing: tests/tui left out"; skip=(--ignore=tests/tui); }
+    "$PY" -m pytest -q -x -p no:cacheprovider --durations=15 ${skip[@]+"${skip[@]}"} "$@" 2>&1 | tee "$OUT/suite.log" ;;
+  *) echo "usage: scripts/gpu_check.sh cuda|oom|bench|suite [args]" >&2; exit 2 ;;
+esac
