@@ -153,8 +153,9 @@ def request(request_id: int = 7, **body) -> bytes:
 
 @pytest.mark.parametrize("raw, request_id, words", [
     (request(7), 8, "bad MAC"),  # moved to another id
-    (request(7, t=time.time() - 120), 7, "outside ±60 s"),
-    (request(7, t=time.time() + 600), 7, "outside ±60 s"),
+    # built when pytest collects, which can be many minutes before the test runs: offsets far past that gap
+    (request(7, t=time.time() - 86400), 7, "outside ±60 s"),
+    (request(7, t=time.time() + 86400), 7, "outside ±60 s"),
     (request(7, job="cd" * 16), 7, "another job"),
     (request(7, op="reboot"), 7, "malformed"),
     (request(7, t=float("nan")), 7, "malformed"),

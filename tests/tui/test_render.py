@@ -143,15 +143,17 @@ def test_gpu_text_shows_whatever_the_gpu_reports_and_fields_added_later():
     from ddptop.state.views import RankView
     from ddptop.tui.render.tables import gpu_text
 
-    Newer = dataclasses.make_dataclass("Newer", [("sm_clock_mhz", float, None), ("pcie_tx_bytes_s", float, None)],
-                                       bases=(GpuStat,), frozen=True)
-    gpu = Newer(0, "H100", 80.0, 10_000_000_000, 80_000_000_000, 300.0, 61.0, 1980.0, 12e9)
+    # a field a later GpuStat might add: shown by its unit suffix without a change to the renderer
+    Newer = dataclasses.make_dataclass("Newer", [("decoder_bytes_s", float, None)], bases=(GpuStat,), frozen=True)
+    gpu = Newer(0, "H100", 80.0, 10_000_000_000, 80_000_000_000, 300.0, 61.0,
+                sm_clock_mhz=1980.0, pcie_tx_bytes_s=12e9, decoder_bytes_s=3e9)
 
     def sample(g):
         return SystemSample(0, "a", 0.0, 1.0, 1.0, 1, 1, 2, "eth0", (), (g,), "ok")
 
     text = gpu_text(RankView(0, system=sample(gpu)), None).plain
-    for words in ("80%", "mem 10 GB/80 GB", "power 300 W", "temp 61°C", "sm clock 1980 MHz", "pcie tx 12.0 GB/s"):
+    for words in ("80%", "mem 10 GB/80 GB", "power 300 W", "temp 61°C", "sm clock 1980 MHz", "pcie tx 12.0 GB/s",
+                  "decoder 3.0 GB/s"):
         assert words in text, text
     bare = gpu_text(RankView(0, system=sample(GpuStat(0, "MIG", None, None, None, None, None))), None).plain
     assert bare.startswith("GPU [") and "W" not in bare
