@@ -104,8 +104,16 @@ def remove_lab(record: LabRecord, controller: cgroups.CpuController | str | None
     own = f"{PREFIX}-{record.tag}-"
     namespaces = [n for n in record.namespaces if isinstance(n, str) and NAME.match(n) and n.startswith(own)]
     groups = [g for g in record.cgroups if _own_cgroup(g, record.tag, controller)]
-    _kill([pid for ns in namespaces for pid in netns.namespace_pids(ns)] +
-          [pid for g in groups for pid in cgroups.pids(g)])
+
+    def inside() -> list[int]:
+        return [pid for ns in namespaces for pid in netns.namespace_pids(ns)] + \
+               [pid for g in groups for pid in cgroups.pids(g)]
+
+    for _ in range(5):  # a process may fork between one look and the kill: look again until none is left
+        pids = inside()
+        if not pids:
+            break
+        _kill(pids)
     left = []
     for ns in sorted(namespaces, key=lambda n: n.endswith("-sw")):  # hosts first, the switch last
         netns.delete_namespace(ns)

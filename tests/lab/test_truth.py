@@ -25,13 +25,13 @@ BURST_S = LINK.burst_bytes / R
 PROFILE = """
 [run]
 model = "vgg11"
-batch_size = 24
+batch_size = 40
 synthetic_size = 1200
 seed = 1
 no_eval = true
 [sweep]
 warmup = 1
-measure = 5
+measure = 6
 configs = [{ strategy = "ddp", bucket_mb = 50 }, { strategy = "gather-scatter" }]
 """
 
@@ -39,7 +39,7 @@ configs = [{ strategy = "ddp", bucket_mb = 50 }, { strategy = "gather-scatter" }
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One 3-host job at 1 Gbit/s: DDP with every gradient in one 50 MB bucket (one all-reduce of S bytes per step,
-    so the link, not per-collective latency, bounds it), then per-parameter gather+scatter. Batch 24 makes compute
+    so the link, not per-collective latency, bounds it), then per-parameter gather+scatter. Batch 40 makes compute
     phases long enough for quiet NIC samples between the steps' traffic. It ends normally and must leave nothing."""
     folder = tmp_path_factory.mktemp("truth")
     (folder / "truth.toml").write_text(PROFILE)
