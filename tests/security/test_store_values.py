@@ -50,7 +50,7 @@ def status(**changes) -> dict:
     (seal_json(JOB.control, "status", status(config={"strategy": "ring"})), "config: unknown strategy"),
     (seal(JOB.control, "status", b"[" * 3000), "not JSON"),
     (b"x" * (1 << 20), "over the 16384-byte cap"),
-])
+], ids=["not-json", "other-token", "world-size", "step", "strategy", "deep-json", "huge"])
 def test_a_status_that_does_not_check_out_is_one_line_quickly(served, value, words, monkeypatch):
     monkeypatch.setattr("ddptop.control.client.STATUS_WAIT_S", 0.3)  # the retry is timed once, below
     view(served).set(keys.STATUS, value)
@@ -162,7 +162,7 @@ def request(request_id: int = 7, **body) -> bytes:
     (seal(JOB.control, f"req {JOB.job_id} 7", b"[" * 4000), 7, "not JSON"),
     (b"0" * 64 + b"\n{}", 7, "bad MAC"),
     (b"x" * 100000, 7, "cap"),
-])
+], ids=["other-id", "stale", "future", "other-job", "bad-op", "nan-time", "deep-json", "zero-mac", "huge"])
 def test_a_request_is_refused_unless_fresh_signed_for_this_job_and_id(raw, request_id, words):
     with pytest.raises(ValueError, match=words):
         read_request(JOB, request_id, raw, Replays())
