@@ -19,8 +19,13 @@ for src in recordings/*.db recordings/*/; do
     else
         set -- "$src"
     fi
+    # lab.md: the lab's own tables (link utilization, NIC bytes per host), written by `ddptop lab --record-dir` from
+    # the same recordings and the lab's link rate, which only the lab knows: kept across a regeneration
+    kept=""
+    if [ -f "docs/reports/$name/lab.md" ]; then kept=$(mktemp); cp "docs/reports/$name/lab.md" "$kept"; fi
     rm -rf "docs/reports/$name"
     "$PYTHON" -m ddptop report "$@" -o "docs/reports/$name"
+    if [ -n "$kept" ]; then mv "$kept" "docs/reports/$name/lab.md"; fi
     made=$((made + 1))
 done
 echo "$made report(s) in docs/reports/"

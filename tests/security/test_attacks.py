@@ -18,6 +18,7 @@ import pytest
 
 from security_job import LOST_AFTER_S, stranger
 from ddptop.control import keys
+from ddptop.control.agent import HEARTBEAT_EVERY_S
 from ddptop.control.commands import make_request
 from ddptop.events import ConfigApplied, ControlRefused, RankBack, RankLost, StepDone
 from ddptop.record.reader import Recording
@@ -151,6 +152,8 @@ def test_a_stopped_rank_is_reported_lost_then_back(job):
     start = time.monotonic()
     assert job.advances(1) < 10
     MEASURED["SIGCONT after SIGSTOP: rank 1 trains again after"] = time.monotonic() - start
+    # its next beat (every 1 s) reaches the front, which looks once a second: "back" is said within ~2 s of that
+    time.sleep(2 * HEARTBEAT_EVERY_S + 1.5)
 
 
 def test_the_job_stops_cleanly_and_its_output_and_recording_say_what_happened(job):
