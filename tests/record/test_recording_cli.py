@@ -14,7 +14,7 @@ from ddptop.cli import main
 from ddptop.record.reader import Recording
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHIPPED = sorted(glob.glob(os.path.join(ROOT, "recordings", "*.db")))
+SHIPPED = sorted(glob.glob(os.path.join(ROOT, "recordings", "*.db")) + glob.glob(os.path.join(ROOT, "recordings", "*", "*.db")))
 TINY = ["--headless", "--local", "2", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval",
         "--backend", "gloo"]
 
