@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +48,11 @@ def load_profile(name: str, flags: dict[str, Any]) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"profile {path} cannot be read: {exc}") from None
     where = f"profile {path.name}"
-    unknown = sorted(set(data) - {"run", "sweep", "lab"})  # [lab] is `ddptop lab`'s (ddptop.lab.profile checks it)
+    unknown = sorted(set(data) - {"run", "sweep", "lab", "reference"})  # [lab]: ddptop.lab.profile checks it
     if unknown:
-        raise UsageError(f"{where}: unknown section(s) {', '.join(unknown)}: only [run], [sweep] and [lab]")
+        raise UsageError(f"{where}: unknown section(s) {', '.join(unknown)}: only [run], [sweep], [lab] and "
+                         "[[reference]]")
+    references(data, where)  # the report reads them; a mistake is said now, before the run
     run, sweep = _table(data, "run", where), _table(data, "sweep", where)
     bad = sorted(k for k in run if k not in flags or k in NOT_IN_PROFILES)
     if bad:
@@ -118,3 +122,64 @@ def _steps(where: str, sweep: dict, key: str, default: int, low: int) -> int:
         raise UsageError(f"{where}: [sweep] {key} must be a whole number of steps in {low}..{MAX_SWEEP_STEPS}, "
                          f"got {value!r}")
     return value
+
+
+# [[reference]]: published figures the profile reproduces, shown beside the run's own in its report
+REFERENCE_MATCH = {"strategy": (str,), "bucket_mb": (int, float), "async_op": (bool,), "batch_size": (int,)}
+MAX_REFERENCES, MAX_REFERENCE_ROWS, MAX_SOURCE_CHARS = 8, 32, 300
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One published source: each row a configuration (the keys a segment must match) and its seconds per step."""
+
+    source: str
+    rows: tuple[tuple[tuple[tuple[str, Any], ...], float], ...]  # ((("strategy", "ddp"), ...), step_s)
+
+
+def references(data: dict, where: str) -> list[Reference]:
+    """The profile's [[reference]] tables, checked: a source line, and rows like { strategy = "ddp", step_s = 0.87 }."""
+    tables = data.get("reference", [])
+    if not isinstance(tables, list) or len(tables) > MAX_REFERENCES or not all(isinstance(t, dict) for t in tables):
+        raise UsageError(f"{where}: [[reference]] must be up to {MAX_REFERENCES} tables, each with source and rows")
+    out = []
+    for table in tables:
+        source, rows = table.get("source"), table.get("rows")
+        if set(table) - {"source", "rows"} or not isinstance(source, str) or not 0 < len(source) <= MAX_SOURCE_CHARS:
+            raise UsageError(f"{where}: a [[reference]] has a source (text, up to {MAX_SOURCE_CHARS} characters) and "
+                             "rows, nothing else")
+        if not isinstance(rows, list) or not 0 < len(rows) <= MAX_REFERENCE_ROWS:
+            raise UsageError(f"{where}: reference {source!r}: rows must be a list of 1 to {MAX_REFERENCE_ROWS} tables")
+        out.append(Reference(source, tuple(_reference_row(row, f"{where}: reference {source!r}") for row in rows)))
+    return out
+
+
+def _reference_row(row: Any, where: str) -> tuple[tuple[tuple[str, Any], ...], float]:
+    if not isinstance(row, dict) or set(row) - {*REFERENCE_MATCH, "step_s"}:
+        raise UsageError(f"{where}: a row is a table of {', '.join(REFERENCE_MATCH)} and step_s, got {row!r}")
+    step = row.get("step_s")
+    if not _typed(step, (int, float)) or not _finite(step) or step <= 0:
+        raise UsageError(f"{where}: step_s must be seconds > 0, got {step!r}")
+    match = tuple(sorted((k, v) for k, v in row.items() if k != "step_s"))
+    if not match:
+        raise UsageError(f"{where}: a row names at least the strategy it is for")
+    for key, value in match:
+        if not _typed(value, REFERENCE_MATCH[key]):
+            raise UsageError(f"{where}: {key} = {value!r} is not a {REFERENCE_MATCH[key][0].__name__}")
+    return match, float(step)
+
+
+def profile_references(name: str) -> list[Reference]:
+    """The published figures of the profile a recording names: only a profile of ddptop's own folders, by a plain
+    name (a recording's text never picks a file); none when there is no such profile. UsageError when malformed."""
+    if not isinstance(name, str) or not NAME.match(name):
+        return []
+    path = next((folder / f"{name}.toml" for folder in PROFILE_DIRS if (folder / f"{name}.toml").is_file()), None)
+    if path is None:
+        return []
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"profile {path} cannot be read: {exc}") from None
+    return references(data, f"profile {path.name}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -29,21 +30,55 @@ class Traffic:
                 f"{self.expected_tx / 1e6:.1f} MB by the formulas ({self.tx_error:+.0%}) over {self.steps} steps")
 
 
-def measured_vs_expected(samples: Iterable[SystemSample], steps: Iterable[StepDone]) -> Traffic | None:
-    """Compare between the first and last system sample taken while this rank trained.
+WINDOW_STEPS = 10  # steps a window without clean ends must hold: one step's bytes off at most, 10%
 
-    Counters are read at sample times, so only the steps that ended between those two samples are counted;
-    None when fewer than two samples fall inside training.
+
+def between_steps(steps: list[StepDone], overlapped: bool = True):
+    """A test of times for `steps` (sorted by end): True when a counter read at that time splits the traffic into
+    whole steps, i.e. it falls in some step's data loading or forward pass. Every collective of the step before
+    has completed (a step ends after its last wait) and this step's have not begun (gradients exist only once the
+    backward pass runs), whatever the strategy; where no collective `overlapped` the backward pass (every strategy
+    but DDP syncs after it), its backward pass too. A step without a forward mark (schema 1 files) has none."""
+    starts = [d.t - d.iter_s for d in steps]
+
+    def test(t: float) -> bool:
+        i = bisect.bisect_right(starts, t) - 1  # the step that had started last by t (steps follow one another)
+        if i < 0 or steps[i].fwd_s <= 0:
+            return False
+        d = steps[i]
+        return t - starts[i] <= d.data_s + d.fwd_s + (0.0 if overlapped else d.bwd_s)
+
+    return test
+
+
+def measured_vs_expected(samples: Iterable[SystemSample], steps: Iterable[StepDone],
+                         overlapped: bool = True) -> Traffic | None:
+    """Compare between two system samples taken while this rank trained: the steps that ended between them against
+    the bytes its interface counted between them. None when fewer than two samples fall inside training.
+
+    The two samples are ones taken between two steps' traffic (`between_steps`; `overlapped`: False where the
+    strategy syncs after the backward pass) where there are: the counters
+    between them hold exactly the steps that ended between them, no partial step at either end (with steps of
+    seconds and samples every 0.5 s, the first and last sample alone can be off by most of a step's bytes, and a
+    NIC quiet for a whole sample period is no such mark: under DDP the backward pass can run for longer than that
+    between two buckets of one step). Without two such samples (steps much shorter than the sample period), the
+    first and last sample, where they hold at least WINDOW_STEPS steps: the step in flight at each end is counted
+    at one end and left out at the other, so the error is at most one step's bytes, 10% over 10 steps.
     """
     steps = sorted(steps, key=lambda d: d.t)
     if not steps:
         return None
     first, last = steps[0].t, steps[-1].t
-    inside = sorted((s for s in samples if first < s.t < last and s.nic() is not None), key=lambda s: s.t)
+    inside = sorted((s for s in samples if first <= s.t <= last and s.nic() is not None), key=lambda s: s.t)
     if len(inside) < 2:
         return None
-    a, b = inside[0], inside[-1]
+    splits = between_steps(steps, overlapped)
+    clean = [s for s in inside if splits(s.t)]
+    bounded = len(clean) >= 2 and any(clean[0].t < d.t <= clean[-1].t for d in steps)
+    a, b = (clean[0], clean[-1]) if bounded else (inside[0], inside[-1])
     counted = [d for d in steps if a.t < d.t <= b.t]
+    if not bounded and len(counted) < WINDOW_STEPS:
+        return None
     na, nb = a.nic(), b.nic()
     return Traffic(rank=steps[0].rank, iface=a.job_iface, window_s=b.t - a.t, steps=len(counted),
                    nic_tx=nb.tx_bytes - na.tx_bytes, nic_rx=nb.rx_bytes - na.rx_bytes,

@@ -86,9 +86,9 @@ class Foreground:
                 pass
 
 
-def node_argv(run_argv: list[str], lab: Lab, nodes: int, rank: int, token: str, record: str | None) -> list[str]:
+def node_argv(run_argv: list[str], lab: Lab, nodes: int, rank: int, record: str | None) -> list[str]:
     argv = [sys.executable, "-m", "ddptop", *run_argv, "--master", lab.addresses[0], "--rank", str(rank),
-            "--world-size", str(nodes), "--token", token]
+            "--world-size", str(nodes)]
     if not any(a == "--threads" or a.startswith("--threads=") for a in run_argv):
         argv += ["--threads", str(lab.threads)]
     return argv + (["--record", record] if record and rank == 0 else [])
@@ -96,9 +96,10 @@ def node_argv(run_argv: list[str], lab: Lab, nodes: int, rank: int, token: str, 
 
 def run_job(lab: Lab, nodes: int, run_argv: list[str], record: str | None, signals: Signals) -> int:
     """Run one job on hosts 0..nodes−1 to its end; its exit code (the front's, else the first failed host's)."""
-    token = secrets.token_hex(16)
-    env = {**os.environ, "DDPTOP_STATE_DIR": os.path.join(lab.folder, "jobs")}  # this lab's own job files
-    front = lab.popen(0, node_argv(run_argv, lab, nodes, 0, token, record), quota=False, group=True, env=env)
+    # the job's token in the environment, not on command lines that every user's `ps` shows and recordings keep
+    env = {**os.environ, "DDPTOP_STATE_DIR": os.path.join(lab.folder, "jobs"),  # this lab's own job files
+           TOKEN_ENV: secrets.token_hex(16)}
+    front = lab.popen(0, node_argv(run_argv, lab, nodes, 0, record), quota=False, group=True, env=env)
     try:
         os.setpgid(front.pid, front.pid)  # also from this side, before the terminal is handed over
     except OSError:
@@ -108,7 +109,7 @@ def run_job(lab: Lab, nodes: int, run_argv: list[str], record: str | None, signa
     try:
         for r in range(1, nodes):
             logs.append(open(os.path.join(lab.folder, f"node{r}.log"), "w"))
-            workers.append(lab.popen(r, node_argv(run_argv, lab, nodes, r, token, None), session=True, env=env,
+            workers.append(lab.popen(r, node_argv(run_argv, lab, nodes, r, None), session=True, env=env,
                                      stdin=subprocess.DEVNULL, stdout=logs[-1], stderr=subprocess.STDOUT))
         signals.job_running = True
         _supervise(lab, front, workers, signals)

@@ -12,13 +12,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ddptop.events import RunStarted, StepDone, SystemSample
+from ddptop.events import RunStarted
 from ddptop.lab.links import Link
 from ddptop.probes import wire
 from ddptop.report.analysis import segment_stats
-
-QUIET_BYTES_S = 1e6  # a NIC moving less than this (telemetry, heartbeats) is between collectives
-
 
 @dataclass(frozen=True)
 class Segment:
@@ -41,20 +38,17 @@ class Segment:
 
 
 def segments(events: list, run: str, warmup: int) -> list[Segment]:
-    """Every segment's measured figures, in order."""
-    steps = [e for e in events if isinstance(e, StepDone)]
-    samples = [e for e in events if isinstance(e, SystemSample)]
+    """Every segment's measured figures, in order: the report's own (ddptop.report.analysis), NIC bytes included."""
     started = next((e for e in events if isinstance(e, RunStarted)), None)
     size = started.param_bytes if started else 0
     out = []
     for s in segment_stats(events, warmup=warmup):
-        n = s.world_size
-        measured = [d for d in steps if d.segment == s.index and d.step >= s.first_step + warmup]
-        nic = tuple(nic_per_step([x for x in samples if x.rank == r], [d for d in measured if d.rank == r])
-                    for r in range(n))
-        ring = wire.ring_allreduce(size, n)[0] if s.allreduce_gbps is not None else 0  # where the report has one
-        out.append(Segment(run, n, (s.index,), s.config.describe(), s.measured_steps, s.mean_step_s, s.compute_s,
-                           s.comm_s, ring, nic))
+        by_rank = {r.rank: r for r in s.ranks}
+        nic = tuple((r.nic_sent_mb, r.nic_recv_mb) if r is not None and r.nic_sent_mb is not None else None
+                    for r in (by_rank.get(i) for i in range(s.world_size)))
+        ring = wire.ring_allreduce(size, s.world_size)[0] if s.allreduce_gbps is not None else 0
+        out.append(Segment(run, s.world_size, (s.index,), s.config.describe(), s.measured_steps, s.mean_step_s,
+                           s.compute_s, s.comm_s, ring, nic))
     return out
 
 
@@ -82,30 +76,6 @@ def _mean(values: list[tuple[float, float] | None]) -> tuple[float, float] | Non
     return (statistics.fmean(v[0] for v in known), statistics.fmean(v[1] for v in known)) if known else None
 
 
-def nic_per_step(samples: list[SystemSample], steps: list[StepDone],
-                 quiet: float = QUIET_BYTES_S) -> tuple[float, float] | None:
-    """(sent, received) MB per step on one rank's NIC, between two *quiet* samples of its counters.
-
-    A rank's collective traffic flows while that rank is inside its collectives, within its step. A sample
-    taken after a quiet interval (both rates below `quiet`) therefore falls between two steps' traffic, so the
-    counters between two such samples hold exactly the steps that ended between them: no partial step at either
-    end (with steps of seconds and samples every 0.5 s, a plain window would be off by up to a step's bytes).
-    """
-    steps = sorted(steps, key=lambda d: d.t)
-    if not steps:
-        return None
-    calm = [s for s in sorted(samples, key=lambda s: s.t) if steps[0].t <= s.t <= steps[-1].t
-            and (nic := s.nic()) is not None and nic.tx_rate < quiet and nic.rx_rate < quiet]
-    if len(calm) < 2:
-        return None
-    a, b = calm[0], calm[-1]
-    counted = sum(1 for d in steps if a.t < d.t <= b.t)
-    if counted == 0:
-        return None
-    na, nb = a.nic(), b.nic()
-    return (nb.tx_bytes - na.tx_bytes) / counted / 1e6, (nb.rx_bytes - na.rx_bytes) / counted / 1e6
-
-
 def _ids(row: Segment) -> str:
     return ", ".join(str(s) for s in row.segments)
 
@@ -130,5 +100,6 @@ def markdown(rows: list[Segment], link: Link, lab: str) -> str:
         cells = [f"{nic[0]:.1f} / {nic[1]:.1f}" if nic else "–" for nic in r.nic] + [""] * (width - r.nodes)
         lines.append(f"| {r.run or '-'} | {_ids(r)} | {r.config} | " + " | ".join(cells) + " |")
     lines += ["", "NIC bytes: each host's own eth0 counters (kernel-counted) over the segment's measured steps, "
-              "between two samples taken while that NIC was quiet (between two steps' traffic)."]
+              "between two samples taken between two steps' traffic (in a forward pass), as in `report.md` "
+              "(ddptop.traffic)."]
     return "\n".join(lines) + "\n"

@@ -37,10 +37,28 @@ _STOP = object()
 
 def base_meta(config: dict, rendezvous: dict, argv: list[str] | None = None) -> dict[str, Any]:
     """What a run knows before its ranks join; hosts, model and buckets are added as their events arrive."""
-    return {"config": config, "rendezvous": rendezvous, "argv": list(sys.argv if argv is None else argv),
+    return {"config": config, "rendezvous": rendezvous, "argv": redact(sys.argv if argv is None else argv),
             "versions": {"ddptop": ddptop.__version__, "python": platform.python_version(),
                          "torch": _version("torch"), "sqlite": sqlite3.sqlite_version},
             "created": time.time()}
+
+
+SECRET_FLAGS = ("--token",)
+
+
+def redact(argv: list[str]) -> list[str]:
+    """The command line without its secrets: a recording is shared (reports, course hand-ins), a job token is not."""
+    out, hide = [], False
+    for word in map(str, argv):
+        flag, eq, _ = word.partition("=")
+        if hide:
+            out.append("REDACTED")
+        elif eq and flag in SECRET_FLAGS:
+            out.append(f"{flag}=REDACTED")
+        else:
+            out.append(word)
+        hide = not hide and word in SECRET_FLAGS
+    return out
 
 
 def _version(package: str) -> str:

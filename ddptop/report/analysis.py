@@ -147,7 +147,8 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
     window = [s for s in ctx.samples if t0 <= s.t <= t1]
     # NIC counters see every step's bytes, sampled steps' too: bytes per step count every step after the warm-up
     wire_steps = {r: [d for d in seg_steps if d.rank == r and d.step >= fig.first_step + fig.warmup] for r in measured}
-    ranks = tuple(rank_stats(r, fig.ranks[r], wire_steps[r], window, ctx.hosts) for r in sorted(measured))
+    overlapped = config.strategy == "ddp"  # the others sync after the backward pass (ddptop.traffic)
+    ranks = tuple(rank_stats(r, fig.ranks[r], wire_steps[r], window, ctx.hosts, overlapped) for r in sorted(measured))
     nic_ok = ranks and all(r.nic_sent_mb is not None for r in ranks)
     mean = fig.mean
     ring_bytes = wire.ring_allreduce(ctx.param_bytes, ctx.world)[0]
@@ -174,7 +175,7 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
         parts=_parts(measured), ranks=ranks, t0=t0, t1=t1, seg_t0=min(d.t - d.iter_s for d in seg_steps),
         gpus=gpus(window, ctx.hosts),
         evals=tuple(e for e in ctx.evals if fig.first_step < e[0] <= fig.last_step + 1),
-        links=links(wire_steps, window, ranks),
+        links=links(wire_steps, window, ranks, overlapped),
         buckets_mb=tuple(_bucket_mb(ctx.buckets)), param_bytes=ctx.param_bytes,
         own_recorded=any(d.own_s > 0 for d in seg_steps))
 

@@ -105,7 +105,7 @@ def cmd_report(argv: Sequence[str]) -> int:
 
 
 def write(runs, shown, left_out, out: Path):
-    from ddptop.report import figures, html, markdown, page, sweeps, timeseries
+    from ddptop.report import figures, html, markdown, page, reference, sweeps, timeseries
     from ddptop.report.analysis import scaling
     from ddptop.report.labels import common, short_names
 
@@ -120,12 +120,19 @@ def write(runs, shown, left_out, out: Path):
     rows = scaling(stats)
     if rows:
         made.append(sweeps.scaling_figure(rows, out))
+    compared = []
+    for run in runs:
+        c = reference.compare(run.name, reference.load(run.provenance["profile"]),
+                              [s for s in stats if s.label == run.label])
+        if c is not None:
+            compared.append(c)
+            made.append(reference.figure(c, out, f"reference-{run.label}" if several else "reference"))
     for run in runs:
         mine = [i for i, s in enumerate(stats) if s.label == run.label]
         args = (run, [stats[i] for i in mine], [names[i] for i in mine], mine, out, several)
         made += [m for m in (timeseries.loss_accuracy(*args), timeseries.network(*args), timeseries.system(*args))
                  if m is not None]
-    blocks = page.document(runs, shown, left_out, stats, made, rows, out)
+    blocks = page.document(runs, shown, left_out, stats, made, rows, out, compared)
     (out / "report.md").write_text(markdown.render(blocks))
     (out / "report.html").write_text(html.render(blocks, out, blocks[0][1]))
     data = {m.name: {"title": m.title, "finding": m.finding, **m.data} for m in made}

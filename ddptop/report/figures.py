@@ -28,7 +28,9 @@ def step_time(stats: list[SegmentStats], names: list[str], out: Path, subtitle: 
     fig, (ax,) = plot.figure(width=max(6.5, 1.2 * len(stats) + 3))
     x = list(range(len(stats)))
     means = [s.mean_step_s for s in stats]
-    plot.bars(ax, x, means, color=[plot.color(i) for i in x], lo=[s.step_p10 for s in stats],
+    kinds = [(s.label, s.config.describe()) for s in stats]
+    first = list(dict.fromkeys(kinds))  # a configuration run in several segments (rounds) keeps one colour
+    plot.bars(ax, x, means, color=[plot.color(first.index(k)) for k in kinds], lo=[s.step_p10 for s in stats],
               hi=[s.step_p90 for s in stats], label="mean (slowest rank)")
     plot.categories(ax, names)
     plot.value_axis(ax, means + [s.step_p10 for s in stats] + [s.step_p90 for s in stats], "seconds per step")
@@ -135,10 +137,12 @@ def bytes_per_step(stats: list[SegmentStats], names: list[str], out: Path, subti
                        va="bottom", fontsize=8, color="#777777")
     if links:
         _nic_panel(axes[1], stats, names, links)
-        plot.note(fig, "n/a: fewer than two network samples (every 0.5 s) fell inside that segment's measured steps.")
+        plot.note(fig, "n/a: no two network samples (every 0.5 s) fell between two steps' traffic (in a forward pass), "
+                       "and the segment had too few steps to count across partial ones.")
     else:
-        plot.note(fig, "No NIC panel: no segment had two network samples (taken every 0.5 s) inside its measured "
-                       "steps, so no interface's bytes per step can be told.")
+        plot.note(fig, "No NIC panel: no segment had two network samples (taken every 0.5 s) between its steps' "
+                       "traffic, or enough steps to count across partial ones, so no interface's bytes per step can "
+                       "be told.")
     data = plot.save(fig, out, "bytes_per_step", f"Bytes per step ({subtitle})")
     return Made("bytes_per_step", "Bytes per step", data, _bytes_finding(stats, names))
 
@@ -162,9 +166,13 @@ def _nic_panel(ax, stats: list[SegmentStats], names: list[str], links: list[str]
     plot.legend_outside(ax)
 
 
+def _nic_sent(s: SegmentStats, rank: int) -> float | None:
+    return next((r.nic_sent_mb for r in s.ranks if r.rank == rank), None)
+
+
 def _bytes_finding(stats: list[SegmentStats], names: list[str]) -> str:
     by: dict = {}
-    for s, n in zip(stats, names):
+    for s, n in sorted(zip(stats, names), key=lambda p: _nic_sent(p[0], 0) is None):  # NIC-counted ones first
         by.setdefault(s.config.strategy + (" async" if s.config.async_op else ""), (s, n))
     text = []
     gs, ring = by.get("gather-scatter"), by.get("allreduce") or by.get("ddp")
@@ -175,6 +183,10 @@ def _bytes_finding(stats: list[SegmentStats], names: list[str]) -> str:
             text.append(f"gather-scatter's rank {top.rank} sent {top.sent_mb / ring_rank:.1f}× the ring's bytes per "
                         f"step ({top.sent_mb:.3g} vs {ring_rank:.3g} MB, {ring[1]})"
                         + (": at N = 2, (N−1)·S and 2(N−1)/N·S are both S" if gs[0].world_size == 2 else ""))
+            counted, ring_counted = _nic_sent(gs[0], top.rank), _nic_sent(ring[0], top.rank)
+            if counted and ring_counted:
+                text[-1] += (f"; its network interface counted {counted:.1f} vs {ring_counted:.1f} MB "
+                             f"({counted / ring_counted:.2f}×, {gs[1]} and {ring[1]})")
     busiest = max(stats, key=lambda s: max((r.sent_mb for r in s.ranks), default=0.0))
     if not text:
         top = max(busiest.ranks, key=lambda r: r.sent_mb)

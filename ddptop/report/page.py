@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ddptop import metrics
-from ddptop.report import markdown
+from ddptop.report import markdown, reference
 from ddptop.report.analysis import Scaling, SegmentStats
 from ddptop.report.runs import RunData
 
@@ -15,8 +15,11 @@ TABLE_NOTE = ("Step time: wall clock from one step boundary to the next, for the
               "steps (layer hooks) are left out; compute, communication, overlap, ddptop's own cost and other are "
               "means over ranks; *formula* bytes follow the algorithm (ring all-reduce 2(N−1)/N·S each way; "
               "gather+scatter (N−1)·S in and out at rank 0, S at the others); *NIC* bytes are what each rank's "
-              "network interface counted over the same steps (– when ranks share one machine's loopback, whose "
-              "counters mix them: the bytes figure shows that interface once, for all of them). All-reduce GB/s is "
+              "network interface counted over the same steps, between two samples taken between two steps' "
+              "traffic (in a forward pass; also in a backward pass where the strategy syncs after it), else over "
+              "at least 10 steps (– when neither can be had, or when ranks "
+              "share one machine's loopback, whose counters mix them: the bytes figure shows that interface once, "
+              "for all of them). All-reduce GB/s is "
               "the ring formula's bus bandwidth: 2(N−1)/N·S divided by the measured communication time (HPML Lab 4, "
               "Q3.2). CPU % is of one core, per rank process.")
 
@@ -57,7 +60,8 @@ def run_lines(run: RunData, shown: list[SegmentStats], left_out: list[str], out:
 
 
 def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: list[list[str]],
-             stats: list[SegmentStats], made: list, scaling_rows: list[Scaling], out: Path) -> list[tuple]:
+             stats: list[SegmentStats], made: list, scaling_rows: list[Scaling], out: Path,
+             compared: list | None = None) -> list[tuple]:
     several = len(runs) > 1
     title = "ddptop report: " + ", ".join(r.name for r in runs)
     blocks: list[tuple] = [("h1", title)]
@@ -77,6 +81,13 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
                          "the board's total, and the mean of the volatile GPU-util readings.")]
     if scaling_rows:
         blocks += hpml_tables(runs, stats, scaling_rows)
+    for c in compared or []:
+        blocks += [("h2", "Beside the published figures" + (f": {markdown.untrusted(c.run)}" if several else "")),
+                   ("p", "The figures the run's profile reproduces, from the sources below, beside this run's: "
+                         "each configuration's segments pooled (the slowest rank's mean step time, weighted by "
+                         "measured steps). Hardware sets the absolute times; the order and the speedups are what "
+                         "a reproduction can match.")]
+        blocks += reference.blocks(c)
     blocks.append(("h2", "Figures"))
     for m in made:
         blocks += [("h3", m.title), ("figure", m)]

@@ -91,9 +91,9 @@ class GpuRow:
 
 
 def rank_stats(rank: int, fig: metrics.Figures, steps: list[StepDone], window: list[SystemSample],
-          hosts: dict) -> RankStats:
+               hosts: dict, overlapped: bool = True) -> RankStats:
     mine = [s for s in window if s.rank == rank]
-    traffic = measured_vs_expected(mine, steps)
+    traffic = measured_vs_expected(mine, steps, overlapped)
     nic = None
     if traffic is not None and traffic.iface not in LOOPBACK and traffic.steps:
         nic = (traffic.nic_tx / traffic.steps / 1e6, traffic.nic_rx / traffic.steps / 1e6)
@@ -105,7 +105,7 @@ def rank_stats(rank: int, fig: metrics.Figures, steps: list[StepDone], window: l
 
 
 def links(wire_steps: dict[int, list[StepDone]], window: list[SystemSample],
-           ranks: tuple[RankStats, ...]) -> tuple[LinkStats, ...]:
+          ranks: tuple[RankStats, ...], overlapped: bool = True) -> tuple[LinkStats, ...]:
     groups: dict[tuple, list[RankStats]] = {}
     for r in ranks:
         mine = [s for s in window if s.rank == r.rank]
@@ -114,7 +114,7 @@ def links(wire_steps: dict[int, list[StepDone]], window: list[SystemSample],
     out = []
     for (who, iface), members in groups.items():
         first = members[0].rank
-        traffic = measured_vs_expected([s for s in window if s.rank == first], wire_steps[first])
+        traffic = measured_vs_expected([s for s in window if s.rank == first], wire_steps[first], overlapped)
         if traffic is None or not traffic.steps or not iface:
             continue
         shared = iface in LOOPBACK

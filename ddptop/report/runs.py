@@ -12,6 +12,7 @@ from pathlib import Path
 from ddptop import metrics
 from ddptop.errors import RecordingError, UsageError
 from ddptop.events import LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, StepDone, SystemSample
+from ddptop.record.sqlite import redact
 from ddptop.report.markdown import untrusted
 from ddptop.report.analysis import SegmentStats, segment_stats, test_accuracy
 
@@ -164,8 +165,9 @@ def provenance(meta: dict, config: dict, start: float, duration: float) -> dict:
 
 
 def command(argv: list) -> str:
-    """The command line as the user typed it: `ddptop ...` for the package's own entry points."""
-    words = [str(a) for a in argv]
+    """The command line as the user typed it: `ddptop ...` for the package's own entry points; a token that an
+    older recording kept is not shown."""
+    words = redact([str(a) for a in argv])
     if words and (words[0].endswith(("ddptop/__main__.py", "/ddptop")) or words[0] in ("ddptop", "-m")):
         words = ["ddptop", *words[1:]]
     return shlex.join(words) if words else "?"

@@ -74,6 +74,14 @@ def test_a_master_name_that_does_not_resolve_is_one_line_at_once():
     ('[sweep]\nconfigs = [{ strategy = 5 }]', "strategy = 5 is not a str"),
     ('[sweep]\nconfigs = [{ lr = nan }]', "learning rate"),
     ("[run\n", "cannot be read"),
+    ('[reference]\nsource = "x"', "[[reference]] must be"),
+    ('[[reference]]\nsource = "course"\nrows = []', "rows must be a list of 1 to 32"),
+    ('[[reference]]\nrows = [{ strategy = "ddp", step_s = 1 }]', "has a source"),
+    ('[[reference]]\nsource = "c"\nrows = [{ strategy = "ddp", step_s = -1 }]', "step_s must be seconds > 0"),
+    ('[[reference]]\nsource = "c"\nrows = [{ strategy = "ddp", step_s = nan }]', "step_s must be seconds > 0"),
+    ('[[reference]]\nsource = "c"\nrows = [{ step_s = 1.0 }]', "names at least the strategy"),
+    ('[[reference]]\nsource = "c"\nrows = [{ strategy = "ddp", step_s = 1, gpu = "x" }]', "a row is a table of"),
+    ('[[reference]]\nsource = "c"\nrows = [{ batch_size = "64", step_s = 1 }]', "batch_size = '64' is not a int"),
 ])
 def test_a_bad_profile_is_one_line(tmp_path, text, words):
     path = tmp_path / "bad.toml"

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from security_job import LOST_AFTER_S, stranger
+from security_job import LOST_AFTER_S, TOKEN, stranger
 from ddptop.control import keys
 from ddptop.control.agent import HEARTBEAT_EVERY_S
 from ddptop.control.commands import make_request
@@ -189,6 +189,10 @@ def test_the_job_stops_cleanly_and_its_output_and_recording_say_what_happened(jo
     info = subprocess.run(DDPTOP + ["info", str(job.record)], capture_output=True, text=True, timeout=60)
     assert info.returncode == 0 and "complete)" in info.stdout and "1 ranks lost (1 came back)" in info.stdout
     assert "FORGED" not in info.stdout
+    # a recording is handed around (reports, course hand-ins): the job's token is in none of its bytes
+    assert TOKEN.encode() not in job.record.read_bytes()
+    with Recording.open(str(job.record)) as rec:
+        assert "--token REDACTED" in " ".join(rec.meta["argv"])
 
 
 @pytest.fixture(autouse=True)
