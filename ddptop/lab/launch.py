@@ -19,6 +19,7 @@ import time
 
 import psutil
 
+from ddptop.control.token import TOKEN_ENV
 from ddptop.lab.cluster import Lab
 
 FRONT_STOP_S = 60.0  # after a stop, the front's own STOP_WAIT_S (20 s) and its closing, then it is killed

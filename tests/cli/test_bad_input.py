@@ -129,7 +129,7 @@ def flipped(source: Path, folder: Path, count: int, seed: int = 14) -> list[Path
 
 def test_the_same_damage_gets_the_same_verdict_from_info_export_and_replay(tmp_path):
     rejected = 0
-    for path in flipped(ROOT / "recordings" / "cs744-bucket-sweep.db", tmp_path, 12):
+    for path in flipped(ROOT / "recordings" / "cs744-lab-buckets.db", tmp_path, 12):
         info = main("info", str(path))
         export = main("export", str(path), "--csv", str(tmp_path / f"{path.stem}-csv"))
         replay = main("replay", str(path), "--instant")

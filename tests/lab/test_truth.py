@@ -40,7 +40,7 @@ configs = [{ strategy = "ddp", bucket_mb = 50 }, { strategy = "gather-scatter" }
 def run(tmp_path_factory):
     """One 3-host job at 1 Gbit/s: DDP with every gradient in one 50 MB bucket (one all-reduce of S bytes per step,
     so the link, not per-collective latency, bounds it), then per-parameter gather+scatter. Batch 40 makes compute
-    phases long enough for quiet NIC samples between the steps' traffic. It ends normally and must leave nothing."""
+    phases long enough for NIC samples between the steps' traffic. It ends normally and must leave nothing."""
     folder = tmp_path_factory.mktemp("truth")
     (folder / "truth.toml").write_text(PROFILE)
     lab = LabProcess(["--nodes", str(N), "--link", "1gbit", "--profile", str(folder / "truth.toml"), "--headless",
