@@ -17,6 +17,7 @@ from ddptop.lab.links import Link
 from ddptop.probes import wire
 from ddptop.report.analysis import segment_stats
 
+
 @dataclass(frozen=True)
 class Segment:
     """One configuration in one run: a segment, or every segment that ran it, pooled."""

@@ -122,6 +122,13 @@ def segment_stats(events: list[Event], label: str = "", warmup: int | None = Non
     return out
 
 
+def pooled(same: list[SegmentStats], name: str) -> float:
+    """A figure of segments that ran one configuration (a sweep repeated in rounds), as one: their means weighted
+    by measured steps, so every measured step counts once."""
+    weights = [s.measured_steps or 1 for s in same]
+    return sum(getattr(s, name) * w for s, w in zip(same, weights)) / sum(weights)
+
+
 def _measured(seg_steps: list[StepDone], rank: int, first: int) -> list[StepDone]:
     """The steps metrics counts for a rank: after the warm-up, sampled steps left out unless nothing else is."""
     mine = [d for d in seg_steps if d.rank == rank and d.step >= first]

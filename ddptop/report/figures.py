@@ -96,7 +96,7 @@ def breakdown(stats: list[SegmentStats], names: list[str], out: Path, subtitle: 
 
 
 def _breakdown_finding(stats: list[SegmentStats], names: list[str]) -> str:
-    talking = [(s, n) for s, n in zip(stats, names) if s.comm_s > 0]
+    talking = [(s, n) for s, n in zip(stats, names) if s.comm_s > 0 and s.world_size > 1]  # 1 rank: no-op collectives
     if not talking:
         return "No configuration shown communicated; compute is the whole step."
     if len(stats) == 1:

@@ -121,8 +121,8 @@ def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scali
                 row2 += ["–", "–"]
                 row3 += ["–"]
                 continue
-            row1 += [f"{epoch_s(s):.3g}", f"{epoch_s(b) / epoch_s(s):.2f}" if b and epoch_s(s) else "–"]
-            row2 += [f"{s.compute_s * steps(s):.3g}", f"{s.comm_s * steps(s):.3g}"]
+            row1 += [_seconds(epoch_s(s)), f"{epoch_s(b) / epoch_s(s):.2f}" if b and epoch_s(s) else "–"]
+            row2 += [_seconds(s.compute_s * steps(s)), _seconds(s.comm_s * steps(s))]
             row3 += [_opt(s.allreduce_gbps)]
         t1.append(row1)
         if n > 1:
@@ -139,6 +139,11 @@ def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scali
             ("p", "**Table 3**: bandwidth utilization (GB/s): the ring all-reduce's 2(N−1)/N·S bytes per rank "
                   "divided by the measured communication time per step."),
             ("table", ["ranks"] + [f"{c}: bandwidth (GB/s)" for c in configs], t3)]
+
+
+def _seconds(value: float) -> str:
+    """Three significant digits, never in exponent form: 1150, 829, 3.52."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _opt(value: float | None) -> str:

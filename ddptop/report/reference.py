@@ -15,7 +15,7 @@ from pathlib import Path
 from ddptop.errors import UsageError
 from ddptop.profiles import Reference, profile_references
 from ddptop.report import plot
-from ddptop.report.analysis import SegmentStats
+from ddptop.report.analysis import SegmentStats, pooled
 from ddptop.report.figures import Made, _offsets
 from ddptop.report.markdown import untrusted
 
@@ -66,11 +66,9 @@ def compare(run: str, refs: list[Reference], stats: list[SegmentStats]) -> Compa
     rows = []
     for key in keys:
         mine = [s for s in stats if matches(s, key)]
-        steps = sum(s.measured_steps for s in mine)
-        pooled = sum(s.mean_step_s * s.measured_steps for s in mine) / steps if steps else None
         names = {s.config.describe() for s in mine}
         name = names.pop() if len(names) == 1 else " ".join(f"{k}={v}" for k, v in key)
-        rows.append(Row(name, tuple(s.index for s in mine), pooled,
+        rows.append(Row(name, tuple(s.index for s in mine), pooled(mine, "mean_step_s") if mine else None,
                         tuple(next((v for m, v in ref.rows if m == key), None) for ref in refs)))
     if not any(r.step_s is not None for r in rows):
         return None
@@ -82,7 +80,7 @@ def _x(value: float | None) -> str:
 
 
 def _s(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3g}"
+    return "–" if value is None else f"{value:.4g}"
 
 
 def blocks(c: Comparison) -> list[tuple]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddptop.report import plot
-from ddptop.report.analysis import Scaling, SegmentStats
+from ddptop.report.analysis import Scaling, SegmentStats, pooled
 from ddptop.report.figures import Made, _offsets
 
 NAN = float("nan")  # not measured: plot.bars writes n/a instead of a bar
@@ -54,9 +54,9 @@ def bucket_size(stats: list[SegmentStats], out: Path) -> Made | None:
     groups = [g + (f"\n{len(s.buckets_mb)} bucket{'s' if len(s.buckets_mb) > 1 else ''}" if s.buckets_mb else "")
               for g, s in zip(groups, ddp)]
     fig, (a, b) = plot.figure(2, 1, width=9.0, height=3.4)
-    _grouped(a, groups, [_times(ddp), ("exposed communication", [s.exposed_comm_s for s in ddp], None, None)],
-             "seconds per step")
-    a.set_title("iteration time and the communication left exposed", fontsize=9)
+    _grouped(a, groups, [_times(ddp), ("compute", [s.compute_s for s in ddp], None, None),
+                         ("exposed communication", [s.exposed_comm_s for s in ddp], None, None)], "seconds per step")
+    a.set_title("iteration time, the compute, and the communication left exposed", fontsize=9)
     links = sorted({l.name for s in ddp for l in s.links})
     series = [("formula, per rank", [s.sent_mb_per_step for s in ddp], None, None)]
     series += [(f"{link}: counted", [next((l.sent_mb for l in s.links if l.name == link), NAN) for s in ddp], None,
@@ -65,16 +65,34 @@ def bucket_size(stats: list[SegmentStats], out: Path) -> Made | None:
     b.set_title("bytes per step", fontsize=9)
     data = plot.save(fig, out, "bucket_size", f"DDP bucket size: iteration time and bytes (batch "
                                               f"{ddp[0].config.batch_size}/rank, lr {ddp[0].config.lr:g})")
-    fast, slow = min(ddp, key=lambda s: s.mean_step_s), max(ddp, key=lambda s: s.mean_step_s)
-    what = "" if len({s.config.bucket_mb for s in ddp}) == len(ddp) else " (segments " + ", ".join(
-        f"#{s.index} {s.config.bucket_mb:g} MB" for s in ddp) + ")"
-    text = (f"Step time was lowest at {fast.config.bucket_mb:g} MB ({fast.mean_step_s:.3g} s) and highest at "
-            f"{slow.config.bucket_mb:g} MB ({slow.mean_step_s:.3g} s); communication overlapped with compute "
-            + ", ".join(f"{100 * s.overlap:.0f}% at {s.config.bucket_mb:g} MB" for s in ddp) + what)
+    return Made("bucket_size", "DDP bucket size", data, _bucket_finding(ddp))
+
+
+def _bucket_finding(ddp: list[SegmentStats]) -> str:
+    """Per bucket size (a size run in several segments, i.e. rounds, pooled by measured steps): step, overlap,
+    exposed communication and compute, and what they say about each other."""
+    sizes = sorted({s.config.bucket_mb for s in ddp})
+
+    def per_size(name: str) -> list[float]:
+        return [pooled([s for s in ddp if s.config.bucket_mb == size], name) for size in sizes]
+
+    step, overlap, exposed, compute = (per_size(n) for n in ("mean_step_s", "overlap", "exposed_comm_s", "compute_s"))
+    joined = lambda values, fmt: " / ".join(format(v, fmt) for v in values)  # noqa: E731
+    text = (f"At {joined(sizes, 'g')} MB" + (" (each size's segments pooled)" if len(sizes) < len(ddp) else "")
+            + f": step {joined(step, '.3g')} s, fastest at {sizes[step.index(min(step))]:g} MB; overlap "
+            + " / ".join(f"{100 * v:.0f}%" for v in overlap) + f"; exposed communication {joined(exposed, '.3g')} s; "
+            f"compute {joined(compute, '.3g')} s")
+    if compute[0] > 1.1 * compute[-1]:
+        text += (f" — the backward pass took {compute[0] - compute[-1]:.2g} s longer with the most overlap: the "
+                 "overlapped communication shares its CPU")
+    elif len(sizes) > 1:
+        text += " — overlap cost the backward pass under 10% of its time"
     one = [s for s in ddp if len(s.buckets_mb) == 1]
     if one:
         text += f" (at {one[0].config.bucket_mb:g} MB all {one[0].buckets_mb[0]:.3g} MB of gradients are one bucket)"
-    return Made("bucket_size", "DDP bucket size", data, text + ".")
+    return text + "."
+
+
 
 
 def batch_size(stats: list[SegmentStats], out: Path) -> Made | None:
@@ -103,8 +121,8 @@ def sync_async(stats: list[SegmentStats], out: Path) -> Made | None:
     pairs = [s for s in stats if s.config.strategy == "allreduce"]
     if {s.config.async_op for s in pairs} != {False, True}:
         return None
-    pairs.sort(key=lambda s: (s.label, s.config.async_op))
-    groups = [f"{s.label} {'async' if s.config.async_op else 'sync'}".strip() for s in pairs]
+    pairs.sort(key=lambda s: (s.label, s.config.async_op, s.index))
+    groups = _distinct([f"{s.label} {'async' if s.config.async_op else 'sync'}".strip() for s in pairs], pairs)
     links = sorted({l.name for s in pairs for l in s.links})
     fig, axes = plot.figure(3 if links else 2, 1, width=8.0, height=3.0)
     _grouped(axes[0], groups, [_times(pairs)], "seconds per step")
@@ -118,13 +136,14 @@ def sync_async(stats: list[SegmentStats], out: Path) -> Made | None:
                  "MB received per step (NIC)")
         axes[2].set_title("bytes received (CS744 fig 16)", fontsize=9)
     data = plot.save(fig, out, "sync_async", "Synchronous vs asynchronous all_reduce")
-    sync = next(s for s in pairs if not s.config.async_op)
-    asyn = next(s for s in pairs if s.config.async_op)
-    change = (asyn.mean_step_s - sync.mean_step_s) / sync.mean_step_s
-    text = (f"async_op={'on'} {'cut' if change < 0 else 'raised'} the step time from {sync.mean_step_s:.3g} to "
-            f"{asyn.mean_step_s:.3g} s ({change:+.0%}) and the exposed communication from "
-            f"{sync.exposed_comm_s * 1e3:.0f} to {asyn.exposed_comm_s * 1e3:.0f} ms; the loss figure has their "
-            "losses on one axis.")
+    sync, asyn = ([s for s in pairs if s.config.async_op == on] for on in (False, True))
+    step = [pooled(side, "mean_step_s") for side in (sync, asyn)]
+    comm = [pooled(side, "comm_s") for side in (sync, asyn)]
+    change = (step[1] - step[0]) / step[0]
+    text = (f"async_op=on {'cut' if change < 0 else 'raised'} the step time from {step[0]:.3g} to {step[1]:.3g} s "
+            f"({change:+.0%}) and the communication from {comm[0] * 1e3:.0f} to {comm[1] * 1e3:.0f} ms per step"
+            + (" (each side's segments pooled)" if len(pairs) > 2 else "")
+            + "; the loss figure has their losses on one axis.")
     return Made("sync_async", "Synchronous vs asynchronous", data, text[0].upper() + text[1:])
 
 
