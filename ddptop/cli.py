@@ -204,7 +204,8 @@ def cmd_run(argv: Sequence[str]) -> int:
     record = choose(args.record, args.no_record, cfg.profile or cfg.first_sync.strategy) if records_here(rdv) \
         else args.record
     return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
-               headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after)
+               headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after,
+               fresh_name=args.record is None)
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:

@@ -37,6 +37,10 @@ class RecordingError(DdptopError):
     exit_code = 6
 
 
+class RecordingExists(RecordingError):
+    """The file a recording would be created at exists (ddptop never overwrites one)."""
+
+
 class LabUnavailable(DdptopError):
     """`ddptop lab` cannot build its cluster here: not root, no namespaces, tc or cgroup CPU controller."""
 

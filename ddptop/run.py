@@ -8,10 +8,10 @@ import time
 
 from ddptop.config import RunConfig
 from ddptop.control.token import resolve_token
-from ddptop.errors import RecordingError
+from ddptop.errors import RecordingError, RecordingExists
 from ddptop.events import RecorderFailed
 from ddptop.front.feed import SharedState
-from ddptop.front.recording import closing_lines
+from ddptop.front.recording import another, closing_lines
 from ddptop.headless import HeadlessConsumer, HeadlessPrinter
 from ddptop.safe import clean
 from ddptop.train.rendezvous import Rendezvous
@@ -73,7 +73,9 @@ def records_here(rdv: Rendezvous) -> bool:
 
 def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None,
         record: str | None = None, headless: bool = True, record_required: bool = False,
-        lost_after_s: float = 10.0) -> int:
+        lost_after_s: float = 10.0, fresh_name: bool = False) -> int:
+    """`fresh_name`: `record` is a name ddptop chose (the runs folder's), so another run that took it in the same
+    second moves this one to the next free name instead of failing."""
     if record and not records_here(rdv):
         print(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank", file=sys.stderr)
         record = None
@@ -89,7 +91,14 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
         return run_direct(cfg, rdv, options, log_every, record, record_required)
     state = SharedState()
     alarm = RecorderAlarm(record or "", record_required)
-    recorder = open_recording(record, cfg, rdv, alarm)
+    while True:
+        try:
+            recorder = open_recording(record, cfg, rdv, alarm)
+            break
+        except RecordingExists:
+            if not fresh_name:
+                raise
+            record = alarm.path = another(record)
     try:
         code, printer = _run_front(cfg, rdv, options, log_every, state, recorder, headless, record, alarm)
     finally:  # errors and Ctrl-C too: what was received is written

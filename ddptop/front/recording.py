@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 
@@ -22,6 +23,16 @@ def default_path(what: str, folder: str | None = None, now: float | None = None)
     while os.path.lexists(path):
         path, n = os.path.join(folder, f"{stem}-{n}.db"), n + 1
     return path
+
+
+def another(path: str) -> str:
+    """The next free name after a default one another run took: `…-ddp.db` → `…-ddp-2.db` → `…-ddp-3.db`."""
+    stem = path[:-3] if path.endswith(".db") else path
+    match = re.fullmatch(r"(.*\d{8}-\d{6}-.*?)-(\d+)", stem)
+    base, n = (match.group(1), int(match.group(2)) + 1) if match else (stem, 2)
+    while os.path.lexists(f"{base}-{n}.db"):
+        n += 1
+    return f"{base}-{n}.db"
 
 
 def choose(record: str | None, no_record: bool, what: str) -> str | None:

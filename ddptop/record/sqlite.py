@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 import ddptop
-from ddptop.errors import RecordingError
+from ddptop.errors import RecordingError, RecordingExists
 from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, ConfigApplied, Event, RankJoined, RunStarted, StepSpans
 from ddptop.record import schema
 from ddptop.record.reader import Recording
@@ -219,13 +219,18 @@ class RecordingWriter:
 
 
 def _create(path: str) -> sqlite3.Connection:
-    """A new, empty recording at `path`; an existing file is never overwritten (remove it first)."""
-    if os.path.lexists(path):
-        what = "a ddptop recording" if _is_recording(path) else "not a ddptop recording"
-        raise RecordingError(f"{path} already exists ({what}): remove it or record to another file")
+    """A new, empty recording at `path`; an existing file is never overwritten (remove it first). The file is
+    created exclusively (O_EXCL), so of two runs that picked one name at once exactly one gets it."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise RecordingError(f"cannot record to {path}: no folder {folder}")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # an empty file is an empty database
+    except FileExistsError:
+        what = "a ddptop recording" if _is_recording(path) else "not a ddptop recording"
+        raise RecordingExists(f"{path} already exists ({what}): remove it or record to another file") from None
+    except OSError as exc:
+        raise RecordingError(f"cannot record to {path}: {exc.strerror or exc}") from None
     db = None
     try:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)

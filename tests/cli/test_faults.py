@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -285,18 +286,31 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(delay):
     assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
 
 
+def free_on_both(a: str, b: str) -> int:
+    """A port free at both addresses (one free at b alone may be taken at a by another test's job)."""
+    while True:
+        port = free_port(b)
+        with socket.socket() as s:
+            try:
+                s.bind((a, port))
+            except OSError:
+                continue
+        return port
+
+
 def test_two_jobs_on_one_port_at_two_addresses_keep_their_own_job_files():
-    port = str(free_port("127.0.0.2"))
+    port = str(free_on_both("127.0.0.1", "127.0.0.2"))
     common = ["--rank", "0", "--world-size", "1", "--port", port, *LONG]
     first, second = start("--master", "127.0.0.1", *common), start("--master", "127.0.0.2", *common)
     try:
-        for master in ("127.0.0.1", "127.0.0.2"):
+        for master, proc in (("127.0.0.1", first), ("127.0.0.2", second)):
             deadline = time.monotonic() + 60
             while True:
                 try:
                     if ControlClient.find(master, int(port), None).status()["step"] >= 1:
                         break
                 except DdptopError:
+                    assert proc.poll() is None, f"the job at {master} ended: {proc.communicate()}"
                     assert time.monotonic() < deadline, f"the job at {master} never answered"
                     time.sleep(0.3)
         assert sorted(j["master"] for j in running_jobs()) == ["127.0.0.1", "127.0.0.2"]

@@ -67,6 +67,24 @@ def test_record_refuses_an_existing_file_before_starting(recorded):
     assert "joined" not in result.stdout and os.path.getmtime(path) == before
 
 
+def test_a_default_name_another_run_took_meanwhile_moves_to_the_next(tmp_path):
+    """Two runs started in the same second choose the same default name; the file is created exclusively, so the
+    one that comes second records to the next name instead of failing (once: exit 6, "already exists")."""
+    taken = tmp_path / "20990101-000000-allreduce.db"
+    taken.write_bytes(b"another run's")
+    script = ("import sys, ddptop.front.recording as r; chosen = sys.argv.pop(1); "
+              "r.default_path = lambda *a, **k: chosen; "
+              "from ddptop.cli import main; raise SystemExit(main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", script, str(taken), *TINY, "--steps", "3", "--strategy", "allreduce"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert taken.read_bytes() == b"another run's"  # never touched
+    moved = tmp_path / "20990101-000000-allreduce-2.db"
+    assert f"recording to {moved}" in run.stderr and f"to {moved}" in run.stdout
+    with Recording.open(str(moved)) as rec:
+        assert rec.complete and len([e for e in rec.events() if type(e).__name__ == "StepDone"]) == 6
+
+
 def test_bad_replay_flags(recorded, capsys):
     path, _ = recorded
     assert main(["replay", path, "--headless", "--speed", "40"]) == 2
