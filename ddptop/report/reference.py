@@ -88,9 +88,9 @@ def blocks(c: Comparison) -> list[tuple]:
     first = c.rows[0].name
     header = ["configuration", "segments", "this run: s/step", f"this run: speedup over {first}"]
     columns = [[r.step_s for r in c.rows]]
-    for i, source in enumerate(c.sources, 1):
-        header += [f"[{i}]: s/step", f"[{i}]: speedup"]
-        columns.append([r.published[i - 1] for r in c.rows])
+    for i in range(len(c.sources)):
+        header += [f"[{i + 1}]: s/step", f"[{i + 1}]: speedup"]
+        columns.append([r.published[i] for r in c.rows])
     speed = [c.speedups(col) for col in columns]
     table = [[untrusted(r.name), ", ".join(map(str, r.segments)) or "not run"]
              + [cell for col, sp in zip(columns, speed) for cell in (_s(col[j]), _x(sp[j]))]
