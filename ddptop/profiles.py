@@ -31,6 +31,14 @@ def find_profile(name: str) -> Path:
     raise UsageError(f"no profile {name!r}: choose one of {', '.join(known) or '(none found)'}")
 
 
+def read_profile(path: Path) -> dict[str, Any]:
+    """A profile file's TOML, or one UsageError line saying why it cannot be read."""
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"profile {path} cannot be read: {exc}") from None
+
+
 MAX_SWEEP_STEPS = 1_000_000  # warm-up or measured steps per configuration: more is a typo, not a plan
 SWEEP_TYPES = {"strategy": (str,), "bucket_mb": (int, float), "async_op": (bool,), "batch_size": (int,),
                "lr": (int, float)}
@@ -43,10 +51,7 @@ def load_profile(name: str, flags: dict[str, Any]) -> dict[str, Any]:
     `flags` maps each run flag's dest to its argparse action: a value must have the type the flag takes (a
     profile bypasses argparse's conversion), and anything else is one UsageError line naming the setting."""
     path = find_profile(name)
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"profile {path} cannot be read: {exc}") from None
+    data = read_profile(path)
     where = f"profile {path.name}"
     unknown = sorted(set(data) - {"run", "sweep", "lab", "reference"})  # [lab]: ddptop.lab.profile checks it
     if unknown:
@@ -178,8 +183,4 @@ def profile_references(name: str) -> list[Reference]:
     path = next((folder / f"{name}.toml" for folder in PROFILE_DIRS if (folder / f"{name}.toml").is_file()), None)
     if path is None:
         return []
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"profile {path} cannot be read: {exc}") from None
-    return references(data, f"profile {path.name}")
+    return references(read_profile(path), f"profile {path.name}")

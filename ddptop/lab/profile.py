@@ -12,16 +12,11 @@ Without `runs`, one job on every host. Each run is a whole job (its own recordin
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 
 from ddptop.errors import UsageError
-from ddptop.profiles import find_profile
+from ddptop.profiles import find_profile, read_profile
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 KEYS = {"nodes", "link", "cpus_per_node", "runs"}
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
@@ -46,10 +41,7 @@ def lab_settings(profile: str | None) -> LabSettings:
     if not profile:
         return LabSettings()
     path = find_profile(profile)
-    try:
-        table = tomllib.loads(path.read_text()).get("lab", {})
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"profile {path} cannot be read: {exc}") from None
+    table = read_profile(path).get("lab", {})
     where = f"profile {path.name} [lab]"
     if not isinstance(table, dict):
         raise UsageError(f"{where}: must be a table")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ddptop.events import RunStarted
 from ddptop.lab.links import Link
 from ddptop.probes import wire
-from ddptop.report.analysis import segment_stats
+from ddptop.report.analysis import pooled, segment_stats
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Segment:
     nodes: int
     segments: tuple[int, ...]
     config: str
-    steps: int  # measured steps (the slowest rank's)
+    measured_steps: int  # the slowest rank's
     step_s: float  # the slowest rank's mean step time (ddptop.metrics)
     compute_s: float  # means over ranks
     comm_s: float
@@ -61,14 +61,11 @@ def by_config(rows: list[Segment]) -> list[Segment]:
         groups.setdefault((row.run, row.config), []).append(row)
     out = []
     for same in groups.values():
-        first, total = same[0], sum(r.steps for r in same)
-
-        def pooled(name: str) -> float:
-            return sum(getattr(r, name) * r.steps for r in same) / total if total else 0.0
-
+        first = same[0]
         nic = tuple(_mean([r.nic[i] for r in same]) for i in range(first.nodes))
-        out.append(Segment(first.run, first.nodes, tuple(i for r in same for i in r.segments), first.config, total,
-                           pooled("step_s"), pooled("compute_s"), pooled("comm_s"), first.ring_bytes, nic))
+        out.append(Segment(first.run, first.nodes, tuple(i for r in same for i in r.segments), first.config,
+                           sum(r.measured_steps for r in same), pooled(same, "step_s"), pooled(same, "compute_s"),
+                           pooled(same, "comm_s"), first.ring_bytes, nic))
     return out
 
 
@@ -89,7 +86,7 @@ def markdown(rows: list[Segment], link: Link, lab: str) -> str:
     for r in rows:
         bus = r.bus_gbit()
         pct = f"{bus * 1e9 / link.bits_per_s:.0%}" if bus and link.bits_per_s else "–"
-        lines.append(f"| {r.run or '-'} | {r.nodes} | {_ids(r)} | {r.config} | {r.steps} | {r.step_s:.3f} | "
+        lines.append(f"| {r.run or '-'} | {r.nodes} | {_ids(r)} | {r.config} | {r.measured_steps} | {r.step_s:.3f} | "
                      f"{r.compute_s:.3f} | {r.comm_s:.3f} | {f'{bus:.3f}' if bus else '–'} | {pct} |")
     width = max((r.nodes for r in rows), default=0)
     lines += ["", "Step time, compute and communication as in `report.md` (ddptop.metrics), pooled over a "

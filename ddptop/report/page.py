@@ -17,9 +17,8 @@ TABLE_NOTE = ("Step time: wall clock from one step boundary to the next, for the
               "gather+scatter (N−1)·S in and out at rank 0, S at the others); *NIC* bytes are what each rank's "
               "network interface counted over the same steps, between two samples taken between two steps' "
               "traffic (in a forward pass; also in a backward pass where the strategy syncs after it), else over "
-              "at least 10 steps (– when neither can be had, or when ranks "
-              "share one machine's loopback, whose counters mix them: the bytes figure shows that interface once, "
-              "for all of them). All-reduce GB/s is "
+              "at least 10 steps (– when neither can be had, or when ranks share one machine's loopback, whose "
+              "counters mix them: the bytes figure shows that interface once, for all of them). All-reduce GB/s is "
               "the ring formula's bus bandwidth: 2(N−1)/N·S divided by the measured communication time (HPML Lab 4, "
               "Q3.2). CPU % is of one core, per rank process.")
 
