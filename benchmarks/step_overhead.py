@@ -23,8 +23,8 @@ from plain_torch import step_times as plain_step_times  # noqa: E402
 
 from ddptop.config import RunConfig, SyncConfig  # noqa: E402
 from ddptop.events import StepDone  # noqa: E402
-from ddptop.train.launch import run_front  # noqa: E402
-from ddptop.train.rendezvous import Rendezvous  # noqa: E402
+from ddptop.front.supervisor import run_front  # noqa: E402
+from ddptop.rendezvous import Rendezvous  # noqa: E402
 from ddptop.train.worker import WorkerOptions  # noqa: E402
 
 CASES = [("single", False), ("gather-scatter", False), ("allreduce", False), ("allreduce", True), ("ddp", False)]

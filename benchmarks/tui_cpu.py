@@ -21,6 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ddptop.front.pipeline import compose
 from ddptop.control.commands import ConfigApplied  # noqa: E402
 from ddptop.events import (NicStat, RankJoined, RunStarted, Span, StepDone, StepSpans,  # noqa: E402
                            SystemSample)
@@ -86,10 +87,9 @@ class SyntheticSource:
 
 def child(args: argparse.Namespace) -> None:
     """Runs inside tmux: the app, switching panels, measuring its own CPU time per panel."""
-    from ddptop.front.feed import Feed
     from ddptop.tui.app import DdptopApp
 
-    feed = Feed(SyntheticSource(args.ranks, args.steps_per_s)).start()  # as live: the feed on its own thread
+    feed = compose(SyntheticSource(args.ranks, args.steps_per_s)).start()  # as live: the feed on its own thread
     app = DdptopApp(feed, mode="live")
     per_panel = args.seconds / len(PANELS)
     results: dict[str, float] = {}

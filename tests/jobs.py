@@ -7,8 +7,8 @@ import time
 
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.events import Event, StepDone, StepSpans
-from ddptop.train.launch import run_front
-from ddptop.train.rendezvous import Rendezvous
+from ddptop.front.supervisor import run_front
+from ddptop.rendezvous import Rendezvous
 from ddptop.train.worker import WorkerOptions
 
 
@@ -26,20 +26,22 @@ def run_job(cfg: RunConfig, world_size: int = 2, timeout_s: float = 30.0, port: 
     """Run a job to its end; `script(collected)` runs in a thread beside it (to drive the control plane)."""
     collected: list[Event] = []
 
-    def consumer(source, job):
+    class Collect:  # a sink of the front's pipeline, like the recording
+        def handle(self, events: list[Event]) -> None:
+            collected.extend(events)
+
+    def consumer(feed, job):
         if script is not None:
             threading.Thread(target=script, args=(collected,), daemon=True).start()
         while job.alive():
-            collected.extend(source.poll())
-            job.check()
+            feed.pump()
             time.sleep(0.1)
-        source.close()
-        collected.extend(source.poll())
+        feed.stop()
 
     if cfg.backend == "auto":  # gloo on CPU on every machine, a GPU one too: the tests' ground truth is CPU training
         cfg = cfg.replace(backend="gloo")
     rdv = Rendezvous("127.0.0.1", port, 0, world_size, 0, world_size, "local")
-    code = run_front(cfg, rdv, WorkerOptions(timeout_s=timeout_s, token=token), consumer)
+    code = run_front(cfg, rdv, WorkerOptions(timeout_s=timeout_s, token=token), consumer, sinks=[Collect()])
     return code, collected
 
 

@@ -27,7 +27,6 @@ from ddptop.control.auth import BadValue, JobKeys, seal, unseal
 from ddptop.control.commands import RankLost, open_json
 from ddptop.events import (MAX_EVENT_BYTES, Event, EventDecodeError, LogLine, RankBack, RunFinished, StoreFlooded,
                            TelemetryGap, decode_events)
-from ddptop.fingerprints import FingerprintCheck
 
 MAX_BATCH_EVENTS = 2000
 RETAIN = 240  # batches kept per rank: a minute at 4 batches/s
@@ -244,11 +243,8 @@ class Liveness:
 class LiveSource:
     """A Source over the collector, polled from a background thread so callers never block on the store."""
 
-    def __init__(self, collector: Collector, interval_s: float = 0.2, liveness: Liveness | None = None):
+    def __init__(self, collector: Collector, interval_s: float = 0.2):
         self.collector = collector
-        self.liveness = liveness
-        self.fingerprints = FingerprintCheck(collector.world_size)  # ranks that must hold one model but do not
-        self._next_liveness = 0.0
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._events: list[Event] = []
@@ -265,19 +261,11 @@ class LiveSource:
 
     def _drain_once(self) -> None:
         try:
-            batch = self.collector.poll()
-            self.inject(batch)  # kept even if the liveness check below fails
-            if self.liveness is not None:
-                self.liveness.finished.update(e.rank for e in batch if isinstance(e, RunFinished))
-            if self.liveness is not None and time.monotonic() >= self._next_liveness:
-                self.inject(self.liveness.check())
-                self._next_liveness = time.monotonic() + 1.0
-            self.inject(self.fingerprints.check(batch))
+            self.inject(self.collector.poll())
         except Exception as exc:
             self.error = (str(exc).splitlines() or [type(exc).__name__])[0]
 
     def inject(self, events: list[Event]) -> None:
-        """Add events that did not come from the ranks (the recorder's failure) to the stream, from any thread."""
         if events:
             with self._lock:
                 self._events.extend(events)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ddptop.control import keys
 from ddptop.errors import RendezvousError
-from ddptop.train.rendezvous import check_host as resolve  # noqa: F401  (the master's name, before any connect)
+from ddptop.rendezvous import check_host as resolve  # noqa: F401  (the master's name, before any connect)
 
 
 def serve(port: int, host: str = "127.0.0.1") -> dist.TCPStore:

@@ -1,18 +1,18 @@
-"""Provides the one front pipeline: `Feed(source, sinks)` hands every event to the shared SessionState and the sinks.
+"""Provides Feed, the pump of the front pipeline: every event, once and in order, to the SharedState and the sinks.
 
-    source (LiveSource | ReplaySource) ─▶ Feed ─▶ SharedState (SessionState) ─▶ listeners (headless printer)
-                                              └▶ sinks (the recording)       └▶ snapshots (the screen)
+    source ─▶ (derived events) ─▶ Feed ─▶ SharedState (SessionState) ─▶ listeners (headless printer), snapshots (screen)
+                                      └▶ sinks (the recording)
 
-The screen, the headless run, `ddptop attach` and the collector under torchrun/Slurm all use it. Live, it runs
-on a thread of its own, so a slow terminal or a redraw never delays the recording; over a replay the screen
-drives it from its timer (seeks happen between two pumps, never inside one).
+front.pipeline.compose builds it (nothing else does). Live, it runs on a thread of its own, so a slow terminal
+or a redraw never delays the recording; over a replay the screen drives it from its timer (seeks happen between
+two pumps, never inside one).
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ddptop.events import Event, Source
 from ddptop.state.session import SessionState, Snapshot
@@ -56,12 +56,12 @@ class SharedState:
 
 
 class Feed:
-    """source → SharedState and sinks, in order, each event once. `job` (a LocalJob or AttachedJob) adds its lost
-    ranks and is supervised on every pump, so nothing depends on who is watching."""
+    """source → SharedState and sinks, in order, each event once. `derived` (front.pipeline.Derived) adds the
+    front's own events (lost ranks, fingerprint checks, recorder alarms) after each poll."""
 
-    def __init__(self, source: Source | None, sinks: Sequence[Sink] = (), job: Any = None,
-                 state: SharedState | None = None, interval_s: float = POLL_S):
-        self.source, self.job, self.interval_s = source, job, interval_s
+    def __init__(self, source: Source | None, sinks: Sequence[Sink] = (), state: SharedState | None = None,
+                 derived: Callable[[list[Event]], list[Event]] | None = None, interval_s: float = POLL_S):
+        self.source, self.derived, self.interval_s = source, derived, interval_s
         self.state = state or SharedState()
         self.sinks = list(sinks)
         self.error: str | None = None  # a sink that failed: said once at the end, the feed goes on
@@ -90,10 +90,7 @@ class Feed:
         with self._lock:
             if self.source is None or self._closed:
                 return 0
-            events = self.source.poll()
-            if self.job is not None:
-                events += self.job.lost_events()
-                self.job.check()
+            events = self._derive(self.source.poll())
             generation = getattr(self.source, "generation", 0)
             if generation != self._generation:  # a seek: this poll starts with the history up to the new position
                 self._generation = generation
@@ -108,8 +105,11 @@ class Feed:
                 try:
                     sink.handle(events)
                 except Exception as exc:  # a bug in one sink must not starve the others (the recording above all)
-                    if self.error is None:
-                        self.error = f"{type(sink).__name__}: {type(exc).__name__}: {exc}"
+                    self._failed(type(sink).__name__, exc)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        if self.error is None:
+            self.error = f"{what}: {type(exc).__name__}: {exc}"
 
     def control(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` (a replay's seek, speed, play) between two pumps."""
@@ -136,15 +136,14 @@ class Feed:
 
     def pump_closed(self) -> None:
         """The drain after close: LiveSource.close() collects once more; poll returns what that found."""
-        events = self.source.poll() if self.source is not None else []
-        if self.job is not None:
-            events += self.job.lost_events()
-        self.push(events)
+        self.push(self._derive(self.source.poll() if self.source is not None else []))
 
+    def _derive(self, events: list[Event]) -> list[Event]:
+        if self.derived is None:
+            return events
+        try:
+            return events + self.derived(events)
+        except Exception as exc:  # the store went away while heartbeats were read: the ranks' events still go on
+            self._failed("derived events", exc)
+            return events
 
-def feed_all(events: Iterable[Event], sinks: Sequence[Sink], state: SharedState | None = None) -> SharedState:
-    """A whole stream at once (`replay --instant`), through the same path as a live one."""
-    feed = Feed(None, sinks, state=state)
-    for event in events:
-        feed.push([event])
-    return feed.state

@@ -1,110 +1,55 @@
-"""Provides where a run records by default (a new file in ./ddptop-runs/) and the lines that say where it went."""
+"""Provides the front's recording sink: opened before any rank starts, its failure an event, closed with a verdict."""
 
 from __future__ import annotations
 
 import os
-import re
-import socket
+import sys
 import time
 
-from ddptop.control import keys
-from ddptop.errors import UsageError
+from ddptop.errors import RecordingError
+from ddptop.events import RecorderFailed
 from ddptop.safe import clean
 
-RUNS_DIR_ENV = "DDPTOP_RUNS_DIR"  # the folder of default recordings (tests point it at a temporary one)
-DEFAULT_DIR = "ddptop-runs"
+
+class RecorderAlarm:
+    """What happens when the recording fails mid-run: an event in the job's stream (the printer and the screen
+    show it), and with --record-required a stop request, so the job ends cleanly (exit 6) instead of going on."""
+
+    def __init__(self, path: str, required: bool):
+        self.path, self.required = path, required
+        self.derived = None  # the pipeline's derived events (front.pipeline.compose sets it)
+        self.stop = None  # asks the ranks to stop
+
+    def __call__(self, reason: str) -> None:  # the recorder's thread
+        event = RecorderFailed(self.path, clean(reason, 200), self.required, time.time())
+        if self.derived is not None:
+            self.derived.add([event])
+        else:
+            print(f"ddptop: recording to {self.path} stopped: {event.reason}", file=sys.stderr, flush=True)
+        if self.required and self.stop is not None:
+            self.stop()
 
 
-def default_path(what: str, folder: str | None = None, now: float | None = None) -> str:
-    """`ddptop-runs/20250301-142233-ddp.db`, with -2, -3 … when a run started in the same second."""
-    folder = folder or os.environ.get(RUNS_DIR_ENV) or DEFAULT_DIR
-    stem = f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}-{''.join(c for c in what if c.isalnum() or c in '-_')}"
-    path, n = os.path.join(folder, stem + ".db"), 2
-    while os.path.lexists(path):
-        path, n = os.path.join(folder, f"{stem}-{n}.db"), n + 1
-    return path
-
-
-def another(path: str) -> str:
-    """The next free name after a default one another run took: `…-ddp.db` → `…-ddp-2.db` → `…-ddp-3.db`."""
-    stem = path[:-3] if path.endswith(".db") else path
-    match = re.fullmatch(r"(.*\d{8}-\d{6}-.*?)-(\d+)", stem)
-    base, n = (match.group(1), int(match.group(2)) + 1) if match else (stem, 2)
-    while os.path.lexists(f"{base}-{n}.db"):
-        n += 1
-    return f"{base}-{n}.db"
-
-
-def choose(record: str | None, no_record: bool, what: str) -> str | None:
-    """The file this run records to: --record FILE, else a new one in the runs folder (made here), or None."""
-    if no_record:
-        if record:
-            raise UsageError("--record and --no-record contradict each other: give one")
+def open_recording(path: str | None, config: dict, where: dict, alarm: RecorderAlarm | None = None):
+    """`--record FILE` (or the default file): a RecordingWriter sink, created before any rank starts so a bad path
+    fails first."""
+    if not path:
         return None
-    if record:
-        return record
-    path = default_path(what)
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create the runs folder {os.path.dirname(path)}: {exc.strerror or exc} "
-                         f"(--record FILE names another place, --no-record turns recording off)") from None
-    return path
+    from ddptop.record.sqlite import RecordingWriter, base_meta
+
+    return RecordingWriter(path, base_meta(config, where), on_error=alarm)
 
 
-def check_new(path: str) -> None:
-    """A recording never overwrites anything: refused before any rank starts."""
-    if os.path.lexists(path):
-        raise UsageError(f"--record {path}: the file exists; ddptop never overwrites a recording")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"--record {path}: no folder {folder}")
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"--record {path}: cannot write in {folder}")
-
-
-def shown(path: str) -> str:
-    """A path as short as it can be said: relative to the current folder when it is inside it."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return rel if not rel.startswith("..") else path
-
-
-def report_dir(path: str) -> str:
-    stem = path[:-3] if path.endswith(".db") else path
-    return stem + "-report"
-
-
-def closing_lines(path: str, steps: int, ranks: int) -> list[str]:
-    """What a run prints when it ends: where its recording is and what to do with it."""
-    path = shown(path)
-    if steps <= 0:
-        return [f"recorded no training steps to {path}"]
-    return [f"recorded {steps} steps of {ranks} rank{'s' if ranks != 1 else ''} to {path}",
-            f"  make a report: ddptop report {path} -o {report_dir(path)}"]
-
-
-def announce(store, job, path: str | None) -> None:
-    """Tell `ddptop attach` where this job is recorded (or that it is not): a sealed key in the job's namespace."""
-    from ddptop.control.commands import seal_json
-
-    store.set(keys.RECORDING, seal_json(job.control, "recording",
-                                        {"path": os.path.abspath(path) if path else "", "host": socket.gethostname()}))
-
-
-def announced(store, token: str) -> str | None:
-    """`host:path` of the job's recording, `` when it records nothing, None when the job did not say (or what the
-    store holds is not the job's)."""
-    from ddptop.control.auth import BadValue, token_bytes
-    from ddptop.control.commands import open_json
-
-    try:
-        if not store.check([keys.RECORDING]):
-            return None
-        data = open_json(token_bytes(token), "recording", store.get(keys.RECORDING), keys.MAX_SMALL_BYTES)
-        path, host = clean(str(data.get("path", "")), 300), clean(str(data.get("host", "")), 100)
-    except (BadValue, ValueError, AttributeError, OSError, RuntimeError):
-        return None
-    return f"{host}:{path}" if path else ""
+def end_recording(recorder, path: str, required: bool) -> bool:
+    """Close the recording (a run that never started leaves no file); say what a failed writer kept.
+    True when the file exists and is worth a report."""
+    if recorder is None:
+        return False
+    recorder.discard()
+    if recorder.error:
+        if required:
+            raise RecordingError(f"recording {path} failed ({clean(recorder.error, 200)}); the job was stopped "
+                                 "(--record-required)")
+        print(f"ddptop: recording {path} is incomplete ({clean(recorder.error, 200)}): it keeps everything "
+              "before that; training went on", file=sys.stderr)
+    return os.path.exists(path)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ddptop.events import RunStarted
 from ddptop.lab.links import Link
-from ddptop.probes import wire
+from ddptop.metrics import wire
 from ddptop.report.analysis import pooled, segment_stats
 
 
@@ -99,5 +99,5 @@ def markdown(rows: list[Segment], link: Link, lab: str) -> str:
         lines.append(f"| {r.run or '-'} | {_ids(r)} | {r.config} | " + " | ".join(cells) + " |")
     lines += ["", "NIC bytes: each host's own eth0 counters (kernel-counted) over the segment's measured steps, "
               "between two samples taken between two steps' traffic (in a forward pass), as in `report.md` "
-              "(ddptop.traffic)."]
+              "(ddptop.metrics.traffic)."]
     return "\n".join(lines) + "\n"

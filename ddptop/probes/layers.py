@@ -8,7 +8,11 @@ import torch
 from torch import nn
 
 from ddptop.probes.own import OwnTime, now
-from ddptop.train.models import leaf_layers
+
+
+def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every module without children, named as users see them (`features.0`)."""
+    return [(name, m) for name, m in model.named_modules() if name and not any(True for _ in m.children())]
 
 
 class LayerProbe:

@@ -19,7 +19,7 @@ from ddptop.events import Event, Span, StepDone, StepSpans
 from ddptop.probes.comm import CommMark, CommRecorder, NullRecorder
 from ddptop.probes.layers import LayerProbe
 from ddptop.probes.own import OwnTime, now
-from ddptop.probes.timeline import breakdown
+from ddptop.metrics.timeline import breakdown
 
 PHASES = ("ready", "data", "fwd", "bwd", "sync", "opt", "tail")
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from typing import Any
 
-from ddptop import tables
-from ddptop.metrics import table_rows
+from ddptop.metrics import table_rows, tables
 from ddptop.events import LogLine, ModelsDiverged, RunFinished
 from ddptop.record.reader import Recording, damaged
+from ddptop.safe import clean
 
 
 def check_integrity(rec: Recording) -> None:
@@ -211,3 +212,10 @@ def _duration(seconds: float) -> str:
 def _clock(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     return f"{m}:{s:02d}"
+
+
+def note_incomplete(rec: Recording) -> None:
+    """export and replay say what info says about a file that lacks something (one line on stderr)."""
+    reasons = verdict(rec)
+    if reasons:
+        print(clean(f"ddptop: {rec.path} is incomplete: {'; '.join(reasons)}", 1000), file=sys.stderr)

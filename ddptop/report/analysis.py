@@ -16,7 +16,7 @@ from ddptop import metrics
 from ddptop.config import SyncConfig
 from ddptop.errors import RecordingError, UsageError
 from ddptop.events import ConfigApplied, EpochDone, Event, RankJoined, RunStarted, StepDone, SystemSample
-from ddptop.probes import wire
+from ddptop.metrics import wire
 from ddptop.report.readings import GpuRow, LinkStats, RankStats, gpus, links, quantile, rank_stats
 
 # metrics.parts' keys, and "compute" for steps recorded before compute was split into forward, backward, optimizer
@@ -154,7 +154,7 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
     window = [s for s in ctx.samples if t0 <= s.t <= t1]
     # NIC counters see every step's bytes, sampled steps' too: bytes per step count every step after the warm-up
     wire_steps = {r: [d for d in seg_steps if d.rank == r and d.step >= fig.first_step + fig.warmup] for r in measured}
-    overlapped = config.strategy == "ddp"  # the others sync after the backward pass (ddptop.traffic)
+    overlapped = config.strategy == "ddp"  # the others sync after the backward pass (ddptop.metrics.traffic)
     ranks = tuple(rank_stats(r, fig.ranks[r], wire_steps[r], window, ctx.hosts, overlapped) for r in sorted(measured))
     nic_ok = ranks and all(r.nic_sent_mb is not None for r in ranks)
     mean = fig.mean

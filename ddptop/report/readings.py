@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ddptop import metrics
 from ddptop.events import StepDone, SystemSample
-from ddptop.traffic import measured_vs_expected
+from ddptop.metrics.traffic import measured_vs_expected
 
 LOOPBACK = ("lo", "lo0")
 

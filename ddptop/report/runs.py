@@ -60,7 +60,7 @@ class RunData:
 
 
 def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
-    from ddptop.record.commands import note_incomplete
+    from ddptop.record.info import note_incomplete
     from ddptop.record.info import verdict
     from ddptop.record.reader import DAMAGE, Recording, damaged
 

@@ -6,12 +6,11 @@ import collections
 from dataclasses import replace
 from typing import Iterable, Mapping
 
-from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop import metrics
-from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory, RankBack, RankJoined,
-                           RecorderFailed, RunFinished, RunStarted, StepDone, StepSpans, StoreFlooded, SystemSample,
-                           TelemetryGap)
-from ddptop.state.expected import expected_bytes
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory,
+                           RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
+                           StepSpans, StoreFlooded, SystemSample, TelemetryGap)
+from ddptop.metrics.expected import expected_bytes
 from ddptop.state.nodes import NodeTracker
 from ddptop.state.snapshot import RECENT_STEPS, Snapshot  # noqa: F401  (Snapshot is the public result)
 from ddptop.state.views import EvalPoint, RankView, Segment, SpanStore, UtilView

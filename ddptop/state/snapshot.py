@@ -9,7 +9,7 @@ from ddptop import metrics
 from ddptop.events import ModelsDiverged, RunStarted, StepDone, SystemSample
 from ddptop.metrics import Figures, SegmentFigures
 from ddptop.state.views import EvalPoint, RankView, Segment, SpanStore, UtilView
-from ddptop.traffic import Traffic, measured_vs_expected
+from ddptop.metrics.traffic import Traffic, measured_vs_expected
 
 RECENT_STEPS = 10  # the window of "now" figures (header img/s, the ranks' rolling means)
 
@@ -108,7 +108,7 @@ class Snapshot:
         return "running" if any(r.last for r in self.ranks) else "starting"
 
     def traffic(self, rank: int) -> Traffic | None:
-        """NIC bytes against the formulas over the rank's recent samples (ddptop.traffic)."""
+        """NIC bytes against the formulas over the rank's recent samples (ddptop.metrics.traffic)."""
         key = ("_traffic", rank)
         if key not in self.__dict__:
             self.__dict__[key] = measured_vs_expected(self.samples.get(rank, ()), self.history.get(rank, ()))

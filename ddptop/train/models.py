@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ddptop.errors import UsageError
+from ddptop.probes.layers import leaf_layers
 
 # The CS744 assignment's VGG-11: 9.23M parameters in 34 tensors (36.9 MB of fp32 gradients per step).
 VGG11_CFG = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
@@ -132,11 +133,6 @@ def build_model(name: str, batch_norm: bool = True, sleep_s: float = 0.0, oom_ba
         raise UsageError(f"unknown model {name!r}: choose one of vgg11, resnet18, tiny")
     model = SleepBefore(model, sleep_s) if sleep_s > 0 else model
     return OutOfMemoryAt(model, oom_batch) if oom_batch > 0 else model
-
-
-def leaf_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every module without children, named as users see them (`features.0`)."""
-    return [(name, m) for name, m in model.named_modules() if name and not any(True for _ in m.children())]
 
 
 def layer_param_counts(model: nn.Module) -> tuple[tuple[str, int], ...]:

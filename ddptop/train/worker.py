@@ -29,7 +29,7 @@ from ddptop.sources.sampler import SystemSampler
 from ddptop.sources.system import job_interface
 from ddptop.train import devices
 from ddptop.train.loop import Trainer
-from ddptop.train.rendezvous import Rendezvous
+from ddptop.rendezvous import Rendezvous
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Provides DdptopApp, the one screen for live jobs and replays, and `run_replay(source)`."""
+"""Provides DdptopApp, the one screen for live jobs and replays; it draws what the front's feed holds."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from ddptop.events import Source
-from ddptop.front.feed import Feed
-from ddptop.front.recording import report_dir, shown
+from ddptop.record.paths import report_dir, shown
 from ddptop.tui import control
 from ddptop.tui.messages import ApplyRequested, ControlUpdate, RankChosen, TransportCommand
 from ddptop.tui.widgets.controls import ControlsPanel
@@ -75,12 +73,11 @@ class DdptopApp(App):
         Binding("g", "seek_input", "Seek to a step", show=False),
     ]
 
-    def __init__(self, source: Source | Feed, mode: str = "replay", job: Any = None, sinks: Sequence = (),
-                 connect: Callable | None = None, recording: str | None = None, total_steps: int = 0,
-                 refresh_hz: float = REFRESH_HZ):
+    def __init__(self, feed: Any, mode: str = "replay", job: Any = None, connect: Callable | None = None,
+                 recording: str | None = None, total_steps: int = 0, refresh_hz: float = REFRESH_HZ):
         super().__init__()
-        # live, the front's feed runs on its own thread; a replay's feed is pumped by this app's timer
-        self.feed = source if isinstance(source, Feed) else Feed(source, sinks, job=job)
+        # the front's feed (front.pipeline.compose): live it runs on its own thread; a replay's is pumped by our timer
+        self.feed = feed
         self.source, self.mode, self.job, self.connect = self.feed.source, mode, job, connect
         self.recording = shown(recording) if recording and ":" not in recording else recording  # host:path (attach)
         self.total_steps, self.refresh_hz = total_steps, refresh_hz
@@ -270,30 +267,3 @@ class DdptopApp(App):
         if self.connect is None:
             return
         self.run_worker(lambda: fn(self.connect, arg, self.post_message), thread=True, group="control")
-
-
-def run_replay(source: Source) -> int:
-    """`ddptop replay FILE`: the same screens over a recording; returns the exit code. The caller closes `source`.
-
-    Without a terminal (a pipe, a test, CI) the screen cannot run: the recording plays headless instead, at its
-    speed, as progress lines.
-    """
-    if sys.stdin.isatty() and sys.stdout.isatty():
-        from ddptop.state.session import STEP_HISTORY
-
-        source.history_steps = max(source.history_steps, STEP_HISTORY)  # after a seek, plots show what they can
-        DdptopApp(source, mode="replay", recording=getattr(source, "path", None)).run()
-        return 0
-    from ddptop.headless import HeadlessPrinter
-
-    print("ddptop: no terminal for the replay screen; replaying headless", file=sys.stderr)
-    end = source.status().get("step_end")
-    printer = HeadlessPrinter(end + 1 if end is not None else 0)
-    source.play()
-    while True:
-        printer.handle(source.poll())
-        if source.finished:
-            break
-        time.sleep(1 / REFRESH_HZ)
-    printer.handle(source.poll())
-    return 0

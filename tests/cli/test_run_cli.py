@@ -133,7 +133,7 @@ def test_help_lists_every_command_and_profile_and_every_flag_says_what_it_does()
         assert f"\n  {command} " in result.stdout
     for profile in ("smoke", "cs744-compare", "cs744-bucket-sweep"):
         assert f"\n  {profile} " in result.stdout
-    from ddptop.cli import run_parser
+    from ddptop.cli.run import run_parser
 
     bare = [a.option_strings for a in run_parser()._actions if a.option_strings and not a.help]
     assert not bare, f"flags without a description: {bare}"

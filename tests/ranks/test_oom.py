@@ -138,7 +138,7 @@ def test_a_sweep_that_grows_the_batch_stops_at_the_first_that_does_not_fit():
 def test_the_roll_back_is_a_headless_line_and_a_recorded_event():
     import io
 
-    from ddptop.headless import HeadlessPrinter
+    from ddptop.front.headless import HeadlessPrinter
     from ddptop.record import schema
 
     event = OutOfMemory(0, 12, 3, 64, 32, (1, 2), 1.0)
@@ -153,7 +153,7 @@ def test_the_roll_back_is_a_headless_line_and_a_recorded_event():
 
 
 def test_the_hpml_lab4_q1_profile_grows_the_batch_4x_on_one_gpu_until_it_does_not_fit():
-    from ddptop.cli import config_from_args, parse_run_args
+    from ddptop.cli.run import config_from_args, parse_run_args
 
     args, profile = parse_run_args(["--profile", "hpml-lab4-q1"])
     cfg = config_from_args(args, profile)

@@ -6,7 +6,7 @@ import pytest
 
 from ddptop import metrics
 from ddptop.events import RunStarted, SystemSample
-from ddptop.probes import wire
+from ddptop.metrics import wire
 from ddptop.train.models import build_model
 from jobs import run_job, spans_of, steps_of, tiny_config
 

@@ -72,7 +72,7 @@ def test_a_default_name_another_run_took_meanwhile_moves_to_the_next(tmp_path):
     one that comes second records to the next name instead of failing (once: exit 6, "already exists")."""
     taken = tmp_path / "20990101-000000-allreduce.db"
     taken.write_bytes(b"another run's")
-    script = ("import sys, ddptop.front.recording as r; chosen = sys.argv.pop(1); "
+    script = ("import sys, ddptop.record.paths as r; chosen = sys.argv.pop(1); "
               "r.default_path = lambda *a, **k: chosen; "
               "from ddptop.cli import main; raise SystemExit(main(sys.argv[1:]))")
     run = subprocess.run([sys.executable, "-c", script, str(taken), *TINY, "--steps", "3", "--strategy", "allreduce"],

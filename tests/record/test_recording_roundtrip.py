@@ -151,7 +151,7 @@ def test_the_record_package_never_imports_torch_or_textual():
     import subprocess
     import sys
 
-    code = ("import sys; import ddptop.record.commands, ddptop.record.replay, ddptop.record.export, "
+    code = ("import sys; import ddptop.cli.recordings, ddptop.record.replay, ddptop.record.export, "
             "ddptop.record.sqlite, ddptop.record.info; "
             "print(sorted(m for m in ('torch', 'textual') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

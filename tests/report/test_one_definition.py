@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from ddptop.front.pipeline import compose
 from ddptop import metrics
 from ddptop.cli import main
 from ddptop.record.replay import ReplaySource
@@ -88,13 +89,13 @@ def test_the_replayed_screen_shows_the_same_segment_table(smoke, figures):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tui"))
     from screen_text import screen_text
 
-    from ddptop import tables
+    from ddptop.metrics import tables
     from ddptop.tui.app import DdptopApp
 
     async def play() -> str:
         source = ReplaySource(str(smoke[0]), speed=16)
         try:
-            app = DdptopApp(source, recording=str(smoke[0]))
+            app = DdptopApp(compose(source), recording=str(smoke[0]))
             async with app.run_test(size=(160, 48)) as pilot:
                 deadline = time.monotonic() + 60
                 while not source.finished and time.monotonic() < deadline:

@@ -13,10 +13,11 @@ import sys
 
 import pytest
 
+from ddptop.front.pipeline import compose
 from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, LogLine, NicStat, RankJoined, RankLost,
                            RunFinished, RunStarted, Span, StepDone, StepSpans, SystemSample, decode_events,
                            encode_events)
-from ddptop.headless import HeadlessPrinter
+from ddptop.front.headless import HeadlessPrinter
 from ddptop.record.sqlite import RecordingWriter, base_meta
 from ddptop.safe import clean
 from test_run_cli import DDPTOP
@@ -116,7 +117,7 @@ async def test_the_screen_shows_escaped_text(hostile):
 
     source = ReplaySource(hostile, playing=False)
     source.seek_time(source.t_end)
-    app = DdptopApp(source)
+    app = DdptopApp(compose(source))
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             for key in "123456":

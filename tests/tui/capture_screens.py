@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from fixed_replay import FixedReplaySource, fixture_events  # noqa: E402
 from screen_text import screen_text  # noqa: E402
 
+from ddptop.front.pipeline import compose
 from ddptop.tui.app import DdptopApp  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "screens")
@@ -42,13 +43,13 @@ def save(app, stem: str) -> None:
 
 
 async def capture(size: tuple[int, int]) -> None:
-    app = DdptopApp(FixedReplaySource(fixture_events(), at_end=True))
+    app = DdptopApp(compose(FixedReplaySource(fixture_events(), at_end=True)))
     async with app.run_test(size=size) as pilot:
         for key, name in PANELS.items():
             await pilot.press(key)
             await pilot.pause(0.6)
             save(app, f"{name}-{size[0]}x{size[1]}")
-    app = DdptopApp(FixedReplaySource(fixture_events(), at_end=True), mode="live", job=EndedJob(),
+    app = DdptopApp(compose(FixedReplaySource(fixture_events(), at_end=True), job=EndedJob()), mode="live", job=EndedJob(),
                     recording="ddptop-runs/20250301-142233-allreduce.db")
     async with app.run_test(size=size) as pilot:
         await pilot.pause(0.6)

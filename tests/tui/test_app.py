@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input, Select, TabbedContent
 
+from ddptop.front.pipeline import compose
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.keys import GLOBAL_KEYS, REPLAY_KEYS
 from ddptop.tui.messages import ApplyRequested
@@ -26,7 +27,7 @@ def _active(app) -> str:
 
 
 async def test_number_keys_and_tab_move_between_panels(replay_at_end):
-    app = DdptopApp(replay_at_end)
+    app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
         assert _active(app) == "overview"  # the default
         for key, pid in zip("1234567", ("overview", "ranks", "network", "util", "timeline", "loss", "controls")):
@@ -41,7 +42,7 @@ async def test_number_keys_and_tab_move_between_panels(replay_at_end):
 
 
 async def test_help_lists_every_key_and_closes(replay_at_end):
-    app = DdptopApp(replay_at_end)
+    app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
@@ -55,7 +56,7 @@ async def test_help_lists_every_key_and_closes(replay_at_end):
 
 
 async def test_q_quits(replay_at_end):
-    app = DdptopApp(replay_at_end)
+    app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("q")
         await pilot.pause()
@@ -65,7 +66,7 @@ async def test_q_quits(replay_at_end):
 async def test_transport_keys_play_speed_seek_and_segments(events):
     now = [0.0]
     source = FixedReplaySource(events, clock=lambda: now[0])
-    app = DdptopApp(source)
+    app = DdptopApp(compose(source))
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("space")
         assert source.playing
@@ -99,7 +100,7 @@ async def test_transport_keys_play_speed_seek_and_segments(events):
 
 async def test_transport_buttons_work_with_the_mouse(events):
     source = FixedReplaySource(events, clock=lambda: 0.0)
-    app = DdptopApp(source)
+    app = DdptopApp(compose(source))
     async with app.run_test(size=BIG) as pilot:
 
         async def click(selector):
@@ -120,7 +121,7 @@ async def test_transport_buttons_work_with_the_mouse(events):
 
 
 async def test_ranks_panel_picks_a_rank_and_opens_its_timeline(replay_at_end):
-    app = DdptopApp(replay_at_end)
+    app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("2")
         panel = app.query_one(RanksPanel)
@@ -136,7 +137,7 @@ async def test_ranks_panel_picks_a_rank_and_opens_its_timeline(replay_at_end):
 
 
 async def test_network_panel_switches_interface_and_node(replay_at_end):
-    app = DdptopApp(replay_at_end)
+    app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("3")
         panel = app.query_one(NetworkPanel)
@@ -155,7 +156,7 @@ async def test_network_panel_switches_interface_and_node(replay_at_end):
 
 
 async def test_timeline_moves_through_steps_and_ranks(replay_at_end):
-    app = DdptopApp(replay_at_end)
+    app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("5")
         panel = app.query_one(TimelinePanel)
@@ -174,7 +175,7 @@ async def test_timeline_moves_through_steps_and_ranks(replay_at_end):
 
 
 async def test_loss_panel_marks_every_config_change(replay_at_end):
-    app = DdptopApp(replay_at_end)
+    app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("6")
         await pilot.pause()
@@ -185,7 +186,7 @@ async def test_loss_panel_marks_every_config_change(replay_at_end):
 
 
 async def test_controls_are_disabled_in_a_replay(replay_at_end):
-    app = DdptopApp(replay_at_end)
+    app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("7")
         panel = app.query_one(ControlsPanel)
@@ -207,7 +208,7 @@ class _NoJob:
 
 async def test_controls_check_input_inline_and_send_only_valid_changes(replay_at_end):
     connect, posted = _NoJob(), []
-    app = DdptopApp(replay_at_end, mode="live", connect=connect)
+    app = DdptopApp(compose(replay_at_end), mode="live", connect=connect)
     async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
         await pilot.press("7")
         panel = app.query_one(ControlsPanel)
@@ -248,7 +249,7 @@ async def test_controls_check_input_inline_and_send_only_valid_changes(replay_at
 
 
 async def test_typed_characters_go_to_the_focused_field(replay_at_end):
-    app = DdptopApp(replay_at_end, mode="live", connect=_NoJob())
+    app = DdptopApp(compose(replay_at_end), mode="live", connect=_NoJob())
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("7", "tab", "tab", "tab", "tab")  # strategy → bucket → async → batch → lr
         lr = app.query_one("#lr", Input)
@@ -263,7 +264,7 @@ async def test_typed_characters_go_to_the_focused_field(replay_at_end):
 
 async def test_space_in_a_live_session_sends_pause(replay_at_end):
     connect = _NoJob()
-    app = DdptopApp(replay_at_end, mode="live", connect=connect, job=_EndedJob())
+    app = DdptopApp(compose(replay_at_end, job=_EndedJob()), mode="live", connect=connect, job=_EndedJob())
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("space")
         assert connect.calls == 0  # the job has ended: nothing to pause
@@ -291,7 +292,7 @@ class _RunningJob(_EndedJob):
 
 
 async def test_every_panel_fits_80x24(replay_at_end):
-    app = DdptopApp(replay_at_end)
+    app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=(80, 24)) as pilot:
         for key, words in zip("1234567", ("segments", "s/step", "Active Interface", "CPU [", "overlap", "loss",
                                           "strategy")):

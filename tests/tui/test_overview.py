@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from textual.widgets import TabbedContent
 
-from ddptop import metrics, tables
+from ddptop.front.pipeline import compose
+from ddptop import metrics
+from ddptop.metrics import tables
 from ddptop.control.commands import RunState
 from ddptop.events import ModelsDiverged
 from ddptop.tui.app import DdptopApp
@@ -31,7 +33,7 @@ class _EndedJob:
 
 
 async def test_at_160x48_the_whole_run_is_on_one_screen_with_the_segment_table_of_info(events):
-    app = DdptopApp(FixedReplaySource(events, at_end=True), mode="live", job=_EndedJob(), recording="runs/x.db")
+    app = DdptopApp(compose(FixedReplaySource(events, at_end=True), job=_EndedJob()), mode="live", job=_EndedJob(), recording="runs/x.db")
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause(0.6)
         assert app.query_one(TabbedContent).active == "overview" and isinstance(app.focused, OverviewPanel)
@@ -53,7 +55,7 @@ async def test_at_160x48_the_whole_run_is_on_one_screen_with_the_segment_table_o
 
 
 async def test_at_80x24_a_reduced_overview_keeps_the_state_and_scrolls_to_the_rest(events):
-    app = DdptopApp(FixedReplaySource(events, at_end=True), mode="live", job=_EndedJob(),
+    app = DdptopApp(compose(FixedReplaySource(events, at_end=True), job=_EndedJob()), mode="live", job=_EndedJob(),
                     recording="ddptop-runs/20250301-142233-a-long-name-that-cannot-fit-on-one-line.db")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.6)
@@ -76,7 +78,7 @@ async def test_at_80x24_a_reduced_overview_keeps_the_state_and_scrolls_to_the_re
 
 @pytest.mark.parametrize("key,bottom", [("3", "all nodes"), ("5", "wait async"), ("7", "Apply")])
 async def test_long_panels_scroll_from_the_keyboard_at_80x24(events, key, bottom):
-    app = DdptopApp(FixedReplaySource(events, at_end=True))
+    app = DdptopApp(compose(FixedReplaySource(events, at_end=True)))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press(key)
         await pilot.pause(0.6)
@@ -93,7 +95,7 @@ async def test_paused_rates_say_paused_and_a_divergence_stays_in_sight(events):
     extra = [RunState(0, last, True, 2e9), RunState(1, last, True, 2e9),
              ModelsDiverged(3, 308, "segment start", {"0": "aa" * 32, "1": "bb" * 32}, 2e9)]
     source = FixedReplaySource([e for e in events if type(e).__name__ != "RunFinished"] + extra, at_end=True)
-    app = DdptopApp(source, mode="live")
+    app = DdptopApp(compose(source), mode="live")
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause(0.6)
         text = screen_text(app).split("\n")
@@ -107,7 +109,7 @@ async def test_paused_rates_say_paused_and_a_divergence_stays_in_sight(events):
 
 async def test_a_replay_says_it_is_a_replay_and_its_counters_agree(events):
     source = FixedReplaySource(events, at_end=True)
-    app = DdptopApp(source)
+    app = DdptopApp(compose(source))
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause(0.6)
         text = screen_text(app)

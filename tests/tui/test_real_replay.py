@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddptop.front.pipeline import compose
 from ddptop.record.replay import ReplaySource
 from ddptop.record.sqlite import RecordingWriter, base_meta
 from ddptop.tui.app import DdptopApp
@@ -25,7 +26,7 @@ def recording(tmp_path, events):
 @pytest.mark.asyncio
 async def test_replay_of_a_recording_plays_seeks_and_jumps(recording):
     source = ReplaySource(recording, playing=False)
-    app = DdptopApp(source)
+    app = DdptopApp(compose(source))
     try:
         async with app.run_test(size=(160, 48)) as pilot:
             await pilot.press("g", *"250", "enter")
@@ -49,7 +50,7 @@ async def test_replay_of_a_recording_plays_seeks_and_jumps(recording):
 
 
 def test_without_a_terminal_the_replay_plays_headless(recording, capsys):
-    from ddptop.tui.app import run_replay
+    from ddptop.front.replay import play_on_screen as run_replay
 
     source = ReplaySource(recording, speed=16.0, playing=False)
     try:

@@ -129,7 +129,7 @@ def test_tables_show_every_rank_and_the_slowest(events):
 
 
 def test_a_shared_or_unexplained_counter_is_not_compared_with_the_formulas():
-    from ddptop.traffic import not_comparable
+    from ddptop.metrics.traffic import not_comparable
 
     assert "shared by every process" in not_comparable("lo", 1000, 1000)
     assert not_comparable("eth0", 1.05e6, 1e6) == ""  # TCP/IP headers and telemetry: a few percent

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddptop.front.pipeline import compose
 from ddptop.tui.app import DdptopApp
 from fixed_replay import FixedReplaySource
 
@@ -18,17 +19,17 @@ PANELS = {"overview": "1", "ranks": "2", "network": "3", "utilization": "4", "ti
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
 @pytest.mark.parametrize("panel", list(PANELS))
 def test_panel(snap_compare, events, panel, size):
-    app = DdptopApp(FixedReplaySource(events, at_end=True))
+    app = DdptopApp(compose(FixedReplaySource(events, at_end=True)))
     assert snap_compare(app, press=[PANELS[panel]], terminal_size=size)
 
 
 def test_help(snap_compare, events):
-    app = DdptopApp(FixedReplaySource(events, at_end=True))
+    app = DdptopApp(compose(FixedReplaySource(events, at_end=True)))
     assert snap_compare(app, press=["question_mark"], terminal_size=(100, 30))
 
 
 def test_live_controls_after_an_invalid_input(snap_compare, events):
-    app = DdptopApp(FixedReplaySource(events, at_end=True), mode="live")
+    app = DdptopApp(compose(FixedReplaySource(events, at_end=True)), mode="live")
 
     async def run_before(pilot):
         await pilot.press("7", "tab", "tab", "tab", "backspace", "backspace", "x", "enter")
@@ -51,7 +52,7 @@ class _EndedJob:
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
 def test_live_overview_after_the_run_ended(snap_compare, events, size):
-    app = DdptopApp(FixedReplaySource(events, at_end=True), mode="live", job=_EndedJob(),
+    app = DdptopApp(compose(FixedReplaySource(events, at_end=True), job=_EndedJob()), mode="live", job=_EndedJob(),
                     recording="ddptop-runs/20250301-142233-allreduce.db")
 
     async def run_before(pilot):

@@ -10,7 +10,7 @@ import pytest
 from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop.events import EpochDone, GpuStat, NicStat, RankJoined, RunFinished, RunStarted, StepDone, SystemSample
 from ddptop.state import session as session_mod
-from ddptop.state.expected import expected_bytes
+from ddptop.metrics.expected import expected_bytes
 from ddptop.state.session import SessionState
 
 
@@ -137,7 +137,7 @@ def test_expected_bytes_follow_the_wire_formulas(strategy, rank, expected):
 
 
 def test_state_imports_neither_textual_nor_torch():
-    code = ("import sys, ddptop.state.session, ddptop.state.expected; "
+    code = ("import sys, ddptop.state.session, ddptop.metrics.expected; "
             "bad = [m for m in ('textual', 'torch') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -11,7 +11,7 @@ from ddptop.config import SyncConfig
 from ddptop.control.commands import apply_changes
 from ddptop.errors import UsageError
 from ddptop.events import ConfigApplied, ModelsDiverged, RunFinished, StepDone
-from ddptop.fingerprints import FingerprintCheck
+from ddptop.front.fingerprints import FingerprintCheck
 
 
 def applied(rank, segment, strategy, fp, step=0):

@@ -12,10 +12,10 @@ from ddptop.control.handshake import mismatch
 from ddptop.errors import UsageError
 from ddptop.events import (EpochDone, EventDecodeError, GpuStat, NicStat, RunStarted, Span, StepDone, StepSpans,
                            SystemSample, decode_events, encode_events, event_from_dict)
-from ddptop.headless import HeadlessPrinter, progress_line, evaluation_line
-from ddptop.probes import wire
-from ddptop.probes.timeline import breakdown, intersection, length, union
-from ddptop.train.rendezvous import first_slurm_host, resolve
+from ddptop.front.headless import HeadlessPrinter, progress_line, evaluation_line
+from ddptop.metrics import wire
+from ddptop.metrics.timeline import breakdown, intersection, length, union
+from ddptop.rendezvous import first_slurm_host, resolve
 
 
 def test_interval_union_and_intersection():

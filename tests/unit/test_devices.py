@@ -7,7 +7,7 @@ import pytest
 from ddptop.errors import UsageError
 from ddptop.train import devices
 from ddptop.train.devices import Placement, place
-from ddptop.train.rendezvous import resolve
+from ddptop.rendezvous import resolve
 
 
 @pytest.mark.parametrize("backend,device,ranks,gpus,want", [

@@ -1,18 +1,124 @@
-"""DESIGN.md's import rules: the core never imports textual; record, state and events never import torch."""
+"""DESIGN.md's import rules: layers import one way, no module imports itself in a circle, the core never imports
+textual, the replay side never imports torch.
+
+The layer rules read every `import` in ddptop's source (those inside functions too), so a lazy import that runs
+upward fails here as surely as one at the top of a file."""
 
 from __future__ import annotations
 
+import ast
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
-CORE = ["ddptop.train.worker", "ddptop.train.launch", "ddptop.probes.step", "ddptop.sources.sampler",
-        "ddptop.control.agent", "ddptop.control.client", "ddptop.record.sqlite", "ddptop.headless", "ddptop.run"]
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "ddptop"
+BASE = {"ddptop", "errors", "safe", "config", "profiles", "rendezvous", "events"}  # ddptop: the package's __init__
+# cli → front → {tui, report, lab, train, …} → metrics → events and the base: what each part may import besides
+# itself and the base. Everything else is an arrow from a lower layer up.
+ALLOWED = {
+    "__main__": {"cli"},
+    "cli": {"front", "tui", "report", "lab", "record", "state", "control", "train", "probes", "sources", "metrics"},
+    "front": {"tui", "report", "record", "state", "control", "train", "metrics"},
+    "tui": {"state", "control", "record", "metrics"},
+    "report": {"record", "metrics"},
+    "lab": {"report", "record", "control", "metrics"},
+    "train": {"control", "probes", "sources", "metrics"},
+    "record": {"metrics"},
+    "state": {"metrics"},
+    "control": {"metrics"},
+    "probes": {"metrics"},
+    "sources": set(),
+    "metrics": set(),
+}
+for name in BASE:
+    ALLOWED[name] = set()
+CORE = ["ddptop.train.worker", "ddptop.front.supervisor", "ddptop.probes.step", "ddptop.sources.sampler",
+        "ddptop.control.agent", "ddptop.control.client", "ddptop.record.sqlite", "ddptop.front.headless",
+        "ddptop.front.run", "ddptop.front.pipeline", "ddptop.metrics", "ddptop.state.session"]
 NO_TORCH = ["ddptop.events", "ddptop.record.reader", "ddptop.record.replay", "ddptop.record.export",
-            "ddptop.state.session", "ddptop.report.analysis", "ddptop.traffic", "ddptop.cli", "ddptop.lab.command",
-            "ddptop.lab.launch", "ddptop.lab.summary", "ddptop.control.client", "ddptop.control.status",
-            "ddptop.front.feed", "ddptop.headless"]
+            "ddptop.state.session", "ddptop.report.analysis", "ddptop.metrics", "ddptop.metrics.traffic",
+            "ddptop.metrics.timeline", "ddptop.metrics.wire", "ddptop.cli", "ddptop.cli.lab", "ddptop.lab.launch",
+            "ddptop.lab.summary", "ddptop.control.client", "ddptop.cli.ctl", "ddptop.front.feed",
+            "ddptop.front.headless", "ddptop.front.pipeline", "ddptop.front.replay"]
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = ["ddptop", *path.relative_to(ROOT).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "ddptop"
+
+
+def imports() -> dict[str, set[str]]:
+    """module → the ddptop modules it imports (a name imported from a package counts as that submodule)."""
+    known = {module_name(p) for p in ROOT.rglob("*.py")}
+    out: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("ddptop"))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("ddptop"):
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    found.add(sub if sub in known else node.module)
+        out[module_name(path)] = found
+    return out
+
+
+def test_every_part_of_ddptop_has_a_layer():
+    assert {layer(m) for m in imports()} <= set(ALLOWED), "a new top-level part: give it a place in ALLOWED"
+
+
+def test_imports_run_one_way():
+    wrong = sorted(f"{m} imports {t}" for m, targets in imports().items() for t in targets
+                   if layer(t) != layer(m) and layer(t) not in BASE and layer(t) not in ALLOWED[layer(m)])
+    assert not wrong, "imports from a lower layer up:\n" + "\n".join(wrong)
+
+
+def test_no_import_circle():
+    """Modules and the packages that hold them: a circle through a lazy import is still a circle."""
+    graph = imports()
+    for module, targets in graph.items():  # a package's __init__ importing its own modules is how packages work
+        graph[module] = {t for t in targets if not module.startswith(t + ".") and not t.startswith(module + ".")
+                         or layer(t) != layer(module)}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for t in sorted(graph.get(m, ())):
+            if state.get(t) == 1:
+                pytest.fail("import circle: " + " → ".join(path[path.index(t):] + [t]))
+            if t not in state:
+                visit(t)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_rule_finds_an_upward_import(tmp_path, monkeypatch):
+    """The checker itself: a metrics module that imports the front is reported."""
+    fake = tmp_path / "ddptop"
+    (fake / "metrics").mkdir(parents=True)
+    (fake / "front").mkdir()
+    (fake / "metrics" / "__init__.py").write_text("from ddptop.front import feed\n")
+    (fake / "front" / "__init__.py").write_text("")
+    (fake / "front" / "feed.py").write_text("from ddptop import metrics\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake)
+    with pytest.raises(AssertionError, match="ddptop.metrics imports ddptop.front.feed"):
+        test_imports_run_one_way()
+    with pytest.raises(pytest.fail.Exception, match="import circle"):
+        test_no_import_circle()
 
 
 def loaded(module: str) -> set[str]:

@@ -1,4 +1,4 @@
-"""NIC bytes per step (ddptop.traffic) against traffic the test injects on a known schedule: a counter that moves
+"""NIC bytes per step (ddptop.metrics.traffic) against traffic the test injects on a known schedule: a counter that moves
 exactly B bytes inside each step, read every 0.5 s the way the sampler reads it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddptop.events import NicStat, StepDone, SystemSample
-from ddptop.traffic import measured_vs_expected
+from ddptop.metrics.traffic import measured_vs_expected
 
 B = 55_400_000  # bytes each step moves each way (VGG-11's ring all-reduce on 4 ranks)
 PERIOD = 0.5  # the sampler's

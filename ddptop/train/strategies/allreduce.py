@@ -6,7 +6,7 @@ is launched at once and the handles are waited on before the optimizer step, so 
 
 import torch.distributed as dist
 
-from ddptop.probes import wire
+from ddptop.metrics import wire
 from ddptop.train.strategies.base import Strategy
 
 

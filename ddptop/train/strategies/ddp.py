@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from ddptop.probes import wire
+from ddptop.metrics import wire
 from ddptop.probes.own import now
 from ddptop.train.strategies.base import Strategy
 

@@ -7,7 +7,7 @@ receives S. Rank 0's link carries N−1 times what a ring would, which is why th
 import torch
 import torch.distributed as dist
 
-from ddptop.probes import wire
+from ddptop.metrics import wire
 from ddptop.train.strategies.base import Strategy
 
 

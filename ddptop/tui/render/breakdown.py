@@ -9,7 +9,7 @@ from rich.text import Text
 
 from ddptop import metrics
 from ddptop.events import Span, StepDone
-from ddptop.probes.timeline import breakdown, length, union
+from ddptop.metrics.timeline import breakdown, length, union
 from ddptop.tui.render.cells import wrap_items
 from ddptop.tui.render.palette import part_glyph, part_style
 from ddptop.tui.render.units import fmt_s

@@ -9,7 +9,7 @@ from typing import Sequence
 from rich.text import Text
 
 from ddptop.events import Span
-from ddptop.probes.timeline import intersection
+from ddptop.metrics.timeline import intersection
 from ddptop.tui.render.cells import styled_runs
 from ddptop.tui.render.palette import SPANS
 from ddptop.tui.render.units import ellipsize, fmt_s, safe

@@ -7,9 +7,9 @@ from typing import Sequence
 from rich.text import Text
 
 from ddptop.events import NicStat
-from ddptop.state.expected import formula
+from ddptop.metrics.expected import formula
 from ddptop.state.views import NodeView
-from ddptop.traffic import SHARED_IFACES, not_comparable
+from ddptop.metrics.traffic import SHARED_IFACES, not_comparable
 from ddptop.tui.render.palette import RX as RX_STYLE, TX as TX_STYLE
 from ddptop.tui.render.units import fmt_bytes, fmt_count, fmt_rate, safe
 

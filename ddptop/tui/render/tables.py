@@ -9,7 +9,8 @@ import math
 from rich.table import Table
 from rich.text import Text
 
-from ddptop import metrics, tables
+from ddptop import metrics
+from ddptop.metrics import tables
 from ddptop.state.session import Snapshot
 from ddptop.state.snapshot import RECENT_STEPS
 from ddptop.tui.render.palette import STATES, part_style
@@ -76,7 +77,7 @@ NARROW_NAMES = {"s/step slowest": "s/step"}  # narrow: the slowest rank's, as th
 
 
 def segment_table(snap: Snapshot, width: int = 160, last: int | None = None) -> Table:
-    """The per-segment comparison from snap.segment_figures, with `ddptop info`'s cells (ddptop.tables); the
+    """The per-segment comparison from snap.segment_figures, with `ddptop info`'s cells (ddptop.metrics.tables); the
     segment in force is marked ▶, one still in its warm-up says so; `last` keeps the newest segments only."""
     table = _table()
     wide = width >= WIDE

@@ -15,7 +15,7 @@ from textual.widgets import Button, Input, Label, Select, Static, Switch
 from ddptop.config import STRATEGIES, SyncConfig
 from ddptop.control.commands import apply_changes
 from ddptop.errors import DdptopError, UsageError
-from ddptop.state.buckets import ddp_buckets
+from ddptop.metrics.buckets import ddp_buckets
 from ddptop.state.session import Snapshot
 from ddptop.tui.messages import ApplyRequested
 from ddptop.tui.render.units import fmt_bytes, safe

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from ddptop import tables
+from ddptop.metrics import tables
 from ddptop.state.session import Snapshot
 from ddptop.tui.render.palette import STATES, VERMILLION
 from ddptop.tui.render.units import fmt_bytes, fmt_s, safe

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ddptop.events import RunStarted
-from ddptop.probes.wire import gather, ring_allreduce, scatter
+from ddptop.metrics.wire import gather, ring_allreduce, scatter
 
 
 def expected_bytes(run: RunStarted | None, config: Mapping, rank: int) -> tuple[int, int]:

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Sequence
 
-from ddptop.cli import _Parser
+from ddptop.cli.parser import Parser
 from ddptop.errors import LabUnavailable, UsageError
 from ddptop.lab import netns, state
 
@@ -24,7 +24,7 @@ def running() -> list[state.LabRecord]:
 
 
 def cmd_exec(argv: Sequence[str]) -> int:
-    p = _Parser(prog="ddptop lab exec", description="Run a command on a host of a running lab.")
+    p = Parser(prog="ddptop lab exec", description="Run a command on a host of a running lab.")
     p.add_argument("--lab", metavar="TAG", help="which lab (ddptop lab list); needed when several run")
     p.add_argument("--node", type=int, default=0, help="which host (0)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command; `ddptop ...` runs this ddptop")
@@ -59,7 +59,7 @@ def _pick(tag: str | None) -> state.LabRecord:
 
 
 def cmd_list(argv: Sequence[str]) -> int:
-    _Parser(prog="ddptop lab list", description="Labs running on this machine.").parse_args(argv)
+    Parser(prog="ddptop lab list", description="Labs running on this machine.").parse_args(argv)
     for r in running():
         started = time.strftime("%H:%M:%S", time.localtime(r.created))
         print(f"{r.tag}  {r.nodes} nodes  link {r.link}  cpus {r.cpus}  pid {r.owner_pid}  since {started}")
@@ -67,7 +67,7 @@ def cmd_list(argv: Sequence[str]) -> int:
 
 
 def cmd_clean(argv: Sequence[str]) -> int:
-    _Parser(prog="ddptop lab clean", description="Remove labs whose ddptop lab process is gone.").parse_args(argv)
+    Parser(prog="ddptop lab clean", description="Remove labs whose ddptop lab process is gone.").parse_args(argv)
     if os.geteuid() != 0:
         raise LabUnavailable("ddptop lab clean needs root")
     removed = state.remove_dead_labs()

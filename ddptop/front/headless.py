@@ -1,4 +1,4 @@
-"""The headless consumer: progress lines (or a rich bar on a TTY), test-set results, per-step profile lines."""
+"""Provides the headless printer and consumer: progress lines (or a rich bar on a TTY), test-set results, per-step profile lines."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import sys
 import time
 from typing import TextIO
 
-from ddptop import metrics, tables
+from ddptop import metrics
+from ddptop.metrics import tables
 from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory,
-                           RankBack,                            RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
+                           RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
                            StoreFlooded, TelemetryGap)
 from ddptop.front.feed import Feed, SharedState
 from ddptop.metrics import Figures
 from ddptop.safe import clean_lines
 from ddptop.state.snapshot import Snapshot
-from ddptop.traffic import not_comparable
+from ddptop.metrics.traffic import not_comparable
 
 MB = 1e6
 
@@ -210,24 +211,16 @@ class HeadlessConsumer:
     has exited. When the user interrupts, the front stops the ranks and then calls `finish`, so the last steps,
     the closing lines and the recording's end still come."""
 
-    def __init__(self, printer: HeadlessPrinter, sinks: list | None = None, poll_s: float = 0.2):
+    def __init__(self, printer: HeadlessPrinter, poll_s: float = 0.2):
         self.printer = printer
-        self.sinks = list(sinks or [])
         self.poll_s = poll_s
-        self.feed: Feed | None = None
 
-    @property
-    def state(self) -> SharedState:
-        return self.printer.state
-
-    def __call__(self, source, job) -> None:
-        self.feed = Feed(source, self.sinks, job=job, state=self.printer.state, interval_s=self.poll_s).start()
+    def __call__(self, feed: Feed, job) -> None:
+        feed.start()
         while job.alive():
             time.sleep(self.poll_s)
-        self.finish(source, job)
+        self.finish(feed, job)
 
-    def finish(self, source, job) -> None:
-        if self.feed is None:  # interrupted before the feed started
-            self.feed = Feed(source, self.sinks, job=job, state=self.printer.state)
-        self.feed.stop()
+    def finish(self, feed: Feed, job) -> None:
+        feed.stop()
         self.printer.finish(traffic=True)

@@ -38,7 +38,7 @@ GLOSSARY: dict[str, tuple[str, str]] = {
                                  "others; single 0"),
     "NIC bytes": ("MB/step", "what the rank's network interface counted (the kernel's counters), per step: "
                              "between two samples taken between steps' traffic (in a forward pass), divided by "
-                             "the steps that ended between them (ddptop.traffic)"),
+                             "the steps that ended between them (ddptop.metrics.traffic)"),
     "warm-up": ("steps", "the first steps of each segment, left out of its figures (a sweep's warm-up, else 1: "
                          "the first step after a switch builds DDP buckets and caches)"),
     "sampled step": ("", "a step with per-layer spans (every --span-every steps, never a segment's first); its "

@@ -1,4 +1,4 @@
-"""The front process on the master: hosts the store, starts this machine's ranks, feeds their events to a consumer."""
+"""Provides the local supervisor: the front hosts the store, starts this machine's ranks and watches them (LocalJob)."""
 
 from __future__ import annotations
 
@@ -7,27 +7,22 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Callable, Sequence
 
 from ddptop.config import RunConfig
 from ddptop.control import store as stores
 from ddptop.control.bus import Collector, LiveSource, Liveness
 from ddptop.control.client import ControlClient
-from ddptop.control.commands import RankLost
 from ddptop.control.auth import JobKeys, new_job_id
 from ddptop.control.token import remove_job_file, resolve_token, write_job_file
-from ddptop.events import Source
-from ddptop.train.rendezvous import Rendezvous
+from ddptop.events import RankLost
+from ddptop.front.feed import Feed, SharedState
+from ddptop.front.pipeline import compose
+from ddptop.rendezvous import Rendezvous
 from ddptop.train.worker import WorkerOptions, rank_entry
 
 GRACE_S = 15.0  # after one rank fails, the others get this long to notice before they are terminated
 STOP_WAIT_S = 20.0  # after a stop request, ranks get this long to finish their step and leave
-
-
-class Consumer(Protocol):
-    """What watches a live job: the headless printer or the TUI. Returns when the job is over or the user quit."""
-
-    def __call__(self, source: Source, job: "LocalJob") -> None: ...
 
 
 @dataclass(frozen=True)
@@ -97,9 +92,10 @@ class LocalJob:
         return next((c for c in codes if c not in (0, None)), 0) if all(c is not None for c in codes) else 1
 
 
-def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer: Callable,
-              on_source: Callable[[LiveSource, "LocalJob"], None] | None = None) -> int:
-    """Host the store, start local ranks (all of them for --local, rank 0 for --master/--rank 0), watch them.
+def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer: Callable, sinks: Sequence = (),
+              state: SharedState | None = None, alarm=None, on_start: Callable[["LocalJob"], None] | None = None) -> int:
+    """Host the store, start local ranks (all of them for --local, rank 0 for --master/--rank 0), watch them through
+    the front's pipeline (`consumer(feed, job)`: the screen or the printer).
 
     Ctrl-C or SIGTERM at any moment from here on is a stop: ranks that train finish their step and leave,
     ranks still starting are terminated, and the exit code is 0 (README: Failures)."""
@@ -116,11 +112,12 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         write_job_file(rdv.master, rdv.port, token, rdv.world_size)
         job.front = FrontInfo(rdv.master, rdv.port, token)
         job.keys = keys
-        source = LiveSource(Collector(_view(rdv, options, keys), rdv.world_size, keys),
-                            liveness=Liveness(_view(rdv, options, keys), rdv.world_size, keys, options.lost_after_s))
-        if on_source is not None:
-            on_source(source, job)
-        _watch(consumer, source, job)
+        feed = compose(LiveSource(Collector(_view(rdv, options, keys), rdv.world_size, keys)),
+                       world_size=rdv.world_size, job=job, sinks=sinks, state=state, alarm=alarm,
+                       liveness=Liveness(_view(rdv, options, keys), rdv.world_size, keys, options.lost_after_s))
+        if on_start is not None:
+            on_start(job)
+        _watch(consumer, feed, job)
     except KeyboardInterrupt:
         if job is None:
             raise
@@ -154,17 +151,15 @@ def _view(rdv: Rendezvous, options: WorkerOptions, keys: JobKeys):
     return stores.job_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source), "", keys.namespace)
 
 
-def _watch(consumer: Callable, source: LiveSource, job: "LocalJob") -> None:
+def _watch(consumer: Callable, feed: Feed, job: "LocalJob") -> None:
     try:
-        consumer(source, job)
+        consumer(feed, job)
     except KeyboardInterrupt:
         job.stop()
         _stop_gracefully(job)
-        finish = getattr(consumer, "finish", None)
-        if finish is not None:
-            finish(source, job)
+        consumer.finish(feed, job)
     finally:
-        source.close()
+        feed.stop()  # idempotent: the consumer's finish has usually stopped it already
 
 
 def _raise_interrupt(signum, frame):

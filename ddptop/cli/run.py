@@ -1,32 +1,16 @@
-"""Command line: `ddptop [run flags]`; every DdptopError becomes one line on stderr and an exit code."""
+"""`ddptop [run] [flags]`: the run command's parser, its checks, and the run it starts."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Sequence
 
 from ddptop import __version__
+from ddptop.cli.parser import Parser, check_port, parse_bool
 from ddptop.config import BACKENDS, DATASETS, DEVICES, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig, SyncConfig
-from ddptop.errors import DdptopError, UsageError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would print usage + message and exit 2: we want one line
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-COMMANDS = {
-    "run": "train and watch a job (the default: `ddptop [flags]` is `ddptop run [flags]`)",
-    "ctl": "change a running job from a shell: status, set KEY=VALUE, pause, resume, stop",
-    "attach": "watch a running job from another terminal or machine; leaving never stops it",
-    "info": "what a recording holds: run, hosts, duration, the per-segment table",
-    "replay": "play a recording on the screen (or --headless as the run's lines)",
-    "export": "a recording as a Chrome trace (Perfetto) or CSV tables",
-    "report": "a markdown report with figures from one or several recordings",
-}
+from ddptop.errors import UsageError
 
 
 def _profiles() -> list[tuple[str, str]]:
@@ -45,6 +29,8 @@ def _profiles() -> list[tuple[str, str]]:
 
 
 def _epilog() -> str:
+    from ddptop.cli import COMMANDS
+
     lines = ["commands (ddptop COMMAND --help for each):"]
     lines += [f"  {name:<8} {what}" for name, what in COMMANDS.items()]
     lines += ["", "profiles (--profile NAME: flag defaults and a sweep of configurations, one job):"]
@@ -54,17 +40,8 @@ def _epilog() -> str:
     return "\n".join(lines)
 
 
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def run_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ddptop", description="Train and profile a PyTorch data-parallel job from the terminal: "
+    p = Parser(prog="ddptop", description="Train and profile a PyTorch data-parallel job from the terminal: "
                 "`ddptop [flags]` starts a job and shows it live, recording it to ./ddptop-runs/.",
                 usage="ddptop [run] [flags]  |  ddptop COMMAND ... (see below)", epilog=_epilog(),
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,7 +83,7 @@ def run_parser() -> argparse.ArgumentParser:
                       help="how gradients are synchronized: none, gather+scatter at rank 0, per-parameter "
                            "all_reduce, or DistributedDataParallel (ddp)")
     sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb (25)")
-    sync.add_argument("--async-op", type=_bool, nargs="?", const=True, default=False,
+    sync.add_argument("--async-op", type=parse_bool, nargs="?", const=True, default=False,
                       help="allreduce: launch every collective with async_op=True")
     look = p.add_argument_group("what to measure and show")
     look.add_argument("--headless", action="store_true", help="no screen: progress lines")
@@ -124,11 +101,6 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--record-required", action="store_true",
                       help="stop the job if the recording fails (disk full); without it training goes on")
     return p
-
-
-def check_port(port: int | None, flag: str = "--port") -> None:
-    if port is not None and not 1 <= port <= 65535:
-        raise UsageError(f"{flag} must be between 1 and 65535, got {port}")
 
 
 def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None]:
@@ -183,7 +155,8 @@ def cmd_run(argv: Sequence[str]) -> int:
         raise UsageError(f"--lost-after must be 1 to 3600 seconds, got {args.lost_after:g}")
     if args.record_required and args.no_record:
         raise UsageError("--record-required and --no-record contradict each other")
-    from ddptop.train import devices, rendezvous
+    from ddptop.train import devices
+    from ddptop import rendezvous
     from ddptop.train.data import ensure_dataset
 
     gpus = devices.visible_gpus()
@@ -198,138 +171,11 @@ def cmd_run(argv: Sequence[str]) -> int:
     if placement.note:
         print(f"ddptop: {placement.note}", file=sys.stderr)
     ensure_dataset(cfg)
-    from ddptop.front.recording import choose
-    from ddptop.run import records_here, run
+    from ddptop.record.paths import choose
+    from ddptop.front.run import records_here, run
 
     record = choose(args.record, args.no_record, cfg.profile or cfg.first_sync.strategy) if records_here(rdv) \
         else args.record
     return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
                headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after,
                fresh_name=args.record is None)
-
-
-def add_job_flags(p: argparse.ArgumentParser) -> None:
-    """How `ctl` and `attach` find a running job (defaults: the job file on this machine)."""
-    p.add_argument("--master", help="the job's master address (default: the job running on this machine)")
-    p.add_argument("--port", type=int, help="the job's store port (default: from this machine's job file)")
-    p.add_argument("--token", help="the job token (default: DDPTOP_TOKEN, then this machine's job file)")
-    p.add_argument("--prefix", help="key prefix of a job under torchrun's agent store (/attempt_N)")
-
-
-CTL_OPS = {"status": "the job's step, config in force and each rank's recent step time and comm",
-           "set": "change the configuration: KEY=VALUE … (strategy, bucket_mb, async_op, batch_size, lr, scale_lr)",
-           "pause": "pause every rank at the next step boundary", "resume": "resume a paused job",
-           "stop": "stop every rank at the next step boundary"}
-
-
-def ctl_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ddptop ctl", description="Control a running ddptop job from a shell.",
-                epilog="operations:\n" + "\n".join(f"  {op:<8} {what}" for op, what in CTL_OPS.items()) +
-                "\n\nexit codes: 0 done, 1 refused by the job (wrong token, rank 0 said no, not applied in time), "
-                "2 bad input, 4 no job there",
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_job_flags(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a change to be applied (30)")
-    p.add_argument("op", nargs="?", metavar="OP", help="status, set, pause, resume or stop")
-    p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
-                   help="for set: strategy, bucket_mb, async_op, batch_size, lr, scale_lr")
-    return p
-
-
-def cmd_ctl(argv: Sequence[str]) -> int:
-    args = ctl_parser().parse_args(argv)
-    if args.op not in CTL_OPS:
-        said = f"unknown operation {args.op!r}" if args.op else "say what to do"
-        raise UsageError(f"ctl: {said}: status, set KEY=VALUE …, pause, resume or stop (see ddptop ctl --help)")
-    from ddptop.control.client import ControlClient
-    from ddptop.control.commands import parse_assignments
-
-    if args.op != "set" and args.assignments:
-        raise UsageError(f"{args.op} takes no KEY=VALUE arguments")
-    changes = parse_assignments(args.assignments) if args.op == "set" else None
-    check_port(args.port)
-    if not 0 < args.timeout <= 86400:
-        raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
-    client = ControlClient.find(args.master, args.port, args.token, prefix=args.prefix)
-    if args.op == "status":
-        from ddptop.control.status import format_status, recent_steps
-
-        status = client.status()
-        if args.json:
-            print(json.dumps(status, indent=2))
-        else:
-            steps = recent_steps(client.store, client.job, int(status.get("world_size", 0)))
-            print(format_status(status, f"{client.master}:{client.port}", steps))
-        return 0
-    if args.op in ("pause", "resume"):
-        status = client.status()
-        if bool(status.get("paused")) == (args.op == "pause"):  # idempotent: nothing to send
-            print(json.dumps({"ok": True, "state": "unchanged"}) if args.json else
-                  f"{args.op}: the job is already {'paused' if args.op == 'pause' else 'running'} (step "
-                  f"{status['step']}); nothing sent")
-            return 0
-    answer = client.send(args.op, changes, timeout_s=args.timeout)
-    if args.json:
-        print(json.dumps(answer))
-    elif args.op == "set":
-        print(f"applied at step {answer.get('step', '?')} (segment {answer.get('segment', '?')}) on every rank")
-    else:
-        print(f"{args.op}: accepted by rank 0; every rank {'stops' if args.op == 'stop' else args.op + 's'} "
-              "at the next step boundary")
-    return 0
-
-
-def _lazy(module: str, name: str):
-    """Subcommands import their modules only when used, so `ddptop info` never loads torch or textual."""
-    def load():
-        import importlib
-
-        return getattr(importlib.import_module(module), name)
-
-    return load
-
-
-SUBCOMMANDS = {
-    "ctl": lambda: cmd_ctl,
-    "info": _lazy("ddptop.record.commands", "cmd_info"),
-    "export": _lazy("ddptop.record.commands", "cmd_export"),
-    "replay": _lazy("ddptop.record.commands", "cmd_replay"),
-    "report": _lazy("ddptop.report.commands", "cmd_report"),
-    "attach": _lazy("ddptop.attach", "cmd_attach"),
-    "lab": _lazy("ddptop.lab.command", "cmd_lab"),
-}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # c10d logs a store it cannot reach as ~25 lines of C++ frames, even at its ERROR level; ddptop says it in one
-    # line. Set before torch is imported (it reads the level once).
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "INFO" if os.environ.get("DDPTOP_DEBUG") else "FATAL")
-    from ddptop.safe import clean
-
-    try:
-        if argv and argv[0] in SUBCOMMANDS:
-            return SUBCOMMANDS[argv[0]]()(argv[1:])
-        if argv and argv[0] == "run":
-            argv = argv[1:]
-        elif argv and not argv[0].startswith("-"):
-            raise UsageError(f"unknown command {argv[0]!r}: ddptop [run] [flags], or one of "
-                             f"{', '.join(c for c in COMMANDS if c != 'run')} (ddptop --help says what each does)")
-        return cmd_run(argv)
-    except DdptopError as exc:
-        print(f"ddptop: {clean(str(exc), 500)}", file=sys.stderr)  # one line whatever the message holds
-        return exc.exit_code
-    except KeyboardInterrupt:
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while Python shuts down changes nothing
-        print("ddptop: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # a bug, or a failure ddptop did not foresee: still one line
-        if os.environ.get("DDPTOP_DEBUG"):
-            raise
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        print(f"ddptop: internal error: {type(exc).__name__}: {clean(first)} (DDPTOP_DEBUG=1 shows where)",
-              file=sys.stderr)
-        return 70

@@ -14,7 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from ddptop.cli import _Parser, config_from_args, parse_run_args
+from ddptop.cli.parser import Parser
+from ddptop.cli.run import config_from_args, parse_run_args
 from ddptop.errors import UsageError
 from ddptop.lab.cluster import DEFAULT_SUBNET, Lab, machine_cores
 from ddptop.lab.links import parse_link
@@ -23,8 +24,8 @@ from ddptop.lab.profile import LabSettings, Run, lab_settings
 OWN_FLAGS = ("local", "master", "rank", "world_size", "iface")  # the lab sets where every rank runs
 
 
-def lab_parser() -> _Parser:
-    p = _Parser(prog="ddptop lab", allow_abbrev=False,
+def lab_parser() -> Parser:
+    p = Parser(prog="ddptop lab", allow_abbrev=False,
                 description="Run a ddptop job on N emulated hosts (network namespaces, shaped links, CPU quotas) "
                             "on this machine; every other flag is a run flag (see ddptop --help).")
     p.add_argument("--nodes", type=int, metavar="N", help="hosts, one rank each (default: the profile's, else 2)")
@@ -51,7 +52,7 @@ class Plan:
 def cmd_lab(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv and argv[0] in ("exec", "list", "clean"):
-        from ddptop.lab import tools
+        from ddptop.cli import lab_tools as tools
 
         return getattr(tools, f"cmd_{argv[0]}")(argv[1:])
     args, run_argv = lab_parser().parse_known_args(argv)
@@ -109,7 +110,7 @@ def write_report(plan: Plan) -> int:
     """`ddptop report` over every run, then the lab's own tables (link utilization, NIC bytes per host)."""
     from ddptop.lab import summary
     from ddptop.record.reader import Recording
-    from ddptop.report.commands import cmd_report
+    from ddptop.cli.report import cmd_report
 
     code = cmd_report([*plan.records, "-o", plan.report])
     rows = []

@@ -32,9 +32,6 @@ class Rendezvous:
         """Under torchrun's agent store, ddptop's keys live in a namespace of their own per restart attempt."""
         return f"/attempt_{self.attempt}" if self.agent_store else ""
 
-    def for_rank(self, rank: int) -> "Rendezvous":
-        return replace(self, rank=rank, local_rank=rank)
-
 
 def check_host(host: str, port: int) -> None:
     """A master name that does not resolve is one line at once, not a C++ trace after a connect timeout."""

@@ -6,11 +6,11 @@ import contextlib
 import json
 import os
 import sys
-import time
 from typing import Iterator, Sequence
 
-from ddptop.cli import _Parser
+from ddptop.cli.parser import Parser
 from ddptop.errors import RecordingError, UsageError
+from ddptop.record.info import note_incomplete
 from ddptop.record.reader import DAMAGE, Recording, damaged
 from ddptop.record.replay import MAX_SPEED, MIN_SPEED
 from ddptop.safe import clean, clean_lines
@@ -37,7 +37,7 @@ def reading(path: str, check: bool = True) -> Iterator[Recording]:
 
 
 def cmd_info(argv: Sequence[str]) -> int:
-    p = _Parser(prog="ddptop info", description="What a recording holds: run, hosts, duration, segments.")
+    p = Parser(prog="ddptop info", description="What a recording holds: run, hosts, duration, segments.")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     args = p.parse_args(argv)
@@ -58,17 +58,8 @@ def emit(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush stays quiet
 
 
-def note_incomplete(rec: Recording) -> None:
-    """export and replay say what info says about a file that lacks something (one line on stderr)."""
-    from ddptop.record.info import verdict
-
-    reasons = verdict(rec)
-    if reasons:
-        print(clean(f"ddptop: {rec.path} is incomplete: {'; '.join(reasons)}", 1000), file=sys.stderr)
-
-
 def cmd_export(argv: Sequence[str]) -> int:
-    p = _Parser(prog="ddptop export", description="Export a recording to a Chrome trace (Perfetto) or CSV tables.")
+    p = Parser(prog="ddptop export", description="Export a recording to a Chrome trace (Perfetto) or CSV tables.")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--chrome-trace", metavar="OUT.json", help="write a Chrome trace: one process per rank")
     p.add_argument("--csv", metavar="DIR", help="write DIR/steps.csv, DIR/system.csv and DIR/segments.csv")
@@ -101,8 +92,8 @@ def cmd_export(argv: Sequence[str]) -> int:
     return 0
 
 
-def replay_parser() -> _Parser:
-    p = _Parser(prog="ddptop replay", description="Play a recording back on the live screen (or headless).")
+def replay_parser() -> Parser:
+    p = Parser(prog="ddptop replay", description="Play a recording back on the live screen (or headless).")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--headless", action="store_true", help="print progress lines as the live headless run did")
     p.add_argument("--speed", type=float, default=1.0, help=f"playback speed, {MIN_SPEED:g}-{MAX_SPEED:g} (1)")
@@ -118,40 +109,23 @@ def cmd_replay(argv: Sequence[str]) -> int:
         raise UsageError(f"--speed must be between {MIN_SPEED:g} and {MAX_SPEED:g}, got {args.speed:g}")
     if args.log_every < 1:
         raise UsageError("--log-every must be at least 1")
+    from ddptop.front import replay
+    from ddptop.record.replay import ReplaySource
+
     if not args.headless and not args.instant:
-        run_replay = _tui_replay()
-        if run_replay is not None:
-            from ddptop.record.replay import ReplaySource
+        with reading(args.file) as rec:  # the same verdict as info and export before the screen opens
+            note_incomplete(rec)
+        from ddptop.state.session import STEP_HISTORY
 
-            with reading(args.file) as rec:  # the same verdict as info and export before the screen opens
-                note_incomplete(rec)
-            from ddptop.state.session import STEP_HISTORY
-
-            # after a seek the screen's plots show as much of the run as they ever hold
-            source = ReplaySource(args.file, speed=args.speed, history_steps=STEP_HISTORY)
+        # after a seek the screen's plots show as much of the run as they ever hold
+        source = ReplaySource(args.file, speed=args.speed, history_steps=STEP_HISTORY)
+        try:
             if args.step is not None:
                 source.seek_step(args.step)
-            try:
-                return run_replay(source)
-            finally:
-                source.close()
-        print("ddptop: the live screen is not available yet; replaying headless", file=sys.stderr)
-    return replay_headless(args)
-
-
-def _tui_replay():
-    try:
-        from ddptop.tui.app import run_replay
-    except ImportError as exc:  # only "the TUI is not there (yet)": a TUI that fails to import is a bug to show
-        if (exc.name or "").startswith("ddptop.tui"):
-            return None
-        raise
-    return run_replay
-
-
-def replay_headless(args) -> int:
-    from ddptop.headless import HeadlessPrinter
-    from ddptop.record.replay import ReplaySource
+            return replay.play_on_screen(source)
+        finally:
+            source.close()
+    from ddptop.front.headless import HeadlessPrinter
 
     with reading(args.file) as rec:
         note_incomplete(rec)
@@ -160,22 +134,14 @@ def replay_headless(args) -> int:
               f"{'' if args.instant else f' at {args.speed:g}x'})", file=sys.stderr)
         printer = HeadlessPrinter(total, every=args.log_every)
         if args.instant:
-            for event in rec.events():
-                if args.step is None or getattr(event, "step", args.step) >= args.step:
-                    printer.handle([event])
+            replay.print_all(rec.events(), printer, args.step)
         else:
-            _play(ReplaySource(args.file, speed=args.speed), printer, args)
+            source = ReplaySource(args.file, speed=args.speed)
+            try:
+                if args.step is not None:
+                    source.seek_step(args.step)
+                replay.play_headless(source, printer)
+            finally:
+                source.close()
     printer.finish(traffic=True)
     return 0
-
-
-def _play(source, printer, args) -> None:
-    try:
-        if args.step is not None:
-            source.seek_step(args.step)
-        while not source.finished:
-            printer.handle(source.poll())
-            time.sleep(0.05)
-        printer.handle(source.poll())
-    finally:
-        source.close()

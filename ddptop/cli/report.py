@@ -15,13 +15,13 @@ from ddptop.errors import DdptopError, UsageError
 MIN_MEASURED = 3  # by default a segment needs warm-up + 3 steps: fewer give no step time worth a bar
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{message} (see ddptop report --help)")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ddptop report", description="Write a report (markdown, HTML, figures) from recordings.")
+    p = Parser(prog="ddptop report", description="Write a report (markdown, HTML, figures) from recordings.")
     p.add_argument("files", nargs="+", metavar="FILE", help="recordings (several: compared in one report)")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="folder for report.md, report.html and figures")
     p.add_argument("--warmup", type=int, help="steps left out at each segment's start (default: the sweep's, else 1)")

@@ -1,0 +1,126 @@
+"""`ddptop ctl`: change a running job from a shell; what `ddptop ctl status` prints: the job's step and config, and each rank's recent figures, read from
+the telemetry the ranks already publish (the newest batches still in the store), by ddptop.metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Sequence
+
+from ddptop import metrics
+from ddptop.cli.parser import Parser, add_job_flags, check_port
+from ddptop.control import keys
+from ddptop.control.auth import unseal
+from ddptop.events import StepDone, decode_events
+from ddptop.errors import UsageError
+from ddptop.safe import clean_lines
+
+BATCHES = 3  # newest telemetry batches read per rank: at 4 batches/s, the last ~0.75 s (or the last few steps)
+WINDOW = 10
+
+
+def recent_steps(store, job, world_size: int) -> dict[int, list[StepDone]]:
+    """Each rank's StepDone from its newest telemetry batches (what a collector has not deleted), unsealed with the
+    job's keys (auth.JobKeys) like the collector does; a head or batch that does not verify is skipped."""
+    out: dict[int, list[StepDone]] = {}
+    for rank in range(world_size):
+        try:
+            if not store.check([keys.tel_head(rank)]):
+                continue
+            head = int(unseal(job.ranks, f"head {job.job_id} {rank}", store.get(keys.tel_head(rank)), 32))
+        except (ValueError, OSError):  # BadValue is a ValueError
+            continue
+        steps: list[StepDone] = []
+        for seq in range(max(1, head - BATCHES + 1), head + 1):
+            try:
+                if store.check([keys.tel_batch(rank, seq)]):
+                    blob = unseal(job.ranks, f"tel {job.job_id} {rank} {seq}", store.get(keys.tel_batch(rank, seq)),
+                                  keys.MAX_BATCH_BYTES)
+                    steps += [e for e in decode_events(blob) if isinstance(e, StepDone)]
+            except (ValueError, OSError):  # BadValue and EventDecodeError are ValueErrors
+                continue
+        out[rank] = steps[-WINDOW:]
+    return out
+
+
+def format_status(status: dict[str, Any], where: str, steps: dict[int, list[StepDone]]) -> str:
+    """One line for the job (state, one step number, the config in force), one per rank with its figures."""
+    from ddptop.metrics import tables
+
+    state = "paused" if status.get("paused") else "running"
+    lines = [f"job {where} · {state} · step {status['step']} · segment {status['segment']}: "
+             f"{tables.describe(status['config'])}"]
+    lines.append(f"  rank  s/step  comm  exposed  ddptop   (means of each rank's newest steps, at most {WINDOW})")
+    for rank in status.get("ranks", []):
+        r = rank["rank"]
+        f = metrics.window(steps.get(r, []))
+        if f.steps:
+            lines.append(f"  {r:>4}  {f.step_s:6.3f}  {f.share(f.comm_s):4.0%}  {f.exposed_comm_s * 1e3:5.1f} ms  "
+                         f"{f.share(f.own_s):5.1%}")
+        else:
+            lines.append(f"  {r:>4}  (no recent step in the store)")
+        if "refused" in rank:
+            lines[-1] += f"  (heartbeat refused: {rank['refused']})"
+    return clean_lines("\n".join(lines))  # the status was checked by the client; printed text is cleaned all the same
+
+
+CTL_OPS = {"status": "the job's step, config in force and each rank's recent step time and comm",
+           "set": "change the configuration: KEY=VALUE … (strategy, bucket_mb, async_op, batch_size, lr, scale_lr)",
+           "pause": "pause every rank at the next step boundary", "resume": "resume a paused job",
+           "stop": "stop every rank at the next step boundary"}
+
+
+def ctl_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="ddptop ctl", description="Control a running ddptop job from a shell.",
+                epilog="operations:\n" + "\n".join(f"  {op:<8} {what}" for op, what in CTL_OPS.items()) +
+                "\n\nexit codes: 0 done, 1 refused by the job (wrong token, rank 0 said no, not applied in time), "
+                "2 bad input, 4 no job there",
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_job_flags(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a change to be applied (30)")
+    p.add_argument("op", nargs="?", metavar="OP", help="status, set, pause, resume or stop")
+    p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
+                   help="for set: strategy, bucket_mb, async_op, batch_size, lr, scale_lr")
+    return p
+
+
+def cmd_ctl(argv: Sequence[str]) -> int:
+    args = ctl_parser().parse_args(argv)
+    if args.op not in CTL_OPS:
+        said = f"unknown operation {args.op!r}" if args.op else "say what to do"
+        raise UsageError(f"ctl: {said}: status, set KEY=VALUE …, pause, resume or stop (see ddptop ctl --help)")
+    from ddptop.control.client import ControlClient
+    from ddptop.control.commands import parse_assignments
+
+    if args.op != "set" and args.assignments:
+        raise UsageError(f"{args.op} takes no KEY=VALUE arguments")
+    changes = parse_assignments(args.assignments) if args.op == "set" else None
+    check_port(args.port)
+    if not 0 < args.timeout <= 86400:
+        raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
+    client = ControlClient.find(args.master, args.port, args.token, prefix=args.prefix)
+    if args.op == "status":
+        status = client.status()
+        if args.json:
+            print(json.dumps(status, indent=2))
+        else:
+            steps = recent_steps(client.store, client.job, int(status.get("world_size", 0)))
+            print(format_status(status, f"{client.master}:{client.port}", steps))
+        return 0
+    if args.op in ("pause", "resume"):
+        status = client.status()
+        if bool(status.get("paused")) == (args.op == "pause"):  # idempotent: nothing to send
+            print(json.dumps({"ok": True, "state": "unchanged"}) if args.json else
+                  f"{args.op}: the job is already {'paused' if args.op == 'pause' else 'running'} (step "
+                  f"{status['step']}); nothing sent")
+            return 0
+    answer = client.send(args.op, changes, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps(answer))
+    elif args.op == "set":
+        print(f"applied at step {answer.get('step', '?')} (segment {answer.get('segment', '?')}) on every rank")
+    else:
+        print(f"{args.op}: accepted by rank 0; every rank {'stops' if args.op == 'stop' else args.op + 's'} "
+              "at the next step boundary")
+    return 0

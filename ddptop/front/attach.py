@@ -1,0 +1,75 @@
+"""Provides `ddptop attach`'s front: a running job this process did not start (AttachedJob), watched through the pipeline."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ddptop.control import store as stores
+from ddptop.control.announce import announced
+from ddptop.control.bus import Collector, LiveSource, Liveness
+from ddptop.events import RunFinished
+from ddptop.front.feed import SharedState
+from ddptop.front.headless import HeadlessConsumer, HeadlessPrinter
+from ddptop.front.pipeline import compose
+from ddptop.front.supervisor import FrontInfo
+
+
+class AttachedJob:
+    """A job this process did not start: alive until every rank finished or the store stops answering."""
+
+    attached = True  # the screen's `q` detaches instead of stopping the ranks
+
+    def __init__(self, client, world_size: int):
+        self.front = FrontInfo(client.master, client.port, client.token, client.prefix)
+        self.client = client
+        self.world_size = world_size
+        self.finished: set[int] = set()
+        self.gone = False
+        self._next_check = 0.0
+
+    def handle(self, events) -> None:
+        """A sink of the pipeline: the job is over once every rank has said it finished."""
+        self.finished.update(e.rank for e in events if isinstance(e, RunFinished))
+
+    def alive(self) -> bool:
+        if self.gone or len(self.finished) >= self.world_size:
+            return False
+        if time.monotonic() >= self._next_check:
+            self._next_check = time.monotonic() + 2.0
+            try:
+                self.client.status()
+            except Exception:
+                self.gone = True
+        return not self.gone
+
+
+
+def watch(client, headless: bool, log_every: int) -> None:
+    """Watch the job `client` found until it ends or the user leaves (KeyboardInterrupt reaches the caller)."""
+    world = client.status()["world_size"]  # checked: signed by rank 0, 1..65536
+    keys = client.job
+
+    def view():
+        return stores.job_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix, keys.namespace)
+
+    job = AttachedJob(client, world)
+    recording = announced(client.store, client.token)
+    said = {None: "the job did not say whether it records", "": "the job does not record"}.get(
+        recording, f"the job records to {recording}")
+    print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks; {said}); Ctrl-C detaches",
+          file=sys.stderr)
+    printer = HeadlessPrinter(every=log_every) if headless else None
+    feed = compose(LiveSource(Collector(view(), world, keys, from_start=False)), world_size=world,
+                   liveness=Liveness(view(), world, keys), sinks=[job],
+                   state=printer.state if printer else SharedState())
+    if printer is not None:
+        consumer = HeadlessConsumer(printer)
+    else:
+        from ddptop.front.screen import ScreenConsumer
+
+        consumer = ScreenConsumer(recording=recording or None)
+    try:
+        consumer(feed, job)
+    finally:
+        feed.stop()

@@ -1,0 +1,84 @@
+"""Provides the one front pipeline, composed in `compose`: source → derived events → feed → state and sinks.
+
+    LiveSource | ReplaySource ─▶ Derived (lost ranks, fingerprints, recorder alarms) ─▶ Feed ─▶ SharedState ─▶ screen
+                                                                                          └▶ sinks (recording,   └▶ printer
+                                                                                                    attach's notes)
+
+Local runs and `--rank 0` (front.supervisor), the torchrun/Slurm collector (front.collector), `ddptop attach` and
+`ddptop replay` (front.replay) all call `compose`; nothing else builds a Feed or adds events to a stream.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Sequence
+
+from ddptop.events import Event, RankBack, RankLost, RunFinished, Source
+from ddptop.front.feed import Feed, SharedState, Sink
+from ddptop.front.fingerprints import FingerprintCheck
+
+LIVENESS_EVERY_S = 1.0  # heartbeats are read once a second: a rank is lost after lost_after_s (10 s), never sooner
+
+
+class Derived:
+    """The events the front adds to what the ranks sent, in one place, each RankLost once.
+
+    - liveness: ranks whose heartbeat stopped (or came back), and a store someone is flooding (control.bus.Liveness);
+    - job: local rank processes that died, and the supervision that ends the survivors (front.supervisor.LocalJob);
+    - fingerprints: ranks that must hold one model and do not;
+    - add(): events from other threads (the recorder's failure).
+    A rank both processes and heartbeats say is lost (a local rank that died) is reported by whichever saw it first.
+    """
+
+    def __init__(self, world_size: int = 0, liveness: Any = None, job: Any = None):
+        self.liveness, self.job = liveness, job
+        self.fingerprints = FingerprintCheck(world_size) if world_size else None
+        self._pending: list[Event] = []
+        self._lock = threading.Lock()
+        self._lost: set[int] = set()
+        self._next_liveness = 0.0
+
+    def add(self, events: list[Event]) -> None:
+        """From any thread: the events go out with the next pump."""
+        with self._lock:
+            self._pending.extend(events)
+
+    def __call__(self, events: list[Event]) -> list[Event]:
+        with self._lock:
+            out, self._pending = self._pending, []
+        if self.fingerprints is not None:
+            out += self.fingerprints.check(events)
+        if self.job is not None:
+            out += self.job.lost_events()
+            self.job.check()
+        if self.liveness is not None:
+            self.liveness.finished.update(e.rank for e in events if isinstance(e, RunFinished))
+            if time.monotonic() >= self._next_liveness:
+                self._next_liveness = time.monotonic() + LIVENESS_EVERY_S
+                out += self.liveness.check()
+        return self._once(out)
+
+    def _once(self, out: list[Event]) -> list[Event]:
+        kept = []
+        for e in out:
+            if isinstance(e, RankBack):
+                self._lost.discard(e.rank)
+            elif isinstance(e, RankLost):
+                if e.rank in self._lost:
+                    continue
+                self._lost.add(e.rank)
+            kept.append(e)
+        return kept
+
+
+def compose(source: Source | None, *, world_size: int = 0, liveness: Any = None, job: Any = None,
+            sinks: Sequence[Sink] = (), state: SharedState | None = None, alarm: Any = None) -> Feed:
+    """The front's pipeline over `source`: what every way of watching a job calls. A replay passes the source
+    alone (its derived events were recorded); a live front passes the job's world size, its liveness watcher, the
+    job it supervises, its recording and the alarm the recording raises when it fails."""
+    derived = Derived(world_size, liveness, job) if (world_size or liveness is not None or job is not None
+                                                    or alarm is not None) else None
+    if alarm is not None:
+        alarm.derived = derived
+    return Feed(source, sinks, state=state, derived=derived)

@@ -1,0 +1,127 @@
+"""Starting a run in the right shape for where the ranks were found: a front process, or this process as a rank."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ddptop.config import RunConfig
+from ddptop.control.token import resolve_token
+from ddptop.errors import RecordingExists
+from ddptop.front.feed import SharedState
+from ddptop.front.recording import RecorderAlarm, end_recording, open_recording
+from ddptop.record.paths import another, closing_lines
+from ddptop.front.headless import HeadlessConsumer, HeadlessPrinter
+from ddptop.safe import clean
+from ddptop.rendezvous import Rendezvous
+from ddptop.train.worker import WorkerOptions
+
+
+def where(rdv: Rendezvous) -> dict:
+    return {"source": rdv.source, "world_size": rdv.world_size, "master": rdv.master, "rank": rdv.rank}
+
+
+def records_here(rdv: Rendezvous) -> bool:
+    """Rank 0 records every rank (its front process, or under torchrun/Slurm its collector process)."""
+    return rdv.rank == 0 or rdv.source == "local"
+
+
+def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None,
+        record: str | None = None, headless: bool = True, record_required: bool = False,
+        lost_after_s: float = 10.0, fresh_name: bool = False) -> int:
+    """`fresh_name`: `record` is a name ddptop chose (the runs folder's), so another run that took it in the same
+    second moves this one to the next free name instead of failing."""
+    if record and not records_here(rdv):
+        print(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank", file=sys.stderr)
+        record = None
+    token_value, given = resolve_token(token)
+    options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local",
+                            lost_after_s=lost_after_s)
+    if not options.check_token and rdv.world_size > 1 and rdv.rank == 0:  # said where the job's store lives
+        print(f"ddptop: no job token (--token or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join this "
+              "job or disturb its start; give every rank the same --token", file=sys.stderr)
+    if not (rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)):
+        from ddptop.record.paths import check_new
+        from ddptop.train.direct import run_direct
+
+        if record:
+            check_new(record)  # refused before this rank trains, like a front's recording
+        return run_direct(cfg, rdv, options, log_every, record, record_required)
+    state = SharedState()
+    alarm = RecorderAlarm(record or "", record_required)
+    while True:
+        try:
+            recorder = open_recording(record, cfg.to_dict(), where(rdv), alarm)
+            break
+        except RecordingExists:
+            if not fresh_name:
+                raise
+            record = alarm.path = another(record)
+    try:
+        code, printer = _run_front(cfg, rdv, options, log_every, state, recorder, headless, record, alarm)
+    finally:  # errors and Ctrl-C too: what was received is written
+        kept = end_recording(recorder, record, record_required)
+    if kept:
+        snap = state.snapshot()
+        for line in closing_lines(record, snap.step, len(snap.ranks)):
+            print(line, flush=True)
+    if code != 0:
+        lost = "; ".join(f"rank {e.rank} {e.reason}" for e in printer.lost.values()) if printer else ""
+        print(f"ddptop: the job failed{': ' + lost if lost else ''} (exit code {code})", file=sys.stderr)
+    return code
+
+
+def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_every: int, state: SharedState,
+               recorder, headless: bool, record: str | None, alarm: RecorderAlarm):
+    """This machine hosts the store and starts its ranks; the pipeline records and shows them (screen or lines)."""
+    from ddptop.front.supervisor import run_front
+
+    printer = None
+    if headless or not _terminal():
+        printer = HeadlessPrinter(every=log_every, state=state)  # the total comes with rank 0's RunStarted
+        consumer = HeadlessConsumer(printer)
+    else:
+        from ddptop.front.screen import ScreenConsumer
+
+        consumer = ScreenConsumer(record)
+    code = run_front(cfg, rdv, options, consumer, sinks=[recorder] if recorder else [], state=state, alarm=alarm,
+                     on_start=lambda job: _started(alarm, job, record, rdv))
+    return code, printer
+
+
+def _started(alarm: RecorderAlarm, job, path: str | None, rdv: Rendezvous) -> None:
+    """Once the store is up and the ranks started: one line on stderr, where the job is recorded in its store
+    (`ddptop attach` shows it), and what a failed --record-required recording does. Before that, a failure (a port
+    in use) is the only line."""
+    from ddptop.control import store as stores
+    from ddptop.control.announce import announce
+
+    def stop() -> None:
+        from ddptop.control.client import ControlClient
+
+        job.stop()
+        try:
+            ControlClient(job.front.master, job.front.port, job.front.token, role="front").request("stop")
+        except Exception as exc:  # rank 0 does not answer yet: terminating is the stop
+            print(f"ddptop: rank 0 did not take the stop ({clean(str(exc), 200)}); terminating the ranks",
+                  file=sys.stderr)
+            job.terminate()
+
+    alarm.stop = stop
+    print(f"ddptop: {rdv.world_size} ranks, master {rdv.master}:{job.front.port} (ranks found by {rdv.source})"
+          + (f"; recording to {path}" if path else "; not recording"), file=sys.stderr)
+    try:
+        store = stores.connect(job.front.master, job.front.port, 5, "front")
+        announce(stores.job_view(store, "", job.keys.namespace), job.keys, path)
+    except Exception as exc:  # attach then says it does not know: nothing here depends on it
+        print(f"ddptop: could not say in the store where the job records ({clean(str(exc), 200)}); "
+              "`ddptop attach` will not know", file=sys.stderr)
+
+
+def _terminal() -> bool:
+    """The live screen needs a terminal on both ends; without one (a pipe, CI) the run goes on headless."""
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return True
+    print("ddptop: no terminal for the live screen; running headless (--headless skips this note)", file=sys.stderr)
+    return False
+
