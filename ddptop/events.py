@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ddptop.safe import clean_value
 
@@ -451,8 +451,3 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def iter_kind(events: list[Event], cls: type) -> Iterator:
-    return (e for e in events if isinstance(e, cls))
-

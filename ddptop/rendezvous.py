@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping
 
 from ddptop.errors import RendezvousError, UsageError

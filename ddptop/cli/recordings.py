@@ -13,7 +13,7 @@ from ddptop.errors import RecordingError, UsageError
 from ddptop.record.info import note_incomplete
 from ddptop.record.reader import DAMAGE, Recording, damaged
 from ddptop.record.replay import MAX_SPEED, MIN_SPEED
-from ddptop.safe import clean, clean_lines
+from ddptop.safe import clean_lines
 
 
 @contextlib.contextmanager

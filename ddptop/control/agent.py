@@ -26,10 +26,9 @@ import torch.distributed as dist
 from ddptop.config import SyncConfig
 from ddptop.control import keys
 from ddptop.control.auth import BadValue, JobKeys
-from ddptop.control.commands import (ControlRefused, Replays, RunState, apply_changes, open_json, read_request,
-                                     seal_json)
+from ddptop.control.commands import Replays, apply_changes, open_json, read_request, seal_json
 from ddptop.errors import DdptopError, PeerLost, UsageError
-from ddptop.events import Event
+from ddptop.events import ControlRefused, Event, RunState
 
 POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
 STATUS_EVERY_S = 0.5

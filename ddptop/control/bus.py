@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from ddptop.control import keys
 from ddptop.control.auth import BadValue, JobKeys, seal, unseal
-from ddptop.control.commands import RankLost, open_json
-from ddptop.events import (MAX_EVENT_BYTES, Event, EventDecodeError, LogLine, RankBack, RunFinished, StoreFlooded,
+from ddptop.control.commands import open_json
+from ddptop.events import (MAX_EVENT_BYTES, Event, EventDecodeError, LogLine, RankBack, RankLost, StoreFlooded,
                            TelemetryGap, decode_events)
 
 MAX_BATCH_EVENTS = 2000

@@ -14,7 +14,6 @@ from ddptop.config import SyncConfig
 from ddptop.control.auth import BadValue, JobKeys, seal, unseal
 from ddptop.errors import UsageError
 from ddptop.safe import clean
-from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState  # noqa: F401  (re-exported)
 
 OPS = ("set", "pause", "resume", "stop")
 SETTABLE = {"strategy": str, "bucket_mb": float, "async_op": bool, "batch_size": int, "lr": float, "scale_lr": bool}

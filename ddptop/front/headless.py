@@ -8,12 +8,12 @@ from typing import TextIO
 
 from ddptop import metrics
 from ddptop.metrics import tables
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory,
-                           RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
-                           StoreFlooded, TelemetryGap)
+from ddptop.events import (EpochDone, Event, RankBack, RankJoined, RankLost, RunFinished, RunStarted, StepDone,
+                           TelemetryGap)
 from ddptop.front.feed import Feed, SharedState
 from ddptop.metrics import Figures
 from ddptop.safe import clean_lines
+from ddptop.state.notices import notice
 from ddptop.state.snapshot import Snapshot
 from ddptop.metrics.traffic import not_comparable
 
@@ -55,10 +55,6 @@ class ProgressBar:
     def stop(self) -> None:
         if self.task is not None:
             self.progress.stop()
-
-
-def _span(first: int, last: int) -> str:
-    return str(first) if first == last else f"{first}-{last}"
 
 
 def evaluation_line(e: EpochDone) -> str:
@@ -108,40 +104,16 @@ class HeadlessPrinter:
                 self._other(event)
 
     def _other(self, event: Event) -> None:
-        if isinstance(event, ConfigApplied):
-            if event.rank == 0 and event.who != "start":
-                synced = f"; one-off: {event.sync_bytes / MB:.1f} MB broadcast from rank 0" if event.sync_bytes else ""
-                self._print(f"step {event.step}: now {tables.describe(event.config)} (segment {event.segment}, "
-                            f"asked by {event.who}; switch took {event.switch_s:.2f} s{synced})")
-        elif isinstance(event, OutOfMemory):
-            self._print(f"step {event.step}: {event.describe()}")
-        elif isinstance(event, ModelsDiverged):
-            self._print(f"WARNING: {event.describe()}")
-        elif isinstance(event, ControlRefused):
-            self._print(f"control request {event.request_id} ignored: {event.reason}")
-        elif isinstance(event, RankLost):
+        if isinstance(event, RankLost):
             self.lost[event.rank] = event
-            last = self.state.state.ranks.get(event.rank)
-            step = last.last.step if last is not None and last.last is not None else event.last_step
-            self._print(f"rank {event.rank} lost after step {step}: {event.reason}")
         elif isinstance(event, RankBack):
             self.lost.pop(event.rank, None)
-            self._print(f"rank {event.rank} is back at step {event.step} after {event.silent_s:g} s of silence")
         elif isinstance(event, TelemetryGap):
             self.gaps.append(event)
-            self._print(f"rank {event.rank}: telemetry batch{'es' if event.last_seq > event.first_seq else ''} "
-                        f"{_span(event.first_seq, event.last_seq)} lost ({event.reason}); "
-                        "the steps in them are missing here and in the recording")
-        elif isinstance(event, StoreFlooded):
-            self._print(f"the store holds {event.keys} keys, more than this job ever writes ({event.expected}): "
-                        "someone else on its port is filling it (README: trust model)")
-        elif isinstance(event, RecorderFailed):
-            then = "stopping the job (--record-required)" if event.required else "training goes on"
-            self._print(f"recording to {event.path} stopped: {event.reason}; it keeps everything before; {then}")
-        elif isinstance(event, RunState) and event.rank == 0:
-            self._print(f"step {event.step}: {'paused' if event.paused else 'resumed'}")
-        elif isinstance(event, LogLine):
-            self._print(f"rank {event.rank} {event.level}: {event.message}")
+        view = self.state.state.ranks.get(event.rank) if isinstance(event, RankLost) else None
+        text = notice(event, view.step if view is not None and view.last is not None else None)
+        if text:
+            self._print(text)
 
     def _step(self, done: StepDone) -> None:
         step = done.step + 1

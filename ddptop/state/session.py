@@ -12,6 +12,7 @@ from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogL
                            StepSpans, StoreFlooded, SystemSample, TelemetryGap)
 from ddptop.metrics.expected import expected_bytes
 from ddptop.state.nodes import NodeTracker
+from ddptop.state.notices import notice
 from ddptop.state.snapshot import RECENT_STEPS, Snapshot  # noqa: F401  (Snapshot is the public result)
 from ddptop.state.views import EvalPoint, RankView, Segment, SpanStore, UtilView
 
@@ -47,11 +48,11 @@ class SessionState:
         self._snapshot: Snapshot | None = None
         self._handlers = {RankJoined: self._joined, RunStarted: self._started, StepDone: self._step,
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
-                          RunFinished: self._finished, ConfigApplied: self._config, ControlRefused: self._refused,
-                          RankLost: self._lost, RunState: self._run_state, LogLine: self._log,
-                          ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._gap,
-                          RecorderFailed: self._recorder, StoreFlooded: self._flooded,
-                          OutOfMemory: self._out_of_memory}
+                          RunFinished: self._finished, ConfigApplied: self._config, ControlRefused: self._notice,
+                          RankLost: self._lost, RunState: self._run_state, LogLine: self._notice,
+                          ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._notice,
+                          RecorderFailed: self._notice, StoreFlooded: self._notice,
+                          OutOfMemory: self._notice}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -121,34 +122,22 @@ class SessionState:
         if e.rank != 0:
             return
         self.segments[e.segment] = Segment(e.segment, e.step, dict(e.config), e.who, e.t)
-        if e.who != "start":  # with the switch's one-off cost: its time, and the bytes that re-synchronized ranks
-            synced = f", {e.sync_bytes / 1e6:.1f} MB broadcast from rank 0" if e.sync_bytes else ""
-            self.notices.append(f"step {e.step}: now {self.segments[e.segment].label()} (segment {e.segment}, "
-                                f"asked by {e.who}; one-off: the switch took {e.switch_s:.2f} s{synced})")
+        self._notice(e)
 
-    def _refused(self, e: ControlRefused) -> None:
-        self.notices.append(f"request {e.request_id} refused: {e.reason}")
+    def _notice(self, e: Event, steps_done: int | None = None) -> None:
+        text = notice(e, steps_done)
+        if text:
+            self.notices.append(text)
 
     def _lost(self, e: RankLost) -> None:
+        steps = self._rank(e.rank).step if e.rank in self.ranks else None
         self._set(e.rank, state="lost")
-        self.notices.append(f"rank {e.rank} lost: {e.reason}")
+        self._notice(e, steps or None)
 
     def _back(self, e: RankBack) -> None:
         if self._rank(e.rank).state == "lost":
             self._set(e.rank, state="running")
-        self.notices.append(f"rank {e.rank} is back at step {e.step} after {e.silent_s:g} s of silence")
-
-    def _gap(self, e: TelemetryGap) -> None:
-        seqs = str(e.first_seq) if e.first_seq == e.last_seq else f"{e.first_seq}-{e.last_seq}"
-        self.notices.append(f"rank {e.rank}: telemetry {seqs} lost ({e.reason})")
-
-    def _recorder(self, e: RecorderFailed) -> None:
-        then = "stopping the job" if e.required else "training goes on"
-        self.notices.append(f"recording stopped: {e.reason}; {then}")
-
-    def _flooded(self, e: StoreFlooded) -> None:
-        self.notices.append(f"the store holds {e.keys} keys (the job writes at most {e.expected}): someone else "
-                            "is filling it")
+        self._notice(e)
 
     def _run_state(self, e: RunState) -> None:
         view = self._rank(e.rank)
@@ -156,17 +145,11 @@ class SessionState:
             self._set(e.rank, state="paused" if e.paused else "running")
         if e.rank == 0:
             self.paused = e.paused
-            self.notices.append(f"step {e.step}: {'paused' if e.paused else 'resumed'}")
-
-    def _log(self, e: LogLine) -> None:
-        self.notices.append(f"rank {e.rank} {e.level}: {e.message}")
-
-    def _out_of_memory(self, e: OutOfMemory) -> None:
-        self.notices.append(f"step {e.step}: {e.describe()}")
+        self._notice(e)
 
     def _diverged(self, e: ModelsDiverged) -> None:
         self.diverged.append(e)
-        self.notices.append(f"WARNING {e.describe()}")
+        self._notice(e)
 
     # -- reads without a snapshot (the headless printer, once per line) ------------------------------------
     def window(self, rank: int, last_step: int | None = None, steps: int = RECENT_STEPS) -> metrics.Figures:

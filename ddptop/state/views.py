@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ddptop.metrics.tables import describe
 from ddptop.events import NicStat, StepDone, StepSpans, SystemSample
 
 
@@ -27,17 +28,6 @@ class RankView:
         return self.last.step + 1 if self.last else 0
 
     @property
-    def comm_share(self) -> float:
-        last = self.last
-        return last.comm_s / last.iter_s if last and last.iter_s > 0 else 0.0
-
-    @property
-    def wire_mb_s(self) -> float:
-        """MB/s this rank's algorithm moves (sent + received per step / step time)."""
-        last = self.last
-        return (last.tx_bytes + last.rx_bytes) / last.iter_s / 1e6 if last and last.iter_s > 0 else 0.0
-
-    @property
     def gpu_percent(self) -> float | None:
         gpus = self.system.gpus if self.system else ()
         values = [g.util_percent for g in gpus if g.util_percent is not None]
@@ -55,14 +45,8 @@ class Segment:
     t: float
 
     def label(self) -> str:
-        """The config as SyncConfig.describe() says it (only settings that mean something for the strategy)."""
-        from ddptop.config import SyncConfig
-        from ddptop.errors import DdptopError
-
-        try:
-            return SyncConfig(**self.config).describe()
-        except (DdptopError, TypeError):
-            return " ".join(f"{k}={v}" for k, v in self.config.items()) or "?"
+        """The config as every table and line says it (metrics.tables.describe)."""
+        return describe(self.config)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from torch import nn
 from ddptop import metrics
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.agent import Decision
-from ddptop.control.commands import ConfigApplied
+from ddptop.events import ConfigApplied
 from ddptop.errors import UsageError
 from ddptop.events import EpochDone, OutOfMemory, RunFinished, RunStarted
 from ddptop.probes.own import now

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding

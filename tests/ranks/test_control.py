@@ -9,7 +9,7 @@ import pytest
 
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.client import ControlClient, ControlError
-from ddptop.control.commands import ConfigApplied, ControlRefused
+from ddptop.events import ConfigApplied, ControlRefused
 from ddptop.control.store import free_port
 from ddptop.events import ModelsDiverged, RunFinished
 from jobs import run_job, steps_of

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ddptop.control.commands import ConfigApplied
+from ddptop.events import ConfigApplied
 from ddptop.events import RankJoined, RunFinished, RunStarted, Span, StepDone, StepSpans, SystemSample
 from ddptop.record.replay import ReplaySource
 from ddptop.record.sqlite import RecordingWriter, base_meta

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
+from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop.errors import RecordingError
 from ddptop.events import (EVENT_TYPES, EpochDone, GpuStat, LogLine, NicStat, RankJoined, RunFinished, RunStarted,
                            Span, StepDone, StepSpans, SystemSample)

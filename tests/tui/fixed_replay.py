@@ -7,8 +7,7 @@ import os
 import time
 from typing import Callable
 
-import ddptop.control.commands  # noqa: F401  (registers the control events in the vocabulary)
-from ddptop.control.commands import ConfigApplied
+from ddptop.events import ConfigApplied
 from ddptop.events import Event, StepDone, event_from_dict
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "session.json")

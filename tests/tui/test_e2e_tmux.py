@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ddptop.control.commands import ConfigApplied
+from ddptop.events import ConfigApplied
 from ddptop.events import StepDone
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -9,7 +9,7 @@ from textual.widgets import TabbedContent
 from ddptop.front.pipeline import compose
 from ddptop import metrics
 from ddptop.metrics import tables
-from ddptop.control.commands import RunState
+from ddptop.events import RunState
 from ddptop.events import ModelsDiverged
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.widgets.overview import OverviewPanel

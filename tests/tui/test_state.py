@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
+from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop.events import EpochDone, GpuStat, NicStat, RankJoined, RunFinished, RunStarted, StepDone, SystemSample
 from ddptop.state import session as session_mod
 from ddptop.metrics.expected import expected_bytes

@@ -104,12 +104,6 @@ def short_config(text: str) -> str:
     return text.replace("bucket=", "").replace(" batch=", " b").replace(" lr=", " lr ")
 
 
-def segment_note(snap: Snapshot) -> str:
-    """What the segment table counts (the same words as `ddptop info`)."""
-    rows = metrics.table_rows(snap.segment_figures)
-    return tables.row_lines(rows)[-1] if rows else ""
-
-
 def util_rows(snap: Snapshot, width: int) -> Text:
     """Per rank: process CPU bar and history, memory and history, GPU utilization/memory/power or `-`."""
     out = Text()

@@ -38,10 +38,6 @@ def fmt_s(seconds: float | None) -> str:
     return f"{seconds * 1e6:.0f} µs"
 
 
-def fmt_pct(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{fraction * 100:.0f}%"
-
-
 def fmt_count(n: int | float | None) -> str:
     """`34538632` → `34.5M`."""
     if n is None:
