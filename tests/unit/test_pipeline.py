@@ -1,0 +1,107 @@
+"""The front's one pipeline (front.pipeline): derived events added in one place, a dead local rank lost once, and no
+other module building a Feed. Real parts: a real rank process that dies, a real TCPStore its heartbeat was in."""
+
+from __future__ import annotations
+
+import ast
+import multiprocessing
+import pathlib
+import time
+
+from ddptop.control import keys
+from ddptop.control import store as stores
+from ddptop.control.auth import JobKeys
+from ddptop.control.bus import Liveness
+from ddptop.control.commands import seal_json
+from ddptop.events import RankLost, RecorderFailed
+from ddptop.front.pipeline import compose
+from ddptop.front.recording import RecorderAlarm
+from ddptop.front.supervisor import LocalJob
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "ddptop"
+JOB = JobKeys.from_token("pipeline-test-token", "cd" * 16)
+
+
+class Nothing:
+    """A source that has nothing to say (the ranks sent nothing): what remains is what the front derives."""
+
+    def poll(self):
+        return []
+
+    def close(self):
+        pass
+
+
+def _die() -> None:
+    raise SystemExit(3)
+
+
+def test_a_local_rank_that_dies_is_lost_once_though_both_watchers_see_it():
+    """Before: LocalJob.lost_events and Liveness each made a RankLost for the same dead rank (two lines, two rows)."""
+    server = stores.serve(0, "127.0.0.1")
+    view = stores.job_view(stores.connect("127.0.0.1", server.port, 10), "", JOB.namespace)
+    view.set(keys.heartbeat(0), seal_json(JOB.ranks, f"hb {JOB.job_id} 0", {"step": 4, "beat": 1}))
+    proc = multiprocessing.get_context("spawn").Process(target=_die)
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 3
+    job = LocalJob([proc], [0])
+    got = []
+
+    class Sink:
+        def handle(self, events):
+            got.extend(events)
+
+    liveness = Liveness(view, 1, JOB, lost_after_s=1.0)
+    feed = compose(Nothing(), world_size=1, liveness=liveness, job=job, sinks=[Sink()])
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and not (liveness.lost and got):
+        feed.pump()
+        time.sleep(0.2)
+    feed.stop()
+    assert liveness.lost, "the heartbeat watcher saw the rank go silent too"
+    lost = [e for e in got if isinstance(e, RankLost)]
+    assert len(lost) == 1 and "exited with code 3" in lost[0].reason, lost
+
+
+def test_a_recording_failure_reaches_the_stream_through_the_pipeline():
+    got = []
+
+    class Sink:
+        def handle(self, events):
+            got.extend(events)
+
+    alarm = RecorderAlarm("/tmp/x.db", required=False)
+    feed = compose(Nothing(), sinks=[Sink()], alarm=alarm)
+    alarm("database or disk is full")  # the recorder's thread calls it so
+    feed.pump()
+    assert [type(e) for e in got] == [RecorderFailed] and got[0].reason == "database or disk is full"
+
+
+def test_a_replay_gets_no_derived_events():
+    """A recording holds the derived events it had live: replaying it must not derive them again."""
+    recorded = [RankLost(1, 3, "process 77 exited with code 3", 1.0), RankLost(1, 3, "no heartbeat for 10 s", 2.0)]
+    got = []
+
+    class Source(Nothing):
+        def poll(self):
+            out, recorded[:] = list(recorded), []
+            return out
+
+    class Sink:
+        def handle(self, events):
+            got.extend(events)
+
+    feed = compose(Source(), sinks=[Sink()])
+    feed.pump()
+    assert feed.derived is None and len(got) == 2  # as recorded, even what a live front would have merged
+
+
+def test_only_the_pipeline_builds_a_feed():
+    """One place composes the front: every other module gets its Feed from front.pipeline.compose."""
+    builders = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Feed":
+                builders.append(str(path.relative_to(ROOT)))
+    assert builders == ["front/pipeline.py"], builders
