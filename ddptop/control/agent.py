@@ -3,7 +3,10 @@
 Agreement: at every step boundary rank 0 broadcasts three integers (newest accepted request, paused,
 stop) over a small gloo group, and every rank reads the broadcast launched one boundary earlier. Every rank
 therefore sees a request at the same boundary k and applies it before step k, whatever the strategy (even
-`single`, whose ranks otherwise drift apart) — no step ever mixes two configurations. It costs one 24-byte
+`single`, whose ranks otherwise drift apart) — no step ever mixes two configurations. Requests accepted
+during a pause are applied together at its end, as the newest (each request's config is built on the one
+before it): one switch, and every client answered "applied", the earlier ones naming the request that
+carried them (`merged_into`). It costs one 24-byte
 broadcast launch per step, counted in every step's time and in its `own_s` (ddptop's cost); rank 0's control
 thread does all store polling, so the broadcast never waits on the store.
 
@@ -76,6 +79,7 @@ class ControlAgent:
         self._lock = threading.Lock()
         self._pending: deque[Decision] = deque()  # rank 0: accepted, not yet broadcast
         self._sent: dict[int, Decision] = {}  # rank 0: broadcast, not yet applied
+        self._merged: dict[int, list[int]] = {}  # rank 0: applied request -> earlier ones its config carries
         self._sent_id = 0
         self._inflight: tuple | None = None  # the broadcast launched at the previous boundary
         self._start_wait = 0.0
@@ -128,6 +132,8 @@ class ControlAgent:
         if self.rank != 0 or request_id <= 0:
             return
         body = ({"ok": False, "state": "rolled back", "error": error} if error else {"ok": True, "state": "applied"})
+        for earlier in self._merged.pop(request_id, []):  # their changes went in (or out) with this one
+            self._answer(self.store, earlier, {**body, "step": step, "segment": segment, "merged_into": request_id})
         self._answer(self.store, request_id, {**body, "step": step, "segment": segment})
 
     def _answer(self, store: dist.Store, request_id: int, response: dict) -> None:
@@ -184,7 +190,7 @@ class ControlAgent:
         """Rank 0's decision for `request_id`, broadcast to every rank and checked there (never read from the store)."""
         context = f"decision {self.keys.job_id} {request_id}"
         buffer = torch.zeros(DECISION_BYTES, dtype=torch.uint8)
-        mine = self._sent.pop(request_id) if self.rank == 0 else None
+        mine = self._take_sent(request_id) if self.rank == 0 else None
         if mine is not None:
             blob = seal_json(self.keys.ranks, context, {"config": mine.config.to_dict(), "who": mine.who})
             buffer[:4] = torch.tensor(list(len(blob).to_bytes(4, "big")), dtype=torch.uint8)
@@ -201,6 +207,17 @@ class ControlAgent:
         except (BadValue, DdptopError, KeyError, TypeError) as exc:  # only a corrupted process group gets here
             raise PeerLost(f"rank {self.rank}: rank 0's decision for request {request_id} does not verify ({exc}); "
                            "stopping rather than run another configuration than the other ranks") from None
+
+    def _take_sent(self, request_id: int) -> Decision:
+        """Rank 0: the decision for `request_id`. Older ones still sent but not applied were handed out while
+        paused (the pause loop reads only the newest broadcast): this one's config carries their changes."""
+        with self._lock:
+            earlier = sorted(i for i in self._sent if i < request_id)
+            for i in earlier:
+                del self._sent[i]
+            if earlier:
+                self._merged[request_id] = earlier
+            return self._sent.pop(request_id)
 
     def close(self) -> None:
         self._halt.set()

@@ -5,7 +5,9 @@ A rank's training thread only appends to a deque; one background thread sends a 
 makes a few store calls per second at most. Each rank deletes its batch RETAIN batches back, so the
 store holds the last minute and no more. Collectors only read: the front's and any number of attached
 ones (`ddptop attach`) each keep their own position, reading every rank's head with one multi_get and
-the new batches with another.
+the new batches with another. A write that fails (the master restarting, a dropped client) is sent again
+with a fresh client once the store answers; meanwhile the queue is bounded, and what it drops skips a
+sequence number, so the loss reaches every collector as a gap like any other.
 
 Every batch, head and heartbeat is sealed with the ranks' key and bound to its rank and sequence number
 (auth.py), and lives in the job's secret namespace. A collector never asks for a key it has not seen
@@ -19,6 +21,7 @@ import collections
 import json
 import threading
 import time
+from typing import Callable
 
 import torch.distributed as dist
 
@@ -29,21 +32,35 @@ from ddptop.events import (MAX_EVENT_BYTES, Event, EventDecodeError, LogLine, Ra
                            TelemetryGap, decode_events)
 
 MAX_BATCH_EVENTS = 2000
+MAX_QUEUE = 4096  # items a rank queues at most: a healthy publisher drains 8000 events a second (4 x 2000), so
+# only a store that is away fills it; then the oldest go (each step holds its CUDA marks until resolved)
 RETAIN = 240  # batches kept per rank: a minute at 4 batches/s
 SAFE_LAG = RETAIN - 40  # a collector further behind than this skips ahead rather than race the deletion
 MAX_READ = 32  # batches read per rank and poll: bounds one poll's memory (32 x 4 MiB at most)
 
 
 class Publisher:
-    def __init__(self, store: dist.Store, rank: int, job: JobKeys, interval_s: float = 0.25):
-        self.store = store
+    """`connect` gives a fresh client after a failed write (the control agent's way: the server drops a client
+    after one bad request); without it the same client is tried again. What a full queue dropped skips a
+    sequence number, so every collector reports it as a TelemetryGap, and a log line after it says how much."""
+
+    def __init__(self, store: dist.Store, rank: int, job: JobKeys, interval_s: float = 0.25,
+                 connect: Callable[[], dist.Store] | None = None, max_queue: int = MAX_QUEUE):
+        self.store: dist.Store | None = store  # None: the last write failed, `_run` connects again
         self.rank = rank
         self.job = job
         self.interval_s = interval_s
+        self.max_queue = max_queue
         self.seq = 0
-        self._queue: collections.deque[Event] = collections.deque()
+        self.dropped = 0  # items a full queue dropped, in all
+        self._connect = connect or (lambda: store)
+        self._queue: collections.deque = collections.deque()  # what emit gave: events and finished steps
+        self._ready: collections.deque[Event] = collections.deque()  # resolved, not sent yet: flush's own
+        self._unsent: tuple[int, bytes] | None = None  # a sealed batch whose write failed: sent again, same seq
+        self._unreported = 0  # dropped items no skipped sequence number stands for yet
+        self._drop_lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one flush at a time (the thread's, close's): each seq names one batch
         self._stop = threading.Event()
-        self._failed = False
         store.set(keys.tel_head(rank), self._head(0))
         self._thread = threading.Thread(target=self._run, name=f"ddptop-publish-{rank}", daemon=True)
         self._thread.start()
@@ -52,10 +69,34 @@ class Publisher:
         """Queue an Event, or a record whose `resolve()` makes events (a finished step: resolved here, on the
         publisher's thread, so the training thread never builds events or waits for CUDA marks)."""
         self._queue.append(item)
+        if len(self._queue) > self.max_queue:
+            self._drop()
+
+    def _drop(self) -> None:
+        with self._drop_lock:  # emit runs on several threads (training, sampler, control): one count
+            while len(self._queue) > self.max_queue:
+                try:
+                    self._queue.popleft()
+                except IndexError:  # flush took it meanwhile
+                    break
+                self.dropped += 1
+                self._unreported += 1
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue) + len(self._ready)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if self.store is None:
+                self._reconnect()
             self.flush()
+
+    def _reconnect(self) -> None:
+        try:
+            self.store = self._connect()
+        except Exception:  # still away: tried again next interval; the control plane says if the master is gone
+            pass
 
     def _head(self, seq: int) -> bytes:
         return seal(self.job.ranks, f"head {self.job.job_id} {self.rank}", str(seq).encode())
@@ -64,14 +105,18 @@ class Publisher:
         """Queued events as one JSON list of at most MAX_BATCH_EVENTS events and MAX_BATCH_BYTES."""
         parts: list[bytes] = []
         size = 2
-        while self._queue and len(parts) < MAX_BATCH_EVENTS:
-            if not isinstance(self._queue[0], Event):  # a finished step: resolved here, off the training thread
-                self._queue.extendleft(reversed(_events(self._queue.popleft(), self.rank)))
+        while len(parts) < MAX_BATCH_EVENTS:
+            if not self._ready:
+                try:
+                    item = self._queue.popleft()
+                except IndexError:
+                    break
+                self._ready.extend(_events(item, self.rank))  # a finished step: resolved here, off the training thread
                 continue
-            part = json.dumps(self._queue[0].to_dict(), separators=(",", ":")).encode()
+            part = json.dumps(self._ready[0].to_dict(), separators=(",", ":")).encode()
             if parts and size + len(part) + 1 > keys.MAX_BATCH_BYTES:
                 break
-            self._queue.popleft()
+            self._ready.popleft()
             if len(part) > MAX_EVENT_BYTES:  # never happens with ddptop's own events (a VGG step's spans: ~10 KB)
                 part = json.dumps(LogLine(self.rank, "error", f"dropped a {len(part)}-byte event",
                                           time.time()).to_dict()).encode()
@@ -79,23 +124,37 @@ class Publisher:
             size += len(part) + 1
         return b"[" + b",".join(parts) + b"]"
 
+    def _seal_next(self) -> tuple[int, bytes]:
+        """The next batch and its seq; items dropped since the last one cost a seq no batch takes (a gap)."""
+        with self._drop_lock:
+            lost, self._unreported = self._unreported, 0
+        seq = self.seq + 1
+        if lost:
+            seq += 1
+            self._ready.appendleft(LogLine(self.rank, "warning", f"telemetry batch {seq - 1} stands for {lost} "
+                                           "items dropped while the store was unreachable or slow", time.time()))
+        return seq, seal(self.job.ranks, f"tel {self.job.job_id} {self.rank} {seq}", self._next_batch())
+
     def flush(self) -> None:
-        while self._queue and not self._failed:
-            body = self._next_batch()
-            seq = self.seq + 1
-            blob = seal(self.job.ranks, f"tel {self.job.job_id} {self.rank} {seq}", body)
-            try:
-                self.store.multi_set([keys.tel_batch(self.rank, seq), keys.tel_head(self.rank)],
-                                     [blob, self._head(seq)])
-                if seq > RETAIN:
-                    self.store.delete_key(keys.tel_batch(self.rank, seq - RETAIN))
-            except Exception:  # the master went away: the control plane reports it at the next step boundary
-                self._failed = True
-                return
-            self.seq = seq
+        """Send what is queued. A batch whose write fails is kept and sent again, under the same seq, once
+        `_run` has a client that answers: a store that comes back loses nothing the queue still holds."""
+        with self._flush_lock:
+            while self.store is not None and (self._unsent or self._queue or self._ready or self._unreported):
+                if self._unsent is None:
+                    self._unsent = self._seal_next()
+                seq, blob = self._unsent
+                try:
+                    self.store.multi_set([keys.tel_batch(self.rank, seq), keys.tel_head(self.rank)],
+                                         [blob, self._head(seq)])
+                    if seq > RETAIN:
+                        self.store.delete_key(keys.tel_batch(self.rank, seq - RETAIN))
+                except Exception:  # the master went away or dropped this client: `_run` connects again
+                    self.store = None
+                    return
+                self.seq, self._unsent = seq, None
 
     def close(self) -> None:
-        """Stop the thread and send what is queued."""
+        """Stop the thread and send what is queued: after the thread's flush, never beside it (the lock)."""
         self._stop.set()
         self._thread.join(timeout=5)
         self.flush()

@@ -101,7 +101,7 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
         return stores.job_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source), prefix,
                                job.namespace)
 
-    publisher = Publisher(connect(), rdv.rank, job)
+    publisher = Publisher(connect(), rdv.rank, job, connect=connect)  # reconnects as the control agent does
     publisher.emit(RankJoined(rank=rdv.rank, world_size=rdv.world_size, host=me["host"], pid=me["pid"],
                               device=me["device"], backend=backend, threads=threads,
                               torch_version=torch.__version__, ddptop_version=ddptop.__version__,

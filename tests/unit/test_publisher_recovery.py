@@ -1,0 +1,186 @@
+"""The telemetry publisher against a real TCPStore that goes away and comes back, and closing under load.
+
+The store is served as a job serves it; the outage is a real TCP link cut between the rank and the store
+(every connection reset, new ones refused), so the server keeps what it holds, as when a network blips.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from ddptop.control import store as stores
+from ddptop.control.auth import JobKeys
+from ddptop.control.bus import Collector, Publisher
+from ddptop.events import LogLine, StepDone, TelemetryGap
+
+JOB = JobKeys.from_token("publisher-recovery-token", "cd" * 16)
+
+
+@pytest.fixture()
+def served():
+    port = stores.free_port()
+    server = stores.serve(port)
+    yield port
+    del server
+
+
+def view(port: int, timeout_s: float = 10):
+    return stores.job_view(stores.connect("127.0.0.1", port, timeout_s), "", JOB.namespace)
+
+
+def step(n: int) -> StepDone:
+    return StepDone(0, n, 0, 0, time.time(), 0.1, 0.0, 0.05, 0.01, 0.0, 0.0, 16, 2.3, 0, 0, 0, False)
+
+
+class Cable:
+    """A TCP link to the real store that the test cuts (connections reset, new ones refused) and mends."""
+
+    def __init__(self, target: int):
+        self.target, self.port = target, stores.free_port()
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._accepting: threading.Thread | None = None
+        self.mend()
+
+    def mend(self) -> None:
+        listener = socket.create_server(("127.0.0.1", self.port))
+        listener.settimeout(0.05)
+        self._up = True
+        self._accepting = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+        self._accepting.start()
+
+    def cut(self) -> None:
+        self._up = False
+        self._accepting.join()
+        with self._lock:
+            pairs, self._open = self._open, []
+        for sock in pairs:  # a reset, not a close: the rank's next write fails instead of vanishing in a pipe
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked in recv, which holds the socket open
+            except OSError:
+                pass
+            sock.close()
+        time.sleep(0.1)
+
+    def _accept(self, listener: socket.socket) -> None:
+        with listener:
+            while self._up:
+                try:
+                    near, _ = listener.accept()
+                except socket.timeout:
+                    continue
+                far = socket.create_connection(("127.0.0.1", self.target))
+                with self._lock:
+                    self._open += [near, far]
+                for a, b in ((near, far), (far, near)):
+                    threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    for sock in (src, dst):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _poll_until(collector: Collector, done, timeout_s: float = 20) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while not done(got) and time.monotonic() < deadline:
+        got += collector.poll()
+        time.sleep(0.05)
+    return got
+
+
+def test_telemetry_resumes_after_the_store_comes_back_and_the_loss_is_a_gap(served):
+    cable = Cable(served)
+
+    def connect():  # the worker's shape: a new client each time, giving up quickly while the link is down
+        return view(cable.port, timeout_s=1)
+
+    publisher = Publisher(connect(), 0, JOB, interval_s=0.05, connect=connect, max_queue=50)
+    collector = Collector(view(served), 1, JOB)  # beside the server, as the front is
+    for n in range(20):
+        publisher.emit(step(n))
+    steps = lambda got: [e.step for e in got if isinstance(e, StepDone)]  # noqa: E731
+    before = _poll_until(collector, lambda got: len(steps(got)) == 20)
+    assert steps(before) == list(range(20))
+
+    cable.cut()
+    publisher.emit(step(20))  # the write that fails
+    time.sleep(0.5)
+    for n in range(21, 500):  # the rank trains on during the outage: the queue keeps the newest 50
+        publisher.emit(step(n))
+        assert publisher.queued <= 50 + 1  # + one step being resolved
+    time.sleep(0.5)
+    assert publisher.queued <= 51 and publisher.dropped >= 400
+
+    cable.mend()
+    for n in range(500, 510):
+        publisher.emit(step(n))
+    after = _poll_until(collector, lambda got: 509 in steps(got))
+    got = steps(after)
+    assert got[-10:] == list(range(500, 510)), "telemetry resumed"
+    assert got == sorted(set(got)) and len(got) + publisher.dropped == 490, "each step once, or counted as dropped"
+    gaps = [e for e in after if isinstance(e, TelemetryGap)]
+    assert len(gaps) == 1 and gaps[0].rank == 0 and gaps[0].first_seq == gaps[0].last_seq
+    notes = [e.message for e in after if isinstance(e, LogLine)]
+    assert notes == [f"telemetry batch {gaps[0].first_seq} stands for {publisher.dropped} items dropped while "
+                     "the store was unreachable or slow"]
+    publisher.close()
+    cable.cut()
+
+
+class Gate:
+    """A real store whose batch writes wait at a gate: the publisher's thread held mid-flush (a slow link)."""
+
+    def __init__(self, store):
+        self.store = store
+        self.opened = threading.Event()
+        self.waiting = 0
+        self._lock = threading.Lock()
+
+    def multi_set(self, names, values):
+        with self._lock:
+            self.waiting += 1
+        self.opened.wait()
+        return self.store.multi_set(names, values)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_close_while_the_thread_flushes_a_backlog_loses_nothing(served):
+    gate = Gate(view(served))
+    publisher = Publisher(gate, 0, JOB, interval_s=0.05)
+    total = 4000  # two batches of at most 2000 events (under the queue's bound)
+    for n in range(total):
+        publisher.emit(step(n))
+    deadline = time.monotonic() + 10
+    while not gate.waiting and time.monotonic() < deadline:  # the thread is writing batch 1
+        time.sleep(0.01)
+    closing = threading.Thread(target=publisher.close)
+    closing.start()
+    deadline = time.monotonic() + 6  # longer than close waits for the thread (5 s) before it flushes itself
+    while gate.waiting < 2 and time.monotonic() < deadline:  # a second writer at once: two batches, one seq
+        time.sleep(0.05)
+    gate.opened.set()
+    closing.join(timeout=30)
+    assert not closing.is_alive()
+    collector = Collector(view(served), 1, JOB)
+    got = _poll_until(collector, lambda got: len([e for e in got if isinstance(e, StepDone)]) >= total, 10)
+    assert [e.step for e in got if isinstance(e, StepDone)] == list(range(total))
+    assert not [e for e in got if isinstance(e, TelemetryGap)]
+    assert publisher.seq == collector.next_seq[0] - 1 == 2  # one seq per batch, none reused
