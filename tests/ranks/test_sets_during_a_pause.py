@@ -6,7 +6,7 @@ import time
 
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.client import ControlClient
-from ddptop.control.commands import ConfigApplied
+from ddptop.events import ConfigApplied
 from ddptop.control.store import free_port
 from jobs import run_job
 
