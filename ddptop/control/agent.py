@@ -6,9 +6,9 @@ therefore sees a request at the same boundary k and applies it before step k, wh
 `single`, whose ranks otherwise drift apart) — no step ever mixes two configurations. Requests accepted
 during a pause are applied together at its end, as the newest (each request's config is built on the one
 before it): one switch, and every client answered "applied", the earlier ones naming the request that
-carried them (`merged_into`). It costs one 24-byte
-broadcast launch per step, counted in every step's time and in its `own_s` (ddptop's cost); rank 0's control
-thread does all store polling, so the broadcast never waits on the store.
+carried them (`merged_into`). It costs one 24-byte broadcast launch per step, counted in every step's time
+and in its `own_s` (ddptop's cost); rank 0's control thread does all store polling, so the broadcast never
+waits on the store.
 
 Trust: only rank 0 reads requests (sealed with the token, bound to this job and request id, accepted once
 within REQUEST_WINDOW_S, deleted once read); what every rank applies comes from rank 0 over the process

@@ -84,6 +84,7 @@ class Publisher:
 
     @property
     def queued(self) -> int:
+        """Items waiting to be sent: at most max_queue, plus one resolved step's events."""
         return len(self._queue) + len(self._ready)
 
     def _run(self) -> None:
