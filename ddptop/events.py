@@ -110,6 +110,8 @@ class StepDone(Event):
     bwd_s: float = 0.0
     opt_s: float = 0.0
     own_s: float = 0.0  # time the training thread spent in ddptop's own code during this step
+    # added later still (older files and ranks: 0, their steps then seem to start after any pause inside them)
+    aside_s: float = 0.0  # time inside the step's interval that is no step's: a pause, a switch, the epoch's test
 
     @property
     def images_per_s(self) -> float:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ddptop.events import StepDone, SystemSample
+from ddptop.metrics import step_start
 
 
 @dataclass(frozen=True)
@@ -38,15 +39,17 @@ def between_steps(steps: list[StepDone], overlapped: bool = True):
     whole steps, i.e. it falls in some step's data loading or forward pass. Every collective of the step before
     has completed (a step ends after its last wait) and this step's have not begun (gradients exist only once the
     backward pass runs), whatever the strategy; where no collective `overlapped` the backward pass (every strategy
-    but DDP syncs after it), its backward pass too. A step without a forward mark (schema 1 files) has none."""
-    starts = [d.t - d.iter_s for d in steps]
+    but DDP syncs after it), its backward pass too. Time set aside at the step's start (a pause, a switch, the
+    epoch's test: before its forward pass) splits it too: no step's collective is in flight then. A step without a
+    forward mark (schema 1 files) has none."""
+    starts = [step_start(d) for d in steps]
 
     def test(t: float) -> bool:
         i = bisect.bisect_right(starts, t) - 1  # the step that had started last by t (steps follow one another)
         if i < 0 or steps[i].fwd_s <= 0:
             return False
         d = steps[i]
-        return t - starts[i] <= d.data_s + d.fwd_s + (0.0 if overlapped else d.bwd_s)
+        return t - starts[i] <= d.aside_s + d.data_s + d.fwd_s + (0.0 if overlapped else d.bwd_s)
 
     return test
 
