@@ -121,7 +121,8 @@ class HeadlessPrinter:
         elif isinstance(event, RankLost):
             self.lost[event.rank] = event
             last = self.state.state.ranks.get(event.rank)
-            step = last.last.step if last is not None and last.last is not None else event.last_step
+            # 1-based as the progress lines; the heartbeat's step already counts the steps done
+            step = last.last.step + 1 if last is not None and last.last is not None else event.last_step
             self._print(f"rank {event.rank} lost after step {step}: {event.reason}")
         elif isinstance(event, RankBack):
             self.lost.pop(event.rank, None)
@@ -194,7 +195,7 @@ def traffic_lines(snap: Snapshot) -> list[str]:
         t = snap.traffic(rank)
         if t is None or t.expected_tx == 0:
             continue
-        why = not_comparable(t.iface, t.nic_tx, t.expected_tx)
+        why = not_comparable(t.iface, t.nic_tx, t.expected_tx, t.steps)
         if why:
             refused.setdefault(why, []).append(rank)
             continue

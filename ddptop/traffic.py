@@ -93,12 +93,14 @@ UNEXPLAINED = 1.5  # NIC bytes above 1.5× the formulas (+ TELEMETRY_BYTES) are 
 TELEMETRY_BYTES = 64_000  # per step: ddptop's own telemetry, control broadcast and TCP/IP headers, generously
 
 
-def not_comparable(iface: str, nic_bytes: float | None, expected_bytes: float) -> str:
+def not_comparable(iface: str, nic_bytes: float | None, expected_bytes: float, steps: int = 1) -> str:
     """Why a NIC counter cannot be set against the formulas ('' when it can): a loopback that every process on
-    the machine shares, or a counter that moved far more than the job's ranks send."""
+    the machine shares, or a counter that moved far more than the job's ranks send. The bytes are those of
+    `steps` steps (1: per step), each with its own TELEMETRY_BYTES."""
     if iface in SHARED_IFACES:
         return f"{iface} is shared by every process on this machine: its counters cannot be split per job"
-    if nic_bytes is not None and expected_bytes > 0 and nic_bytes > UNEXPLAINED * expected_bytes + TELEMETRY_BYTES:
+    allowed = UNEXPLAINED * expected_bytes + TELEMETRY_BYTES * max(1, steps)
+    if nic_bytes is not None and expected_bytes > 0 and nic_bytes > allowed:
         return (f"{iface} counted {nic_bytes / expected_bytes:.1f}× what this job's ranks send: other traffic "
                 "shares it")
     return ""
