@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Iterator, Protocol
 from ddptop.safe import clean_value
 
 SCHEMA_VERSION = 1
+FRONT = -1  # the rank of a LogLine the front itself says
 MAX_EVENT_BYTES = 1 << 20  # one decoded event may not exceed 1 MiB: values come from the network
 
 # Span kinds, in the order a step runs them.
@@ -245,10 +246,14 @@ class LogLine(Event):
     """A line a rank wants the user to see (warnings, refused control messages)."""
 
     kind: ClassVar[str] = "log"
-    rank: int
+    rank: int  # FRONT: ddptop's own front (the collector), not a rank
     level: str
     message: str
     t: float
+
+    @property
+    def who(self) -> str:
+        return "ddptop" if self.rank == FRONT else f"rank {self.rank}"
 
 
 # -- control events -----------------------------------------------------------------------------------

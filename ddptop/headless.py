@@ -141,7 +141,7 @@ class HeadlessPrinter:
         elif isinstance(event, RunState) and event.rank == 0:
             self._print(f"step {event.step}: {'paused' if event.paused else 'resumed'}")
         elif isinstance(event, LogLine):
-            self._print(f"rank {event.rank} {event.level}: {event.message}")
+            self._print(f"{event.who} {event.level}: {event.message}")
 
     def _step(self, done: StepDone) -> None:
         step = done.step + 1

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
-from ddptop.events import Event, Source
+from ddptop.events import FRONT, Event, LogLine, Source
 from ddptop.state.session import SessionState, Snapshot
 
 POLL_S = 0.2  # the collector thread polls the store every 0.2 s too: events never wait longer than that twice
+MAX_SAID = 20  # distinct failures said as they happen; more are only counted (one bug, varying messages)
 
 
 class Sink(Protocol):
@@ -64,7 +66,10 @@ class Feed:
         self.source, self.job, self.interval_s = source, job, interval_s
         self.state = state or SharedState()
         self.sinks = list(sinks)
-        self.error: str | None = None  # a sink that failed: said once at the end, the feed goes on
+        self.error: str | None = None  # the first sink failure (each distinct one is said as it happens)
+        self.errors = 0  # sink failures in all; the feed goes on after each
+        self._said: set[str] = set()
+        self._source_errors: set[str] = set()  # the source's failures already turned into a LogLine
         self._generation = getattr(source, "generation", 0)
         self._lock = threading.RLock()
         self._halt = threading.Event()
@@ -90,7 +95,7 @@ class Feed:
         with self._lock:
             if self.source is None or self._closed:
                 return 0
-            events = self.source.poll()
+            events = self.source.poll() + self._source_failed()
             if self.job is not None:
                 events += self.job.lost_events()
                 self.job.check()
@@ -108,8 +113,26 @@ class Feed:
                 try:
                     sink.handle(events)
                 except Exception as exc:  # a bug in one sink must not starve the others (the recording above all)
-                    if self.error is None:
-                        self.error = f"{type(sink).__name__}: {type(exc).__name__}: {exc}"
+                    self._sink_failed(f"{type(sink).__name__}: {type(exc).__name__}: {exc}")
+
+    def _sink_failed(self, what: str) -> None:
+        """Count it; say each distinct failure on stderr when it happens (under the screen Textual captures stderr)."""
+        self.errors += 1
+        if self.error is None:
+            self.error = what
+        if what not in self._said and len(self._said) < MAX_SAID:
+            self._said.add(what)
+            print(f"ddptop: while showing the run: {what} (going on)", file=sys.stderr, flush=True)
+
+    def _source_failed(self) -> list[Event]:
+        """A live source whose collector fails delivers nothing more, and the screen would freeze without a word:
+        each distinct failure becomes one LogLine, which the screen, the headless printer and the recording get."""
+        error = getattr(self.source, "error", None)
+        if not error or error in self._source_errors or len(self._source_errors) >= MAX_SAID:
+            return []
+        self._source_errors.add(error)
+        return [LogLine(FRONT, "error", f"collecting the ranks' telemetry from the store failed: {error}",
+                        time.time())]
 
     def control(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` (a replay's seek, speed, play) between two pumps."""
@@ -132,11 +155,12 @@ class Feed:
                 self.pump_closed()
             self._closed = True
         if self.error:
-            print(f"ddptop: while showing the run: {self.error}", file=sys.stderr)
+            more = f" ({self.errors} failures in all)" if self.errors > 1 else ""
+            print(f"ddptop: while showing the run: {self.error}{more}", file=sys.stderr)
 
     def pump_closed(self) -> None:
         """The drain after close: LiveSource.close() collects once more; poll returns what that found."""
-        events = self.source.poll() if self.source is not None else []
+        events = self.source.poll() + self._source_failed() if self.source is not None else []
         if self.job is not None:
             events += self.job.lost_events()
         self.push(events)

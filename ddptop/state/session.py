@@ -160,7 +160,7 @@ class SessionState:
             self.notices.append(f"step {e.step}: {'paused' if e.paused else 'resumed'}")
 
     def _log(self, e: LogLine) -> None:
-        self.notices.append(f"rank {e.rank} {e.level}: {e.message}")
+        self.notices.append(f"{e.who} {e.level}: {e.message}")
 
     def _out_of_memory(self, e: OutOfMemory) -> None:
         self.notices.append(f"step {e.step}: {e.describe()}")
