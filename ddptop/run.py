@@ -161,8 +161,9 @@ class _Announcing:
         try:
             store = stores.connect(job.front.master, job.front.port, 5, "front")
             announce(stores.job_view(store, "", job.keys.namespace), job.keys, self.path)
-        except Exception:  # attach then says it does not know: nothing here depends on it
-            pass
+        except Exception as exc:  # attach then says it does not know: nothing here depends on it
+            print(f"ddptop: could not announce the recording to the job's store ({type(exc).__name__}: "
+                  f"{clean(str(exc), 200)}); `ddptop attach` will not know where it goes", file=sys.stderr)
         self.consumer(source, job)
 
     def finish(self, source, job) -> None:

@@ -182,13 +182,15 @@ def _recorder(spec: dict, alarm):
 def _announce(spec: dict) -> None:
     from ddptop.control import store as stores
     from ddptop.front.recording import announce
+    from ddptop.safe import clean
 
     job = _keys(spec)
     try:
         announce(stores.job_view(stores.connect(spec["master"], spec["port"], 5, spec["source"]), spec["prefix"],
                                  job.namespace), job, spec.get("record"))
-    except Exception:  # attach then says it does not know
-        pass
+    except Exception as exc:  # attach then says it does not know
+        print(f"ddptop: could not announce the recording to the job's store ({type(exc).__name__}: "
+              f"{clean(str(exc), 200)}); `ddptop attach` will not know where it goes", file=sys.stderr)
 
 
 def _source(spec: dict):
