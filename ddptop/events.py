@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol
 from ddptop.safe import clean_value
 
 SCHEMA_VERSION = 1
+FRONT = -1  # the rank of a LogLine the front itself says
 MAX_EVENT_BYTES = 1 << 20  # one decoded event may not exceed 1 MiB: values come from the network
 
 # Span kinds, in the order a step runs them.
@@ -110,6 +111,8 @@ class StepDone(Event):
     bwd_s: float = 0.0
     opt_s: float = 0.0
     own_s: float = 0.0  # time the training thread spent in ddptop's own code during this step
+    # added later still (older files and ranks: 0, their steps then seem to start after any pause inside them)
+    aside_s: float = 0.0  # time inside the step's interval that is no step's: a pause, a switch, the epoch's test
 
     @property
     def images_per_s(self) -> float:
@@ -243,10 +246,14 @@ class LogLine(Event):
     """A line a rank wants the user to see (warnings, refused control messages)."""
 
     kind: ClassVar[str] = "log"
-    rank: int
+    rank: int  # FRONT: ddptop's own front (the collector), not a rank
     level: str
     message: str
     t: float
+
+    @property
+    def who(self) -> str:
+        return "ddptop" if self.rank == FRONT else f"rank {self.rank}"
 
 
 # -- control events -----------------------------------------------------------------------------------

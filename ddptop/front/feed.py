@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Any, Callable, Protocol, Sequence
 
-from ddptop.events import Event, Source
+from ddptop.events import FRONT, Event, LogLine, Source
 from ddptop.state.session import SessionState, Snapshot
 
 POLL_S = 0.2  # the collector thread polls the store every 0.2 s too: events never wait longer than that twice
+MAX_SAID = 20  # distinct failures said as they happen; more are only counted (one bug, varying messages)
 
 
 class Sink(Protocol):
@@ -64,7 +66,10 @@ class Feed:
         self.source, self.derived, self.interval_s = source, derived, interval_s
         self.state = state or SharedState()
         self.sinks = list(sinks)
-        self.error: str | None = None  # a sink that failed: said once at the end, the feed goes on
+        self.error: str | None = None  # the first sink failure (each distinct one is said as it happens)
+        self.errors = 0  # sink failures in all; the feed goes on after each
+        self._said: set[str] = set()
+        self._source_errors: set[str] = set()  # the source's failures already turned into a LogLine
         self._generation = getattr(source, "generation", 0)
         self._lock = threading.RLock()
         self._halt = threading.Event()
@@ -90,7 +95,7 @@ class Feed:
         with self._lock:
             if self.source is None or self._closed:
                 return 0
-            events = self._derive(self.source.poll())
+            events = self._derive(self.source.poll() + self._source_failed())
             generation = getattr(self.source, "generation", 0)
             if generation != self._generation:  # a seek: this poll starts with the history up to the new position
                 self._generation = generation
@@ -105,11 +110,26 @@ class Feed:
                 try:
                     sink.handle(events)
                 except Exception as exc:  # a bug in one sink must not starve the others (the recording above all)
-                    self._failed(type(sink).__name__, exc)
+                    self._sink_failed(f"{type(sink).__name__}: {type(exc).__name__}: {exc}")
 
-    def _failed(self, what: str, exc: Exception) -> None:
+    def _sink_failed(self, what: str) -> None:
+        """Count it; say each distinct failure on stderr when it happens (under the screen Textual captures stderr)."""
+        self.errors += 1
         if self.error is None:
-            self.error = f"{what}: {type(exc).__name__}: {exc}"
+            self.error = what
+        if what not in self._said and len(self._said) < MAX_SAID:
+            self._said.add(what)
+            print(f"ddptop: while showing the run: {what} (going on)", file=sys.stderr, flush=True)
+
+    def _source_failed(self) -> list[Event]:
+        """A live source whose collector fails delivers nothing more, and the screen would freeze without a word:
+        each distinct failure becomes one LogLine, which the screen, the headless printer and the recording get."""
+        error = getattr(self.source, "error", None)
+        if not error or error in self._source_errors or len(self._source_errors) >= MAX_SAID:
+            return []
+        self._source_errors.add(error)
+        return [LogLine(FRONT, "error", f"collecting the ranks' telemetry from the store failed: {error}",
+                        time.time())]
 
     def control(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` (a replay's seek, speed, play) between two pumps."""
@@ -132,11 +152,12 @@ class Feed:
                 self.pump_closed()
             self._closed = True
         if self.error:
-            print(f"ddptop: while showing the run: {self.error}", file=sys.stderr)
+            more = f" ({self.errors} failures in all)" if self.errors > 1 else ""
+            print(f"ddptop: while showing the run: {self.error}{more}", file=sys.stderr)
 
     def pump_closed(self) -> None:
         """The drain after close: LiveSource.close() collects once more; poll returns what that found."""
-        self.push(self._derive(self.source.poll() if self.source is not None else []))
+        self.push(self._derive(self.source.poll() + self._source_failed() if self.source is not None else []))
 
     def _derive(self, events: list[Event]) -> list[Event]:
         if self.derived is None:
@@ -144,6 +165,6 @@ class Feed:
         try:
             return events + self.derived(events)
         except Exception as exc:  # the store went away while heartbeats were read: the ranks' events still go on
-            self._failed("derived events", exc)
+            self._sink_failed(f"derived events: {type(exc).__name__}: {exc}")
             return events
 

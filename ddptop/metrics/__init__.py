@@ -58,6 +58,13 @@ def warmup_for(run_config: Mapping[str, Any] | None) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else DEFAULT_WARMUP
 
 
+def step_start(d: StepDone) -> float:
+    """Wall time of the step boundary that began `d`: its end less its step time and the time set aside inside it
+    (a pause, a switch, the epoch's test: `iter_s` leaves them out). Steps recorded before `aside_s` was carried
+    read 0 there and seem to start when their set-aside time ended."""
+    return d.t - d.iter_s - d.aside_s
+
+
 def other_s(d: StepDone) -> float:
     """The part of a step no phase accounts for (never negative)."""
     return max(0.0, d.iter_s - d.data_s - d.compute_s - d.exposed_comm_s - d.own_s)

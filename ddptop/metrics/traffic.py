@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ddptop.events import StepDone, SystemSample
+from ddptop.metrics import step_start
 
 
 @dataclass(frozen=True)
@@ -38,15 +39,17 @@ def between_steps(steps: list[StepDone], overlapped: bool = True):
     whole steps, i.e. it falls in some step's data loading or forward pass. Every collective of the step before
     has completed (a step ends after its last wait) and this step's have not begun (gradients exist only once the
     backward pass runs), whatever the strategy; where no collective `overlapped` the backward pass (every strategy
-    but DDP syncs after it), its backward pass too. A step without a forward mark (schema 1 files) has none."""
-    starts = [d.t - d.iter_s for d in steps]
+    but DDP syncs after it), its backward pass too. Time set aside at the step's start (a pause, a switch, the
+    epoch's test: before its forward pass) splits it too: no step's collective is in flight then. A step without a
+    forward mark (schema 1 files) has none."""
+    starts = [step_start(d) for d in steps]
 
     def test(t: float) -> bool:
         i = bisect.bisect_right(starts, t) - 1  # the step that had started last by t (steps follow one another)
         if i < 0 or steps[i].fwd_s <= 0:
             return False
         d = steps[i]
-        return t - starts[i] <= d.data_s + d.fwd_s + (0.0 if overlapped else d.bwd_s)
+        return t - starts[i] <= d.aside_s + d.data_s + d.fwd_s + (0.0 if overlapped else d.bwd_s)
 
     return test
 
@@ -90,12 +93,14 @@ UNEXPLAINED = 1.5  # NIC bytes above 1.5× the formulas (+ TELEMETRY_BYTES) are 
 TELEMETRY_BYTES = 64_000  # per step: ddptop's own telemetry, control broadcast and TCP/IP headers, generously
 
 
-def not_comparable(iface: str, nic_bytes: float | None, expected_bytes: float) -> str:
+def not_comparable(iface: str, nic_bytes: float | None, expected_bytes: float, steps: int = 1) -> str:
     """Why a NIC counter cannot be set against the formulas ('' when it can): a loopback that every process on
-    the machine shares, or a counter that moved far more than the job's ranks send."""
+    the machine shares, or a counter that moved far more than the job's ranks send. The bytes are those of
+    `steps` steps (1: per step), each with its own TELEMETRY_BYTES."""
     if iface in SHARED_IFACES:
         return f"{iface} is shared by every process on this machine: its counters cannot be split per job"
-    if nic_bytes is not None and expected_bytes > 0 and nic_bytes > UNEXPLAINED * expected_bytes + TELEMETRY_BYTES:
+    allowed = UNEXPLAINED * expected_bytes + TELEMETRY_BYTES * max(1, steps)
+    if nic_bytes is not None and expected_bytes > 0 and nic_bytes > allowed:
         return (f"{iface} counted {nic_bytes / expected_bytes:.1f}× what this job's ranks send: other traffic "
                 "shares it")
     return ""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ddptop.events import Event, Span, StepDone, StepSpans
+from ddptop.probes.clock import CpuClock
 from ddptop.probes.comm import CommMark, CommRecorder, NullRecorder
 from ddptop.probes.layers import LayerProbe
 from ddptop.probes.own import OwnTime, now
@@ -30,6 +31,7 @@ class _Step:
 
     t0: Any
     wall_t0: float
+    host_t0: float  # perf_counter at t0: set-aside and own seconds are host seconds (see net_seconds)
     step: int = -1
     segment: int = 0
     epoch: int = 0
@@ -37,12 +39,14 @@ class _Step:
     sampled: bool = False
     overlapped_backward: bool = False  # the step's own segment's (a switch may come before it is resolved)
     marks: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, float] = field(default_factory=dict)  # perf_counter at each mark
     aside: dict[str, float] = field(default_factory=dict)  # seconds set aside (pause, switch, test) per phase
     own: dict[str, float] = field(default_factory=dict)  # ddptop's own seconds per phase
     comm: list[CommMark] = field(default_factory=list)
     layers: list = field(default_factory=list)
     loss: Any = None
     end: Any = None
+    host_end: float = 0.0
     wall_end: float = 0.0
     finished: bool = False
 
@@ -71,6 +75,11 @@ class StepProbe:
         self.overlapped_backward = False  # DDP: buckets go out during backward, which waits for the last ones
         self._cur: _Step | None = None
         self.sampled = False
+        self._host_clock = isinstance(clock, CpuClock)  # its marks are perf_counter values already
+
+    def _host(self, mark: Any) -> float:
+        """perf_counter at `mark`: the mark itself on CPU, else a host reading taken beside it."""
+        return mark if self._host_clock else now()
 
     def watch(self, model, overlapped_backward: bool) -> None:
         """Called when a configuration segment starts, with the plain (unwrapped) model."""
@@ -82,9 +91,10 @@ class StepProbe:
         """A step boundary: the previous step ends here and the next one starts."""
         began = now()
         mark = self.clock.now()
-        self._close(mark)
+        host = self._host(mark)
+        self._close(mark, host)
         self.comm.take()  # drop anything left from an aborted step
-        self._cur = _Step(t0=mark, wall_t0=time.time())
+        self._cur = _Step(t0=mark, wall_t0=time.time(), host_t0=host)
         self.own.since(began)
 
     def aside(self, seconds: float) -> None:
@@ -109,7 +119,8 @@ class StepProbe:
             return
         began = now()
         cur = self._cur
-        cur.marks[phase] = self.clock.now()
+        cur.marks[phase] = mark = self.clock.now()
+        cur.host[phase] = self._host(mark)
         cur.own[phase] = self.own.take()
         if phase == "data" and cur.sampled and self.layers is not None:
             self.layers.attach()  # after the batch arrived: a step that never starts leaves no hooks behind
@@ -130,15 +141,16 @@ class StepProbe:
         """The run ended: the last step ends now (a step begun but never trained is dropped). The one wait for
         the device in a run is here, so the final flush reads completed marks."""
         end = self.clock.now()
+        host = self._host(end)
         self.clock.synchronize()
-        self._close(end)
+        self._close(end, host)
 
-    def _close(self, end: Any) -> None:
+    def _close(self, end: Any, host_end: float) -> None:
         cur, self._cur = self._cur, None
         own = self.own.take()
         if cur is None or not cur.finished:
             return
-        cur.end, cur.wall_end = end, time.time()
+        cur.end, cur.host_end, cur.wall_end = end, host_end, time.time()
         cur.own["tail"] = own
         self.emit(_Resolve(self, cur))
 
@@ -147,14 +159,15 @@ class StepProbe:
         self._wait(p)
         rel = lambda mark: self.clock.seconds(p.t0, mark)  # noqa: E731
         end = rel(p.end)
-        iter_s = max(0.0, end - sum(p.aside.values()))
+        aside_s = sum(p.aside.values())
+        iter_s = net_seconds(end, self._host_s(end, p.host_t0, p.host_end), aside_s)
         own_s = sum(p.own.values())
         loss = float(p.loss)  # held on the host (clock.hold): complete once the step's end mark is
         if not self.detail:
             return [StepDone(rank=self.rank, step=p.step, epoch=p.epoch, segment=p.segment, t=p.wall_end,
                              iter_s=iter_s, data_s=0.0, compute_s=0.0, comm_s=0.0, exposed_comm_s=0.0, overlap=0.0,
                              batch_size=p.batch_size, loss=loss, comm_bytes=0, tx_bytes=0, rx_bytes=0, sampled=False,
-                             own_s=own_s)]
+                             own_s=own_s, aside_s=aside_s)]
         at = {name: rel(mark) for name, mark in p.marks.items()}
         comm = [Span(c.kind, c.name, rel(c.start), rel(c.end) - rel(c.start), c.nbytes, c.tx_bytes, c.rx_bytes)
                 for c in p.comm]
@@ -163,12 +176,13 @@ class StepProbe:
             launches = [s.start_s for s in comm if s.kind == "comm" and at["fwd"] <= s.start_s <= at["bwd"]]
             bwd_end = max(launches, default=bwd_end)
 
-        def net(phase: str, start: float, stop: float) -> float:
-            return max(0.0, stop - start - p.aside.get(phase, 0.0) - p.own.get(phase, 0.0))
+        def net(phase: str, before: str, start: float, stop: float) -> float:
+            removed = p.aside.get(phase, 0.0) + p.own.get(phase, 0.0)
+            return net_seconds(stop - start, self._host_s(stop - start, p.host[before], p.host[phase]), removed)
 
-        data_s = net("data", at["ready"], at["data"])
-        fwd_s, bwd_s = net("fwd", at["data"], at["fwd"]), net("bwd", at["fwd"], bwd_end)
-        opt_s = net("opt", at["sync"], at["opt"])
+        data_s = net("data", "ready", at["ready"], at["data"])
+        fwd_s, bwd_s = net("fwd", "data", at["data"], at["fwd"]), net("bwd", "fwd", at["fwd"], bwd_end)
+        opt_s = net("opt", "sync", at["sync"], at["opt"])
         compute = [(at["data"], at["fwd"]), (at["fwd"], bwd_end), (at["sync"], at["opt"])]
         _, comm_s, exposed_s, overlap = breakdown(compute, [(s.start_s, s.end_s) for s in comm if s.kind == "comm"])
         done = StepDone(
@@ -176,7 +190,7 @@ class StepProbe:
             data_s=data_s, compute_s=fwd_s + bwd_s + opt_s, comm_s=comm_s, exposed_comm_s=exposed_s, overlap=overlap,
             batch_size=p.batch_size, loss=loss, comm_bytes=sum(s.nbytes for s in comm),
             tx_bytes=sum(s.tx_bytes for s in comm), rx_bytes=sum(s.rx_bytes for s in comm), sampled=p.sampled,
-            fwd_s=fwd_s, bwd_s=bwd_s, opt_s=opt_s, own_s=own_s,
+            fwd_s=fwd_s, bwd_s=bwd_s, opt_s=opt_s, own_s=own_s, aside_s=aside_s,
         )
         if not p.sampled:
             return [done]
@@ -191,6 +205,10 @@ class StepProbe:
         spans.sort(key=lambda s: s.start_s)
         return [StepSpans(rank=self.rank, step=p.step, segment=p.segment, t0=p.wall_t0, spans=tuple(spans)), done]
 
+    def _host_s(self, clock_s: float, host_start: float, host_stop: float) -> float:
+        """An interval's host duration: on CPU the probe's clock is the host's, the same duration."""
+        return clock_s if self._host_clock else host_stop - host_start
+
     def _wait(self, p: _Step) -> None:
         """Until every mark of the step can be read. The phase and layer marks precede `end` on the training
         stream; a DDP bucket's completion is stamped on the stream its all-reduce finished on, so each comm
@@ -200,6 +218,22 @@ class StepProbe:
         for c in p.comm:
             wait(c.start)
             wait(c.end)
+
+
+def net_seconds(clock_s: float, host_s: float, removed_s: float) -> float:
+    """The step's own part of an interval `clock_s` long on the probe's clock and `host_s` long on the host's, of
+    which the host spent `removed_s` set aside or in ddptop's code (never negative).
+
+    `removed_s` is perf_counter time; on a GPU `clock_s` is CUDA-event time, and host seconds taken from device
+    seconds mix two clocks (a 10 s pause with 50 ms of kernels still queued is not 10 s of device idleness). So
+    the share of the interval that was the step's is found within the host clock, (host_s − removed_s) / host_s,
+    and that share of `clock_s` is kept. On CPU the two durations are one (the marks are perf_counter values) and
+    this is clock_s − removed_s exactly."""
+    if clock_s == host_s or removed_s <= 0:  # one clock, or nothing of the host's to take out
+        return max(0.0, clock_s - removed_s)
+    if host_s <= removed_s:
+        return 0.0
+    return max(0.0, clock_s) * (host_s - removed_s) / host_s
 
 
 class _Resolve:

@@ -58,9 +58,13 @@ def trace_events(rec: Recording, first: int | None = None, stop: int | None = No
     ranks: set[int] = set()
     for done in rec.step_events(first, stop):
         ranks.add(done.rank)
-        yield _x(done.rank, 0, f"step {done.step}", (done.t - done.iter_s - origin), done.iter_s,
-                 {"loss": done.loss, "segment": done.segment, "comm_s": done.comm_s,
-                  "exposed_comm_s": done.exposed_comm_s, "overlap": done.overlap})
+        # the bar spans the step's whole interval, as its spans do; a pause inside it is in args, not in iter_s
+        args = {"loss": done.loss, "segment": done.segment, "comm_s": done.comm_s,
+                "exposed_comm_s": done.exposed_comm_s, "overlap": done.overlap}
+        if done.aside_s > 0:
+            args.update(iter_s=done.iter_s, set_aside_s=done.aside_s)
+        yield _x(done.rank, 0, f"step {done.step}", metrics.step_start(done) - origin, done.iter_s + done.aside_s,
+                 args)
     used: set[tuple[int, int]] = set()
     for spans in rec.step_events(first, stop, table="spans"):
         ranks.add(spans.rank)

@@ -20,9 +20,10 @@ from ddptop.record import schema
 from ddptop.safe import clean, clean_value
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-# what reading a damaged file can raise, from SQLite, JSON or our own checks
-DAMAGE = (sqlite3.Error, ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError,
-          EventDecodeError)
+# what reading a damaged file can raise: SQLite (malformed pages, missing tables), JSON and text decoding
+# (ValueError, UnicodeDecodeError), our own checks (EventDecodeError), numbers too large, nesting too deep. Not
+# TypeError, KeyError, AttributeError or IndexError: those are ddptop's bugs, and say so (exit 70), not "damaged"
+DAMAGE = (sqlite3.DatabaseError, ValueError, OverflowError, RecursionError, EventDecodeError)
 
 
 def check_file(path: str) -> None:

@@ -149,7 +149,7 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
            ctx: _Context) -> SegmentStats:
     config = sync_config(fig.config)
     counted = [d for ds in measured.values() for d in ds]
-    t0 = min(d.t - d.iter_s for d in counted)
+    t0 = min(metrics.step_start(d) for d in counted)
     t1 = max(d.t for d in seg_steps)
     window = [s for s in ctx.samples if t0 <= s.t <= t1]
     # NIC counters see every step's bytes, sampled steps' too: bytes per step count every step after the warm-up
@@ -179,7 +179,7 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
         final_loss=fig.final_loss, allreduce_gbps=gbps, losses=sorted((s, _mean(v)) for s, v in by_step.items()),
         mean_rank_step_s=mean.step_s, own_s=mean.own_s, other_s=mean.other_s, last_step=fig.last_step,
         warmup=fig.warmup, slowest_rank=fig.slowest_rank, step_p10=quantile(slow, 0.1), step_p90=quantile(slow, 0.9),
-        parts=_parts(measured), ranks=ranks, t0=t0, t1=t1, seg_t0=min(d.t - d.iter_s for d in seg_steps),
+        parts=_parts(measured), ranks=ranks, t0=t0, t1=t1, seg_t0=min(metrics.step_start(d) for d in seg_steps),
         gpus=gpus(window, ctx.hosts),
         evals=tuple(e for e in ctx.evals if fig.first_step < e[0] <= fig.last_step + 1),
         links=links(wire_steps, window, ranks, overlapped),

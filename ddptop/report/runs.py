@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.errors import RecordingError, UsageError
-from ddptop.events import LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, StepDone, SystemSample
+from ddptop.events import FRONT, LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, StepDone, SystemSample
 from ddptop.record.sqlite import redact
 from ddptop.report.markdown import untrusted
 from ddptop.report.analysis import SegmentStats, segment_stats, test_accuracy
@@ -76,7 +76,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
     buckets = meta.get("ddp_buckets") if isinstance(meta.get("ddp_buckets"), dict) else {}
     try:
         stats = segment_stats(events, label=label, warmup=used, run_config=config, buckets=buckets)
-    except (UsageError, TypeError, ValueError, KeyError, AttributeError) as exc:  # values no ddptop wrote
+    except (UsageError, ValueError, OverflowError) as exc:  # values no ddptop wrote (checked where decoded)
         raise RecordingError(f"{path} cannot be reported on: {str(exc).splitlines()[0] if str(exc) else exc!r}"
                              ) from None
     if not stats:
@@ -139,7 +139,7 @@ def _warnings(events) -> list[str]:
         elif isinstance(e, RunFinished) and e.reason.startswith("error"):
             out.append(f"**Rank {e.rank} ended with an error** after {e.steps} steps: {untrusted(e.reason)}")
         elif isinstance(e, LogLine) and e.level == "error":
-            out.append(f"**Rank {e.rank}**: {untrusted(e.message)}")
+            out.append(f"**{'Rank ' + str(e.rank) if e.rank != FRONT else e.who}**: {untrusted(e.message)}")
     return out
 
 

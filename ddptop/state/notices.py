@@ -15,7 +15,7 @@ def _span(first: int, last: int) -> str:
 
 def notice(event: Event, steps_done: int | None = None) -> str | None:
     """The line for an event worth a notice, else None. `steps_done`: for RankLost, the steps the front saw the rank
-    finish (1-based, as the progress lines count), when it knows better than the event."""
+    finish (1-based, as the progress lines count: the last StepDone's step + 1), when it knows better than the event."""
     if isinstance(event, ConfigApplied):
         if event.rank != 0 or event.who == "start":
             return None
@@ -23,7 +23,7 @@ def notice(event: Event, steps_done: int | None = None) -> str | None:
         return (f"step {event.step}: now {describe(event.config)} (segment {event.segment}, asked by {event.who}; "
                 f"switch took {event.switch_s:.2f} s{synced})")
     if isinstance(event, RankLost):
-        step = steps_done if steps_done is not None else event.last_step + 1
+        step = steps_done if steps_done is not None else max(0, event.last_step)  # a heartbeat's step counts steps done
         return f"rank {event.rank} lost after step {step}: {event.reason}"
     if isinstance(event, RankBack):
         return f"rank {event.rank} is back at step {event.step} after {event.silent_s:g} s of silence"
@@ -50,5 +50,5 @@ def _other(event: Event) -> str | None:
         return (f"the store holds {event.keys} keys, more than this job ever writes ({event.expected}): someone else "
                 "on its port is filling it (README: trust model)")
     if isinstance(event, LogLine):
-        return f"rank {event.rank} {event.level}: {event.message}"
+        return f"{event.who} {event.level}: {event.message}"
     return None

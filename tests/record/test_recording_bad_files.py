@@ -16,6 +16,10 @@ import sys
 import pytest
 
 from ddptop.cli import main
+from ddptop.errors import RecordingError
+from ddptop.events import StepDone
+from ddptop.cli.recordings import reading
+from ddptop.record.sqlite import RecordingWriter, base_meta
 
 PAGE = 4096
 
@@ -142,3 +146,27 @@ def test_bad_files_from_a_real_process(original, tmp_path):
         result = subprocess.run([sys.executable, "-m", "ddptop", *argv], capture_output=True, text=True, timeout=60)
         assert result.returncode == 6 and "Traceback" not in result.stderr, result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith(f"ddptop: {bad} is truncated")
+
+
+def small_recording(tmp_path) -> str:
+    path = str(tmp_path / "small.db")
+    writer = RecordingWriter(path, base_meta({}, {"source": "local", "world_size": 1}))
+    writer.handle([StepDone(0, s, 0, 0, 1.0 + s, 0.1, 0, 0.1, 0, 0, 0, 8, 1.0, 0, 0, 0, False) for s in range(3)])
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("bug", [TypeError("unsupported operand"), KeyError("segment"),
+                                 AttributeError("'NoneType' object has no attribute 'step'"), IndexError("list index")])
+def test_a_bug_while_reading_is_not_called_damage(tmp_path, bug):
+    """What a consumer of a sound file raises is ddptop's own bug: it reaches cli.main's internal-error path
+    (exit 70, DDPTOP_DEBUG=1 shows where), never "the file is damaged"."""
+    with pytest.raises(type(bug)):
+        with reading(small_recording(tmp_path)):
+            raise bug
+
+
+def test_what_damage_raises_while_reading_is_still_damage(tmp_path):
+    with pytest.raises(RecordingError, match="is damaged: Expecting property name"):
+        with reading(small_recording(tmp_path)):
+            json.loads("{not json")

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from collections import defaultdict
 
 import pytest
 
 from ddptop.cli import main
+from ddptop.control.client import ControlClient
+from ddptop.control.store import free_port
 from ddptop.errors import UsageError
-from ddptop.events import Span, StepDone, StepSpans
+from ddptop.events import RunState, Span, StepDone, StepSpans
 from ddptop.record.export import parse_steps
+from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter, base_meta
+from ddptop.metrics.traffic import between_steps
+from jobs import run_job, steps_of, tiny_config
 
 STEP_COLUMNS = {"rank", "step", "time", "iter_s", "compute_s", "comm_s", "exposed_comm_s", "overlap", "loss",
                 "strategy", "bucket_mb", "async_op", "batch_size", "segment", "comm_bytes"}
@@ -107,3 +113,69 @@ def test_bad_steps_window(text):
 def test_export_needs_an_output(recording, capsys):
     assert export(recording) == 2
     assert "nothing to export" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def paused(tmp_path_factory):
+    """A real 2-rank job paused by the test for PAUSE_S at a step boundary, then resumed and stopped, recorded."""
+    port = free_port()
+    times: dict[str, float] = {}
+
+    def script(collected):
+        client = _connect(port)
+        client.send("pause")
+        deadline = time.monotonic() + 30
+        while not any(isinstance(e, RunState) and e.paused and e.rank == 0 for e in list(collected)):
+            assert time.monotonic() < deadline, "the job never paused"
+            time.sleep(0.05)
+        time.sleep(PAUSE_S)
+        times["resumed"] = time.time()
+        client.send("resume")
+        time.sleep(0.5)
+        client.send("stop")
+
+    cfg = tiny_config(strategy="allreduce", steps=100000, span_every=5)
+    code, events = run_job(cfg, world_size=2, port=port, token=TOKEN, script=script, timeout_s=30)
+    assert code == 0
+    path = str(tmp_path_factory.mktemp("paused") / "paused.db")
+    writer = RecordingWriter(path, base_meta({}, {"source": "local", "world_size": 2}))
+    writer.handle(events)
+    writer.close()
+    return path, events, times
+
+
+PAUSE_S = 1.5
+TOKEN = "export-pause-token"
+
+
+def _connect(port: int) -> ControlClient:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client = ControlClient("127.0.0.1", port, TOKEN)
+            client.status()
+            return client
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_a_paused_step_starts_at_its_boundary_not_after_the_pause(paused, tmp_path):
+    """The step the pause fell in began before the rank paused: its trace bar starts there and ends where the
+    step ended, and a NIC sample read during the pause splits the traffic between two steps (nothing in flight)."""
+    path, events, times = paused
+    for rank in (0, 1):
+        paused_at = next(e.t for e in events if isinstance(e, RunState) and e.paused and e.rank == rank)
+        steps = sorted(steps_of(events, rank), key=lambda d: d.t)
+        held = next(d for d in steps if d.t > times["resumed"])  # the first step to end after the pause
+        assert held.iter_s < PAUSE_S / 2  # the pause is not step time
+        out = tmp_path / f"trace{rank}.json"
+        assert export(path, "--chrome-trace", str(out)) == 0
+        trace = json.loads(out.read_text())
+        with Recording.open(path) as rec:
+            origin = rec.start
+        bar = next(e for e in slices(trace) if e["pid"] == rank and e["name"] == f"step {held.step}")
+        start, end = origin + bar["ts"] / 1e6, origin + (bar["ts"] + bar["dur"]) / 1e6
+        assert start <= paused_at + 0.01 and end == pytest.approx(held.t, abs=0.05)
+        assert between_steps(steps)((paused_at + times["resumed"]) / 2)

@@ -10,9 +10,9 @@ from ddptop import metrics
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.handshake import mismatch
 from ddptop.errors import UsageError
-from ddptop.events import (EpochDone, EventDecodeError, GpuStat, NicStat, RunStarted, Span, StepDone, StepSpans,
-                           SystemSample, decode_events, encode_events, event_from_dict)
-from ddptop.front.headless import HeadlessPrinter, progress_line, evaluation_line
+from ddptop.events import (EpochDone, EventDecodeError, GpuStat, NicStat, RankLost, RunStarted, Span, StepDone,
+                           StepSpans, SystemSample, decode_events, encode_events, event_from_dict)
+from ddptop.front.headless import HeadlessPrinter, evaluation_line, progress_line, traffic_lines
 from ddptop.metrics import wire
 from ddptop.metrics.timeline import breakdown, intersection, length, union
 from ddptop.rendezvous import first_slurm_host, resolve
@@ -133,6 +133,40 @@ def test_printed_lines_match_the_course_formats():
     printer = HeadlessPrinter(total_steps=4, every=2, out=out)
     printer.handle([StepDone(0, s, 0, 0, 0.0, 0.1, 0, 0, 0, 0, 0, 8, 1.0, 0, 0, 0, False) for s in range(4)])
     assert [line.split(" loss")[0] for line in out.getvalue().splitlines()] == ["step 1/4", "step 2/4", "step 4/4"]
+
+
+def test_a_lost_rank_is_named_by_the_step_number_the_progress_lines_use():
+    """Steps 0..4 print as `step 5/10`: a rank lost after its step 4 was lost after step 5 in those words."""
+    out = io.StringIO()
+    printer = HeadlessPrinter(total_steps=10, every=5, out=out, bar=False)
+    printer.handle([StepDone(r, s, 0, 0, float(s), 0.1, 0, 0, 0, 0, 0, 8, 1.0, 0, 0, 0, False)
+                    for s in range(5) for r in (0, 1)])
+    printer.handle([RankLost(1, 5, "process 123 killed by signal 9", 5.5)])
+    lines = out.getvalue().splitlines()
+    assert lines[-2].startswith("step 5/10 loss")
+    assert lines[-1] == "rank 1 lost after step 5: process 123 killed by signal 9"
+
+
+def test_telemetry_bytes_are_allowed_once_per_step_counted():
+    """A small model's job: 10 kB per step by the formulas, 40 kB more of telemetry and headers on the NIC each
+    step. Over 18 steps that is within TELEMETRY_BYTES per step, not someone else's traffic."""
+    per_step, extra, n = 10_000, 40_000, 20
+    events = []
+    for k in range(n):
+        events.append(StepDone(0, k, 0, 0, k + 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 8, 1.0, per_step, per_step,
+                               per_step, False, fwd_s=0.3, bwd_s=0.7))
+    for i in range(2 * n):
+        t = 0.1 + 0.5 * i  # every other sample falls in a forward pass: whole steps between them
+        moved = int(t) * (per_step + extra) + (per_step + extra if t % 1 > 0.3 else 0)
+        nic = NicStat("eth0", 0.0, 0.0, moved, moved, 0, 0, 0, 0, 0, 0, 0.0, 0.0)
+        events.append(SystemSample(rank=0, host="node0", t=t, proc_cpu_percent=1.0, node_cpu_percent=1.0,
+                                   proc_rss_bytes=1, node_mem_used_bytes=1, node_mem_total_bytes=2,
+                                   job_iface="eth0", nics=(nic,)))
+    printer = HeadlessPrinter(out=io.StringIO(), bar=False)
+    printer.handle(sorted(events, key=lambda e: e.t))
+    snap = printer.state.snapshot()
+    assert snap.traffic(0).steps > 10
+    assert traffic_lines(snap) == [snap.traffic(0).describe()]
 
 
 def test_scaling_is_throughput_over_the_smallest_world_size():

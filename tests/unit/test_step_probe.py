@@ -15,7 +15,7 @@ import torch
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.events import StepDone
 from ddptop.probes.clock import CpuClock
-from ddptop.probes.step import StepProbe
+from ddptop.probes.step import StepProbe, net_seconds
 from ddptop.train.loop import Trainer
 
 
@@ -202,3 +202,16 @@ def test_a_real_training_loop_reads_no_loss_on_its_thread(monkeypatch):
                  if isinstance(e, StepDone)]
         assert [d.step for d in steps] == [0, 1, 2, 3, 4] and clock.reads == ["publisher"] * 5
         assert all(0 < d.loss < 10 for d in steps)
+
+
+@pytest.mark.parametrize("clock_s, host_s, removed_s, expected", [
+    (10.05, 10.0, 9.99, 0.01005),  # a 10 s phase, 9.99 s of it a pause: 0.1% of the device's 10.05 s
+    (0.050, 0.002, 0.001, 0.025),  # half the host's phase was ddptop's: half the device's phase is taken out
+    (0.3, 0.3, 0.1, 0.2),  # CPU: one clock, a plain difference
+    (0.05, 0.0, 0.0, 0.05),  # nothing of the host's to take out
+    (0.05, 0.01, 0.02, 0.0),  # never negative
+])
+def test_host_seconds_are_taken_out_within_the_host_clock(clock_s, host_s, removed_s, expected):
+    """Set-aside and ddptop time are host seconds: they leave the host's share of a phase, never a device
+    duration directly (10.05 s of CUDA time less 9.99 s of host pause would keep 60 ms for 10 ms of work)."""
+    assert net_seconds(clock_s, host_s, removed_s) == pytest.approx(expected)

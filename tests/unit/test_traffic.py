@@ -3,10 +3,13 @@ exactly B bytes inside each step, read every 0.5 s the way the sampler reads it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ddptop.events import NicStat, StepDone, SystemSample
-from ddptop.metrics.traffic import measured_vs_expected
+from ddptop.metrics import step_start
+from ddptop.metrics.traffic import between_steps, measured_vs_expected
 
 B = 55_400_000  # bytes each step moves each way (VGG-11's ring all-reduce on 4 ranks)
 PERIOD = 0.5  # the sampler's
@@ -83,3 +86,29 @@ def test_a_strategy_that_syncs_after_the_backward_pass_has_its_backward_pass_as_
     samples, steps = run(3, 3.6, [(0.6, 0.95)], 0.2, forward=0.1, backward=0.5)
     assert measured_vs_expected(samples, steps) is None  # overlapped (DDP): too few samples in the forward passes
     exact(measured_vs_expected(samples, steps, overlapped=False))
+
+
+def paused_steps() -> list[StepDone]:
+    """1 s steps (forward in the first 0.3 s) from t=0; step 2 begins at t=2 with a 5 s pause, so it ends at t=8."""
+    out, t = [], 0.0
+    for k in range(5):
+        aside = 5.0 if k == 2 else 0.0
+        t += 1.0 + aside
+        out.append(StepDone(rank=0, step=k, epoch=0, segment=0, t=t, iter_s=1.0, data_s=0.0, compute_s=1.0,
+                            comm_s=0.0, exposed_comm_s=0.0, overlap=0.0, batch_size=64, loss=1.0, comm_bytes=B,
+                            tx_bytes=B, rx_bytes=B, sampled=False, fwd_s=0.3, bwd_s=0.7, aside_s=aside))
+    return out
+
+
+def test_a_step_starts_at_its_boundary_before_the_time_set_aside_in_it():
+    steps = paused_steps()
+    assert [step_start(d) for d in steps] == [0.0, 1.0, 2.0, 8.0, 9.0]
+    old = dataclasses.replace(steps[2], aside_s=0.0)  # a recording from before aside_s: starts after the pause
+    assert step_start(old) == 7.0
+
+
+@pytest.mark.parametrize("t, between", [(2.1, True), (4.5, True), (6.9, True), (7.2, True), (7.5, False),
+                                        (1.2, True), (1.5, False), (8.5, False)])
+def test_a_sample_taken_during_a_pause_falls_between_steps(t, between):
+    """During the pause the step before has finished its collectives and this one has not begun any."""
+    assert between_steps(paused_steps())(t) is between

@@ -1,0 +1,78 @@
+"""The front's feed says what fails: a collector that can no longer read the store, a sink that raises."""
+
+from __future__ import annotations
+
+import gc
+import io
+import time
+
+from ddptop.control import store as stores
+from ddptop.control.auth import JobKeys
+from ddptop.control.bus import Collector, LiveSource
+from ddptop.events import LogLine
+from ddptop.front.feed import Feed, feed_all
+from ddptop.front.headless import HeadlessPrinter
+from ddptop.record.reader import Recording
+from ddptop.record.sqlite import RecordingWriter, base_meta
+
+JOB = JobKeys.from_token("feed-errors-token", "cd" * 16)
+
+
+def test_a_collector_that_fails_is_said_once_on_screen_in_the_log_and_in_the_recording(tmp_path):
+    """The store goes away under a live source: its collector thread keeps failing; without a word the screen
+    would just stop moving."""
+    port = stores.free_port()
+    server = stores.serve(port)
+    source = LiveSource(Collector(stores.job_view(stores.connect("127.0.0.1", port, 5), "", JOB.namespace), 1, JOB),
+                        interval_s=0.05)
+    out = io.StringIO()
+    printer = HeadlessPrinter(out=out, bar=False)
+    path = str(tmp_path / "run.db")
+    recorder = RecordingWriter(path, base_meta({}, {}))
+    feed = Feed(source, [recorder], state=printer.state)
+    feed.pump()
+    assert out.getvalue() == ""
+    del server  # the master's store is gone
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while "failed" not in out.getvalue() and time.monotonic() < deadline:
+        feed.pump()
+        time.sleep(0.05)
+    for _ in range(10):  # it goes on failing (a lost connection, then a broken pipe): each reason said once
+        feed.pump()
+        time.sleep(0.05)
+    feed.stop()
+    recorder.close()
+    lines = out.getvalue().splitlines()
+    assert 1 <= len(lines) == len(set(lines)) <= 2, lines
+    assert all(line.startswith("ddptop error: collecting the ranks' telemetry from the store failed: ")
+               for line in lines), lines
+    assert set(lines) <= set(printer.state.snapshot().notices)  # what the screen shows
+    with Recording.open(path) as rec:
+        logged = [e for e in rec.events() if isinstance(e, LogLine)]
+    assert len(logged) == len(lines) and all("telemetry from the store failed" in e.message for e in logged)
+
+
+class Refusing:
+    """A sink with a bug: it raises on every batch, with the batch's length in the message."""
+
+    def handle(self, events):
+        raise ValueError(f"cannot take {len(events)} events")
+
+
+def test_sink_failures_are_said_as_they_happen_once_each_and_counted_at_the_end(capsys):
+    feed = Feed(None, [Refusing()])
+    for batch in ([1], [2], [3], [4, 5], [6]):
+        feed.push(batch)
+    during = capsys.readouterr().err.splitlines()
+    assert during == ["ddptop: while showing the run: Refusing: ValueError: cannot take 1 events (going on)",
+                      "ddptop: while showing the run: Refusing: ValueError: cannot take 2 events (going on)"]
+    feed.stop()
+    assert capsys.readouterr().err.splitlines() == [
+        "ddptop: while showing the run: Refusing: ValueError: cannot take 1 events (5 failures in all)"]
+
+
+def test_the_other_sinks_still_get_every_event_when_one_fails():
+    state = feed_all([LogLine(0, "warning", f"line {i}", 0.0) for i in range(3)], [Refusing()])
+    assert list(state.snapshot().notices)[-3:] == ["rank 0 warning: line 0", "rank 0 warning: line 1",
+                                                   "rank 0 warning: line 2"]
