@@ -167,7 +167,7 @@ def traffic_lines(snap: Snapshot) -> list[str]:
         t = snap.traffic(rank)
         if t is None or t.expected_tx == 0:
             continue
-        why = not_comparable(t.iface, t.nic_tx, t.expected_tx)
+        why = not_comparable(t.iface, t.nic_tx, t.expected_tx, t.steps)
         if why:
             refused.setdefault(why, []).append(rank)
             continue

@@ -44,7 +44,7 @@ async def test_replay_of_a_recording_plays_seeks_and_jumps(recording):
             await pilot.pause(0.5)
             text = screen_text(app)
             # the marker's label, right of its line or left of it when it would not fit
-            assert "┊3 allreduce async" in text or "3 allreduce async batch=16┊" in text, text
+            assert "┊3 allreduce async" in text or "3 allreduce async batch=16 lr=0.05┊" in text, text
     finally:
         source.close()
 

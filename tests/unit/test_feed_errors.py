@@ -10,7 +10,8 @@ from ddptop.control import store as stores
 from ddptop.control.auth import JobKeys
 from ddptop.control.bus import Collector, LiveSource
 from ddptop.events import LogLine
-from ddptop.front.feed import Feed, feed_all
+from ddptop.front.feed import Feed
+from ddptop.front.pipeline import compose
 from ddptop.front.headless import HeadlessPrinter
 from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter, base_meta
@@ -73,6 +74,9 @@ def test_sink_failures_are_said_as_they_happen_once_each_and_counted_at_the_end(
 
 
 def test_the_other_sinks_still_get_every_event_when_one_fails():
-    state = feed_all([LogLine(0, "warning", f"line {i}", 0.0) for i in range(3)], [Refusing()])
+    feed = compose(None, sinks=[Refusing()])
+    for i in range(3):
+        feed.push([LogLine(0, "warning", f"line {i}", 0.0)])
+    state = feed.state
     assert list(state.snapshot().notices)[-3:] == ["rank 0 warning: line 0", "rank 0 warning: line 1",
                                                    "rank 0 warning: line 2"]
