@@ -7,9 +7,9 @@ import time
 from typing import TextIO
 
 from ddptop import metrics, tables
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory,
-                           RankBack,                            RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
-                           StoreFlooded, TelemetryGap)
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine, ModelsDiverged,
+                           OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted,
+                           RunState, StepDone, StoreFlooded, TelemetryGap)
 from ddptop.front.feed import Feed, SharedState
 from ddptop.metrics import Figures
 from ddptop.safe import clean_lines
@@ -131,6 +131,9 @@ class HeadlessPrinter:
             self._print(f"rank {event.rank}: telemetry batch{'es' if event.last_seq > event.first_seq else ''} "
                         f"{_span(event.first_seq, event.last_seq)} lost ({event.reason}); "
                         "the steps in them are missing here and in the recording")
+        elif isinstance(event, EventsRefused) and self.state.state.refused == event.count:  # said once; then counted
+            self._print(f"rank {event.rank}: refused {event.count} event{'s' if event.count > 1 else ''} that did not "
+                        f"check out ({event.reason}); the count of all such is in the closing lines")
         elif isinstance(event, StoreFlooded):
             self._print(f"the store holds {event.keys} keys, more than this job ever writes ({event.expected}): "
                         "someone else on its port is filling it (README: trust model)")
@@ -177,6 +180,11 @@ class HeadlessPrinter:
             for line in traffic_lines(snap) if traffic else []:
                 self._print(line)
             self._print(self.summary())
+        refused = self.state.state.refused
+        if refused:
+            self._print(f"refused {refused} event{'s' if refused > 1 else ''} from the ranks in all "
+                        "(a field of the wrong type or range, or another rank's): they are in neither screen nor "
+                        "recording")
         if self.bar is not None:
             self.bar.stop()
 

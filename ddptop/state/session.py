@@ -8,9 +8,9 @@ from typing import Iterable, Mapping
 
 from ddptop.control.commands import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop import metrics
-from ddptop.events import (EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory, RankBack, RankJoined,
-                           RecorderFailed, RunFinished, RunStarted, StepDone, StepSpans, StoreFlooded, SystemSample,
-                           TelemetryGap)
+from ddptop.events import (EpochDone, Event, EventsRefused, LogLine, ModelsDiverged, OutOfMemory, RankBack,
+                           RankJoined, RecorderFailed, RunFinished, RunStarted, StepDone, StepSpans, StoreFlooded,
+                           SystemSample, TelemetryGap)
 from ddptop.state.expected import expected_bytes
 from ddptop.state.nodes import NodeTracker
 from ddptop.state.snapshot import RECENT_STEPS, Snapshot  # noqa: F401  (Snapshot is the public result)
@@ -45,6 +45,7 @@ class SessionState:
         self.t = 0.0
         self.table = metrics.SegmentTable()
         self.diverged: list[ModelsDiverged] = []
+        self.refused = 0  # events refused at the door (EventsRefused): counted, never applied
         self._snapshot: Snapshot | None = None
         self._handlers = {RankJoined: self._joined, RunStarted: self._started, StepDone: self._step,
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
@@ -52,7 +53,7 @@ class SessionState:
                           RankLost: self._lost, RunState: self._run_state, LogLine: self._log,
                           ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._gap,
                           RecorderFailed: self._recorder, StoreFlooded: self._flooded,
-                          OutOfMemory: self._out_of_memory}
+                          OutOfMemory: self._out_of_memory, EventsRefused: self._events_refused}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -142,6 +143,11 @@ class SessionState:
     def _gap(self, e: TelemetryGap) -> None:
         seqs = str(e.first_seq) if e.first_seq == e.last_seq else f"{e.first_seq}-{e.last_seq}"
         self.notices.append(f"rank {e.rank}: telemetry {seqs} lost ({e.reason})")
+
+    def _events_refused(self, e: EventsRefused) -> None:
+        self.refused += e.count
+        self.notices.append(f"rank {e.rank}: {e.count} event{'s' if e.count != 1 else ''} of batch {e.seq} refused "
+                            f"({e.reason}); {self.refused} in all")
 
     def _recorder(self, e: RecorderFailed) -> None:
         then = "stopping the job" if e.required else "training goes on"
