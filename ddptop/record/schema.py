@@ -1,8 +1,11 @@
 """The recording's tables and the codec between events and rows (typed columns, JSON, never pickle).
 
 Every row carries `seq`, the order the recorder received it in (one counter across tables), and `at`,
-the playback clock: the running maximum of event times in that order, so it never goes backwards and
-replaying by `at` keeps the recorded order.
+the playback clock (replay, seeking, durations): when the front received the event, as the recording's start
+in wall time plus the front's monotonic time since, never a rank's clock (one rank an hour ahead would shift
+every later row). Streams written at once (tests, rewritten recordings) and files before this use the running
+maximum of event times instead; either never goes backwards, so replaying by `at` keeps the recorded order,
+and a reader reads both alike. The ranks' own times stay in the `t`/`t0` columns and the events' data.
 """
 
 from __future__ import annotations
