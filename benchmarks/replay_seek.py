@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddptop.control.commands import ConfigApplied  # noqa: E402
+from ddptop.events import ConfigApplied  # noqa: E402
 from ddptop.events import (NicStat, RankJoined, RunFinished, RunStarted, Span, StepDone, StepSpans,  # noqa: E402
                            SystemSample)
 from ddptop.record.reader import Recording  # noqa: E402

@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddptop.front.pipeline import compose
-from ddptop.control.commands import ConfigApplied  # noqa: E402
+from ddptop.events import ConfigApplied  # noqa: E402
 from ddptop.events import (NicStat, RankJoined, RunStarted, Span, StepDone, StepSpans,  # noqa: E402
                            SystemSample)
 

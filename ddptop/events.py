@@ -7,15 +7,23 @@ encoding; nothing is ever pickled, since the store and recordings can come from 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from ddptop.safe import clean_value
+from ddptop.safe import clean, clean_value
 
 SCHEMA_VERSION = 1
 FRONT = -1  # the rank of a LogLine the front itself says
 MAX_EVENT_BYTES = 1 << 20  # one decoded event may not exceed 1 MiB: values come from the network
+MAX_TEXT = 1 << 16  # characters in one text field: ddptop's longest (a LogLine with a traceback) is far shorter
+MAX_INT = (1 << 63) - 1  # SQLite's INTEGER: a larger whole number could not be recorded
+SIGNED = frozenset({"request_id", "last_step"})  # may be negative: a counter someone broke; -1 is "no step reported"
+NOT_FINITE = frozenset({"loss", "test_loss"})  # a diverged model's loss is NaN or inf, and is shown as such
 
 # Span kinds, in the order a step runs them.
 SPAN_KINDS = ("data", "fwd", "bwd", "comm", "wait", "opt")
@@ -76,7 +84,7 @@ class RunStarted(Event):
     param_count: int
     param_bytes: int
     param_tensors: int
-    layers: tuple  # ((layer name, parameter count), ...)
+    layers: tuple[tuple[str, int], ...]  # ((layer name, parameter count), ...)
     steps_per_epoch: int
     t: float
     total_steps: int = 0  # added after schema 1 shipped: older files decode with 0 ("unknown")
@@ -266,7 +274,7 @@ class ConfigApplied(Event):
     rank: int
     step: int
     segment: int
-    config: dict
+    config: dict[str, Any]  # config.SyncConfig's fields, typed as it types them
     request_id: int
     who: str
     t: float
@@ -287,7 +295,7 @@ class OutOfMemory(Event):
     segment: int  # the segment whose batch did not fit
     batch_size: int
     back_to: int
-    ranks: tuple  # ranks that ran out of memory
+    ranks: tuple[int, ...]  # ranks that ran out of memory
     t: float
 
     def __post_init__(self) -> None:  # JSON brings a list
@@ -309,7 +317,7 @@ class ModelsDiverged(Event):
     segment: int
     step: int
     where: str  # "segment start" or "end of run"
-    fingerprints: dict  # rank (as text) → fingerprint
+    fingerprints: dict[str, str]  # rank (as text) → fingerprint
     t: float
 
     def describe(self) -> str:
@@ -396,10 +404,23 @@ class StoreFlooded(Event):
     t: float
 
 
+@dataclass(frozen=True)
+class EventsRefused(Event):
+    """Events of one telemetry batch that failed the typed decoding (a field of the wrong type or out of range) or
+    claimed another rank than the batch's: each refused alone, never applied nor recorded, and counted here."""
+
+    kind: ClassVar[str] = "events_refused"
+    rank: int  # the rank whose batch held them
+    seq: int  # that batch
+    count: int
+    reason: str  # the first one's
+    t: float
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
                               ConfigApplied, ControlRefused, RankLost, RunState, RankBack, TelemetryGap,
-                              RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory)
+                              RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory, EventsRefused)
 }
 
 
@@ -408,7 +429,8 @@ class EventDecodeError(ValueError):
 
 
 def event_from_dict(data: Any) -> Event:
-    """Build an event from decoded JSON; unknown fields are ignored, unknown kinds and newer versions refused."""
+    """Build an event from decoded JSON, every field checked against its annotation (see `_check`); unknown
+    fields are ignored, unknown kinds and newer versions refused."""
     if not isinstance(data, dict):
         raise EventDecodeError("event is not an object")
     kind, version = data.get("kind"), data.get("v")
@@ -417,28 +439,117 @@ def event_from_dict(data: Any) -> Event:
         raise EventDecodeError(f"unknown event kind {kind!r}")
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise EventDecodeError(f"event schema {version!r} is newer than this ddptop's ({SCHEMA_VERSION})")
-    kwargs = {}
     try:
-        for f in dataclasses.fields(cls):
-            if f.name in data:
-                kwargs[f.name] = clean_value(data[f.name])  # strings come from anyone: never raw to a terminal
-        if cls is StepSpans:
-            kwargs["spans"] = tuple(Span(*s) for s in kwargs.get("spans", ()))
-        elif cls is SystemSample:
-            kwargs["nics"] = tuple(NicStat(**n) for n in kwargs.get("nics", ()))
-            kwargs["gpus"] = tuple(GpuStat(**g) for g in kwargs.get("gpus", ()))
-        elif cls is RunStarted:
-            kwargs["layers"] = tuple(tuple(x) for x in kwargs.get("layers", ()))
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
+        return _record(cls, data, "")
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise EventDecodeError(f"bad {kind} event: {exc}") from None
 
 
-def encode_events(events: list[Event]) -> bytes:
-    return json.dumps([e.to_dict() for e in events], separators=(",", ":")).encode()
+# -- typed decoding: what JSON from the store or a file holds is checked field by field against the annotations --
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
-def decode_events(blob: bytes, max_bytes: int = 64 * MAX_EVENT_BYTES) -> list[Event]:
+def _record(cls: type, value: Any, where: str) -> Any:
+    """A dataclass from a JSON object (or, for a span, a list in field order); a missing required field is a
+    TypeError from the constructor."""
+    fields = dataclasses.fields(cls)
+    if type(value) is list and cls is Span and len(value) <= len(fields):  # StepSpans.to_dict's compact form
+        value = dict(zip((f.name for f in fields), value))
+    if type(value) is not dict:
+        raise EventDecodeError(f"{where or cls.__name__} is not an object")
+    hints, prefix = _hints(cls), f"{where}." if where else ""
+    kwargs = {}
+    for f in fields:
+        if f.name in value:
+            check = _config if (cls, f.name) == (ConfigApplied, "config") else functools.partial(_check, hints[f.name])
+            kwargs[f.name] = check(value[f.name], prefix + f.name)
+    return cls(**kwargs)
+
+
+def _check(tp: Any, value: Any, where: str) -> Any:
+    """`value` as annotation `tp` says: ints are ints (not bools) in SQLite's range and ≥ 0 unless SIGNED, floats
+    finite (ints accepted; NaN and inf only for a loss), text is text of at most MAX_TEXT characters (cleaned),
+    containers hold what their annotation says. Anything else is an EventDecodeError naming the field."""
+    name = where.rpartition(".")[2]
+    if tp is bool or tp is int or tp is float or tp is str:
+        return _scalar(tp, value, where, name)
+    if dataclasses.is_dataclass(tp):
+        return _record(tp, value, where)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):  # X | None: None, or an X
+        if value is None and type(None) in args:
+            return None
+        return _check(next(a for a in args if a is not type(None)), value, where)
+    if origin is tuple:
+        if type(value) not in (list, tuple) or (args[-1] is not Ellipsis and len(value) != len(args)):
+            raise EventDecodeError(f"{where}: expected a list of {len(args) if args[-1] is not Ellipsis else 'any'}"
+                                   f" items, found {_what(value)}")
+        kinds = [args[0]] * len(value) if args[-1] is Ellipsis else args
+        return tuple(_check(k, v, f"{where}[{i}]") for i, (k, v) in enumerate(zip(kinds, value)))
+    if origin is dict:
+        if type(value) is not dict:
+            raise EventDecodeError(f"{where}: expected an object, found {_what(value)}")
+        out = {}
+        for key, item in value.items():
+            key = _check(args[0], key, f"{where} key")
+            out[key] = _check(args[1], item, f"{where}[{clean(key, 40)!r}]")  # [...]: a key never reads as a field
+        return out
+    if tp is Any:  # a plain value: no containers where the annotation does not say what they hold
+        if value is None:
+            return None
+        return _scalar(type(value), value, where, name) if type(value) in (bool, int, float, str) else _refuse(
+            where, "a plain value", value)
+    raise EventDecodeError(f"{where}: no check for {tp!r}")  # a new annotation needs one here
+
+
+def _scalar(tp: type, value: Any, where: str, name: str) -> Any:
+    if tp is bool:
+        return value if type(value) is bool else _refuse(where, "true or false", value)
+    if tp is int:
+        low = -MAX_INT if name in SIGNED else 0
+        return value if type(value) is int and low <= value <= MAX_INT else _refuse(
+            where, f"a whole number in {low}..2^63-1", value)
+    if tp is float:
+        if type(value) not in (int, float):
+            return _refuse(where, "a number", value)
+        try:
+            number = float(value)
+        except OverflowError:  # a whole number past 1e308
+            return _refuse(where, "a finite number", value)
+        return number if math.isfinite(number) or name in NOT_FINITE else _refuse(where, "a finite number", value)
+    if type(value) is not str or len(value) > MAX_TEXT:
+        return _refuse(where, f"text of at most {MAX_TEXT} characters", value)
+    return clean_value(value)  # strings come from anyone: never raw to a terminal
+
+
+def _refuse(where: str, wanted: str, value: Any) -> Any:
+    raise EventDecodeError(f"{where}: expected {wanted}, found {_what(value)}")
+
+
+def _what(value: Any) -> str:
+    """A refused value described without repeating text someone else chose."""
+    if type(value) in (int, float):
+        return repr(value) if len(repr(value)) <= 24 else f"a {len(str(value))}-digit {type(value).__name__}"
+    if type(value) is str:
+        return f"text of {len(value)} characters"
+    return "null" if value is None else type(value).__name__
+
+
+def _config(value: Any, where: str) -> dict[str, Any]:
+    """A ConfigApplied's config: SyncConfig's fields typed as SyncConfig types them, other keys plain values."""
+    from ddptop.config import SyncConfig  # events sits below config in the imports; config imports no events
+
+    out = _check(dict[str, Any], value, where)
+    for name, tp in _hints(SyncConfig).items():
+        if name in out:
+            out[name] = _check(tp, out[name], f"{where}.{name}")
+    return out
+
+
+def _items(blob: bytes, max_bytes: int) -> list:
     if len(blob) > max_bytes:
         raise EventDecodeError(f"event batch of {len(blob)} bytes is over the {max_bytes}-byte cap")
     try:
@@ -447,7 +558,35 @@ def decode_events(blob: bytes, max_bytes: int = 64 * MAX_EVENT_BYTES) -> list[Ev
         raise EventDecodeError(f"event batch is not JSON: {exc}") from None
     if not isinstance(items, list):
         raise EventDecodeError("event batch is not a list")
-    return [event_from_dict(item) for item in items]
+    return items
+
+
+def encode_events(events: list[Event]) -> bytes:
+    return json.dumps([e.to_dict() for e in events], separators=(",", ":")).encode()
+
+
+def decode_events(blob: bytes, max_bytes: int = 64 * MAX_EVENT_BYTES) -> list[Event]:
+    """Every event of a batch, or EventDecodeError for the first that does not check out."""
+    return [event_from_dict(item) for item in _items(blob, max_bytes)]
+
+
+def decode_batch(blob: bytes, rank: int, max_bytes: int = 64 * MAX_EVENT_BYTES) -> tuple[list[Event], list[str]]:
+    """Rank `rank`'s telemetry batch, each event decoded alone: (the good ones, why each other one was refused).
+    An event that names another rank is refused too. A blob that is not a JSON list raises EventDecodeError."""
+    good: list[Event] = []
+    bad: list[str] = []
+    for item in _items(blob, max_bytes):
+        try:
+            event = event_from_dict(item)
+        except EventDecodeError as exc:
+            bad.append(str(exc))
+            continue
+        claimed = getattr(event, "rank", rank)
+        if claimed != rank:
+            bad.append(f"a {event.kind} event in rank {rank}'s batch claims rank {claimed}")
+        else:
+            good.append(event)
+    return good, bad
 
 
 class Source(Protocol):

@@ -28,8 +28,9 @@ import torch.distributed as dist
 from ddptop.control import keys
 from ddptop.control.auth import BadValue, JobKeys, seal, unseal
 from ddptop.control.commands import open_json
-from ddptop.events import (MAX_EVENT_BYTES, Event, EventDecodeError, LogLine, RankBack, RankLost, StoreFlooded,
-                           TelemetryGap, decode_events)
+from ddptop.events import (MAX_EVENT_BYTES, Event, EventDecodeError, EventsRefused, LogLine, RankBack, RankLost,
+                           StoreFlooded, TelemetryGap, decode_batch)
+from ddptop.safe import clean
 
 MAX_BATCH_EVENTS = 2000
 MAX_QUEUE = 4096  # items a rank queues at most: a healthy publisher drains 8000 events a second (4 x 2000), so
@@ -173,7 +174,8 @@ def _events(item, rank: int) -> list[Event]:
 class Collector:
     """Reads every rank's batches in order, each once. `from_start=False` (attaching to a running job) starts
     at what the store still holds; a collector that falls more than SAFE_LAG batches behind skips ahead.
-    Every batch it skips, finds missing or refuses becomes a TelemetryGap event."""
+    Every batch it skips, finds missing or refuses becomes a TelemetryGap event; the events of a batch that fail
+    the typed decoding or claim another rank are refused one by one and counted in an EventsRefused event."""
 
     def __init__(self, store: dist.Store, world_size: int, job: JobKeys, from_start: bool = True):
         self.store = store
@@ -230,10 +232,14 @@ class Collector:
         for (rank, seq), blob in zip(wanted, self.store.multi_get(names) if names else []):
             self.next_seq[rank] = max(self.next_seq[rank], seq + 1)
             try:
-                events.extend(decode_events(unseal(self.job.ranks, f"tel {self.job.job_id} {rank} {seq}", blob,
-                                                   keys.MAX_BATCH_BYTES)))
+                good, bad = decode_batch(unseal(self.job.ranks, f"tel {self.job.job_id} {rank} {seq}", blob,
+                                                keys.MAX_BATCH_BYTES), rank)
             except (BadValue, EventDecodeError) as exc:
                 self._gap(rank, seq, seq, f"refused: {exc}")
+                continue
+            events.extend(good)
+            if bad:  # one bad event costs itself, not its batch; a rank's batch speaks for that rank alone
+                events.append(EventsRefused(rank, seq, len(bad), clean(bad[0], 200), time.time()))
         return events
 
     def _gap(self, rank: int, first: int, last: int, reason: str) -> None:

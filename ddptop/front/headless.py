@@ -8,7 +8,7 @@ from typing import TextIO
 
 from ddptop import metrics
 from ddptop.metrics import tables
-from ddptop.events import (EpochDone, Event, RankBack, RankJoined, RankLost, RunFinished, RunStarted, StepDone,
+from ddptop.events import (EpochDone, Event, EventsRefused, RankBack, RankJoined, RankLost, RunFinished, RunStarted, StepDone,
                            TelemetryGap)
 from ddptop.front.feed import Feed, SharedState
 from ddptop.metrics import Figures
@@ -110,6 +110,8 @@ class HeadlessPrinter:
             self.lost.pop(event.rank, None)
         elif isinstance(event, TelemetryGap):
             self.gaps.append(event)
+        elif isinstance(event, EventsRefused) and self.state.state.refused != event.count:
+            return  # said at the first refusal; the closing lines count them all
         view = self.state.state.ranks.get(event.rank) if isinstance(event, RankLost) else None
         text = notice(event, view.step if view is not None and view.last is not None else None)
         if text:
@@ -150,6 +152,11 @@ class HeadlessPrinter:
             for line in traffic_lines(snap) if traffic else []:
                 self._print(line)
             self._print(self.summary())
+        refused = self.state.state.refused
+        if refused:
+            self._print(f"refused {refused} event{'s' if refused > 1 else ''} from the ranks in all "
+                        "(a field of the wrong type or range, or another rank's): they are in neither screen nor "
+                        "recording")
         if self.bar is not None:
             self.bar.stop()
 

@@ -76,6 +76,11 @@ def verdict(rec: Recording, gone: dict[int, int] | None = None) -> list[str]:
     gaps = rec.query("SELECT count(*) FROM events WHERE kind = 'telemetry_gap'")[0][0]
     if gaps:
         reasons.append(f"{gaps} telemetry gap{'s' if gaps > 1 else ''} reported while recording")
+    refused = sum(e.count for (blob,) in rec.query("SELECT data FROM events WHERE kind = 'events_refused'")
+                  for e in [_decode(rec, blob)])
+    if refused:
+        reasons.append(f"{refused} event{'s' if refused > 1 else ''} refused while recording (a field of the wrong "
+                       "type or range, or another rank's)")
     for rank, step in sorted((lost_ranks(rec) if gone is None else gone).items()):
         reasons.append(f"rank {rank} lost after step {step}: what it ran after its last report is not here")
     return reasons

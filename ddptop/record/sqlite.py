@@ -72,7 +72,11 @@ class RecordingWriter:
     """`handle(events)` from any thread; `close()` once at the end (safe to call twice)."""
 
     def __init__(self, path: str, meta: dict[str, Any], commit_every_s: float = 0.5,
-                 on_error: Callable[[str], None] | None = None):
+                 on_error: Callable[[str], None] | None = None, clock: str = "received"):
+        """`clock` sets the rows' `at` (schema.py): "received", when `handle` got each batch (a live front); "events",
+        the running maximum of the events' own times (a stream written at once: a test's, a rewritten recording)."""
+        if clock not in ("received", "events"):
+            raise ValueError(f"clock must be 'received' or 'events', not {clock!r}")
         self.path = path
         self.commit_every_s = commit_every_s
         self.error: str | None = None
@@ -83,6 +87,8 @@ class RecordingWriter:
         self._meta = dict(meta)
         self._seq = 0
         self._at: float | None = None
+        self._clock = clock
+        self._started = (time.time(), time.monotonic())  # the recording's start: `at` is wall time there + monotonic
         self._buckets: dict[str, list] = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
@@ -101,7 +107,9 @@ class RecordingWriter:
 
     def handle(self, events: list[Event]) -> None:
         if events and not self._closed:
-            self._queue.put(list(events))
+            wall, mono = self._started
+            received = wall + time.monotonic() - mono if self._clock == "received" else None
+            self._queue.put([(received, e) for e in events])
 
     def close(self) -> None:
         """Write what is queued, fold the WAL into the file, close it. A failure is in `error` (never raised)."""
@@ -131,7 +139,7 @@ class RecordingWriter:
             _remove(self.path)
 
     def _run(self) -> None:
-        pending: list[Event] = []
+        pending: list[tuple[float | None, Event]] = []
         deadline = None
         while True:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -149,7 +157,7 @@ class RecordingWriter:
             if item is _STOP:
                 return
 
-    def _write(self, events: list[Event]) -> None:
+    def _write(self, events: list[tuple[float | None, Event]]) -> None:
         if self.error:
             return
         try:
@@ -183,12 +191,14 @@ class RecordingWriter:
         else:
             print(f"ddptop: recording to {self.path} stopped: {reason}", file=sys.stderr, flush=True)
 
-    def _encode(self, events: list[Event]) -> tuple[dict[str, list[tuple]], dict[str, Any], list[tuple]]:
+    def _encode(self, events: list[tuple[float | None, Event]]) -> tuple[dict[str, list[tuple]], dict[str, Any],
+                                                                          list[tuple]]:
         rows: dict[str, list[tuple]] = {table: [] for table in schema.TABLES}
         meta: dict[str, Any] = {}
         segments = []
-        for event in events:
-            t = schema.event_time(event)
+        for received, event in events:
+            # live, never a rank's clock: one rank's skewed or bogus `t` would shift every later row of every rank
+            t = received if received is not None else schema.event_time(event)
             if t is not None:
                 self._at = t if self._at is None else max(self._at, t)
             self._seq += 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddptop.events import (ConfigApplied, ControlRefused, Event, LogLine, ModelsDiverged, OutOfMemory, RankBack,
+from ddptop.events import (ConfigApplied, ControlRefused, Event, EventsRefused, LogLine, ModelsDiverged, OutOfMemory, RankBack,
                            RankLost, RecorderFailed, RunState, StoreFlooded, TelemetryGap)
 from ddptop.metrics.tables import describe
 
@@ -49,6 +49,9 @@ def _other(event: Event) -> str | None:
     if isinstance(event, StoreFlooded):
         return (f"the store holds {event.keys} keys, more than this job ever writes ({event.expected}): someone else "
                 "on its port is filling it (README: trust model)")
+    if isinstance(event, EventsRefused):
+        return (f"rank {event.rank}: refused {event.count} event{'s' if event.count != 1 else ''} of batch {event.seq} "
+                f"that did not check out ({event.reason})")
     if isinstance(event, LogLine):
         return f"{event.who} {event.level}: {event.message}"
     return None

@@ -7,9 +7,9 @@ from dataclasses import replace
 from typing import Iterable, Mapping
 
 from ddptop import metrics
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, LogLine, ModelsDiverged, OutOfMemory,
-                           RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted, RunState, StepDone,
-                           StepSpans, StoreFlooded, SystemSample, TelemetryGap)
+from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine, ModelsDiverged,
+                           OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted,
+                           RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap)
 from ddptop.metrics.expected import expected_bytes
 from ddptop.state.nodes import NodeTracker
 from ddptop.state.notices import notice
@@ -45,6 +45,7 @@ class SessionState:
         self.t = 0.0
         self.table = metrics.SegmentTable()
         self.diverged: list[ModelsDiverged] = []
+        self.refused = 0  # events refused at the door (EventsRefused): counted, never applied
         self._snapshot: Snapshot | None = None
         self._handlers = {RankJoined: self._joined, RunStarted: self._started, StepDone: self._step,
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
@@ -52,7 +53,7 @@ class SessionState:
                           RankLost: self._lost, RunState: self._run_state, LogLine: self._notice,
                           ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._notice,
                           RecorderFailed: self._notice, StoreFlooded: self._notice,
-                          OutOfMemory: self._notice}
+                          OutOfMemory: self._notice, EventsRefused: self._events_refused}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -137,6 +138,10 @@ class SessionState:
     def _back(self, e: RankBack) -> None:
         if self._rank(e.rank).state == "lost":
             self._set(e.rank, state="running")
+        self._notice(e)
+
+    def _events_refused(self, e: EventsRefused) -> None:
+        self.refused += e.count
         self._notice(e)
 
     def _run_state(self, e: RunState) -> None:

@@ -24,7 +24,8 @@ def recording(tmp_path_factory, job_events) -> str:
     """A recording of `job_events`, written in collector-sized batches."""
     path = str(tmp_path_factory.mktemp("rec") / "job.db")
     writer = RecordingWriter(path, base_meta({"model": "tiny", "sync": {"strategy": "ddp"}},
-                                             {"source": "local", "world_size": 2}, ["ddptop", "test"]))
+                                             {"source": "local", "world_size": 2}, ["ddptop", "test"]),
+                             clock="events")  # written after the job: its own times are the only clock
     for i in range(0, len(job_events), 5):
         writer.handle(job_events[i:i + 5])
     writer.close()

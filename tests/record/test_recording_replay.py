@@ -40,7 +40,7 @@ def stream() -> list:
 @pytest.fixture(scope="module")
 def path(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("replay") / "r.db")
-    writer = RecordingWriter(path, base_meta({"model": "tiny"}, {"world_size": 2}))
+    writer = RecordingWriter(path, base_meta({"model": "tiny"}, {"world_size": 2}), clock="events")  # written at once
     writer.handle(stream())
     writer.close()
     return path

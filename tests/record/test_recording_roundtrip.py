@@ -54,7 +54,7 @@ def one_of_each() -> list:
 
 
 def _value(annotation: str):
-    return {"int": 7, "float": T0 + 3.0, "str": "x", "bool": True, "dict": {"a": [1, 2.5]}}.get(annotation, ())
+    return {"int": 7, "float": T0 + 3.0, "str": "x", "bool": True, "dict[str, str]": {"0": "ab"}}.get(annotation, ())
 
 
 def as_json(events: list) -> list[str]:

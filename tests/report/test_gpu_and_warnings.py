@@ -29,7 +29,8 @@ def with_gpus(smoke, tmp_path_factory):
     path = folder / "gpu.db"
     with Recording.open(str(record)) as rec:
         events, meta = list(rec.events()), dict(rec.meta)
-    writer = RecordingWriter(str(path), {k: meta[k] for k in ("config", "rendezvous", "argv", "versions", "created")})
+    writer = RecordingWriter(str(path), {k: meta[k] for k in ("config", "rendezvous", "argv", "versions", "created")},
+                             clock="events")  # a rewritten recording keeps its events' times
     out = []
     for e in events:
         if isinstance(e, (RankJoined, SystemSample)) and e.rank == 1:

@@ -16,7 +16,7 @@ from screen_text import screen_text
 def recording(tmp_path, events):
     path = str(tmp_path / "fixture.db")
     writer = RecordingWriter(path, base_meta({"model": "tiny", "sync": {"strategy": "allreduce"}},
-                                             {"source": "local", "world_size": 2}))
+                                             {"source": "local", "world_size": 2}), clock="events")
     for i in range(0, len(events), 50):
         writer.handle(events[i:i + 50])
     writer.close()

@@ -1,0 +1,122 @@
+"""A compromised rank (it holds the ranks' key) writes events of the wrong types straight into its telemetry keys
+with a raw TCPStore client; the front's real pipeline (Collector, Feed, SessionState, RecordingWriter, headless
+printer) refuses each of them alone, counts them, keeps every good event and leaves a recording `info` reads."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from ddptop.control import keys
+from ddptop.control import store as stores
+from ddptop.control.auth import JobKeys, seal
+from ddptop.control.bus import Collector, LiveSource, Publisher
+from ddptop.events import MAX_TEXT, EventsRefused, RankJoined, StepDone
+from ddptop.front.feed import Feed
+from ddptop.front.headless import HeadlessPrinter
+from ddptop.record.reader import Recording
+from ddptop.record.sqlite import RecordingWriter, base_meta
+
+JOB = JobKeys.from_token("event-types-token", "ef" * 16)
+
+
+def step(rank: int, n: int, **changes) -> dict:
+    good = StepDone(rank, n, 0, 0, time.time(), 0.1, 0.0, 0.05, 0.01, 0.0, 0.0, 16, 2.3, 0, 0, 0, False)
+    return {**good.to_dict(), **changes}
+
+
+HOSTILE = [  # one of each way a field can be wrong, each inside rank 1's own batch
+    step(1, 100, iter_s="x"),  # once: the reducer raised on it and the step's text went into a REAL column
+    step(1, 101, loss={"a": 1}),  # once: sqlite3 refused the dict and the writer took it for a failed disk
+    step(1, 102, comm_bytes=1 << 64),  # past SQLite's INTEGER: the same
+    step(1, 103, step=-3),
+    step(1, 104, sampled="yes"),
+    step(1, 105, t=math.inf),
+    step(1, 106, batch_size=True),
+    step(0, 107),  # rank 1 speaking for rank 0
+    {**RankJoined(1, 2, "h", 1, "cpu", "gloo", 1, "2", "0", "local", time.time()).to_dict(), "host": 5},
+    {"kind": "step_spans", "v": 1, "rank": 1, "step": 1, "segment": 0, "t0": time.time(),
+     "spans": [["fwd", "a", "0.0", 0.1, 0, 0, 0]]},
+    {"kind": "config_applied", "v": 1, "rank": 1, "step": 0, "segment": 0, "request_id": 0, "who": "x",
+     "t": time.time(), "config": {"strategy": "ddp", "bucket_mb": "25"}},
+    {"kind": "log", "v": 1, "rank": 1, "level": "error", "message": "x" * (MAX_TEXT + 1), "t": time.time()},
+]
+
+
+@pytest.fixture
+def port():
+    port = stores.free_port()
+    server = stores.serve(port)
+    yield port
+    del server
+
+
+def compromised_rank_writes(port: int, rank: int, seq: int, items: list) -> None:
+    """What a rank holding the key can put in its own keys: a sealed batch and head, by a plain TCPStore client."""
+    raw = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5))
+    where = f"{keys.DDPTOP_PREFIX}/{JOB.namespace}/"
+    body = json.dumps(items).encode()  # json writes inf as Infinity, as a rank's json.dumps would
+    raw.set(where + keys.tel_batch(rank, seq), seal(JOB.ranks, f"tel {JOB.job_id} {rank} {seq}", body))
+    raw.set(where + keys.tel_head(rank), seal(JOB.ranks, f"head {JOB.job_id} {rank}", str(seq).encode()))
+
+
+def run_front(port: int, path: str) -> tuple[Feed, HeadlessPrinter, RecordingWriter]:
+    view = lambda: stores.job_view(stores.connect("127.0.0.1", port, 10), "", JOB.namespace)  # noqa: E731
+    publisher = Publisher(view(), 0, JOB, interval_s=3600)  # rank 0: honest, flushed by hand
+    for n in range(3):
+        publisher.emit(StepDone(**{k: v for k, v in step(0, n).items() if k not in ("kind", "v")}))
+    publisher.flush()
+    good = [step(1, n) for n in range(3)]
+    compromised_rank_writes(port, 1, 1, good[:1] + HOSTILE[:6] + good[1:2] + HOSTILE[6:] + good[2:])
+    printer = HeadlessPrinter(out=io.StringIO(), bar=False)
+    writer = RecordingWriter(path, base_meta({"model": "tiny"}, {"source": "local", "world_size": 2}))
+    feed = Feed(LiveSource(Collector(view(), 2, JOB), interval_s=0.05), [writer], state=printer.state)
+    state, deadline = printer.state.state, time.monotonic() + 10
+    while min(len(state.history.get(r, ())) for r in (0, 1)) < 3 and time.monotonic() < deadline:
+        feed.pump()
+        time.sleep(0.05)
+    feed.stop()
+    writer.close()
+    printer.finish(traffic=False)
+    publisher.close()
+    return feed, printer, writer
+
+
+def test_hostile_field_types_are_refused_counted_and_the_recording_stays_readable(port, tmp_path):
+    path = str(tmp_path / "hostile.db")
+    feed, printer, writer = run_front(port, path)
+    assert feed.error is None and writer.error is None  # no sink raised, the recorder never thought the disk failed
+    assert printer.state.state.refused == len(HOSTILE)
+    assert [d.step for d in printer.state.state.history[1]] == [0, 1, 2]  # rank 1's good events were applied
+    lines = printer.out.getvalue().splitlines()
+    said = [line for line in lines if "refused" in line]
+    assert len(said) == 2, lines  # once when it happens, once with the count at the end
+    assert said[0].startswith(f"rank 1: refused {len(HOSTILE)} events") and "iter_s" in said[0]
+    assert said[1].startswith(f"refused {len(HOSTILE)} events from the ranks in all")
+
+    db = sqlite3.connect(path)
+    steps = db.execute("SELECT rank, step, typeof(iter_s), typeof(loss), typeof(comm_bytes) FROM steps "
+                       "ORDER BY rank, step").fetchall()
+    assert steps == [(r, n, "real", "real", "integer") for r in (0, 1) for n in range(3)]  # every good step, no other
+    refused = db.execute("SELECT rank, json_extract(data, '$.count') FROM events WHERE kind = 'events_refused'")
+    assert refused.fetchall() == [(1, len(HOSTILE))]
+    assert db.execute("SELECT count(*) FROM events WHERE kind != 'events_refused'").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM spans").fetchone() == (0,)
+    db.close()
+
+    info = subprocess.run([sys.executable, "-m", "ddptop", "info", path], capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0, info.stderr
+    assert f"{len(HOSTILE)} events refused while recording" in info.stdout
+    with Recording.open(path) as rec:
+        events = list(rec.events())
+    assert sum(isinstance(e, StepDone) for e in events) == 6
+    assert [e.count for e in events if isinstance(e, EventsRefused)] == [len(HOSTILE)]

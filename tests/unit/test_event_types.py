@@ -1,0 +1,132 @@
+"""Typed decoding at the door: every field of every event kind, given a value of the wrong type or range, is refused
+as an EventDecodeError; a batch keeps its good events and counts its bad ones, and a rank's batch speaks only for it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+
+import pytest
+
+from ddptop.events import (EVENT_TYPES, MAX_TEXT, SIGNED, ConfigApplied, EventDecodeError, NicStat, Span, StepDone,
+                           StepSpans, decode_batch, event_from_dict)
+
+T0 = 1.7e9
+TEXT_TOO_LONG = "x" * (MAX_TEXT + 1)
+
+
+def good(tp, name: str):
+    """A valid JSON value for annotation `tp` (field `name`), the way to_dict writes it."""
+    if tp is bool:
+        return True
+    if tp is int:
+        return 3
+    if tp is float:
+        return T0 if name in ("t", "t0") else 0.25
+    if tp is str:
+        return "ok"
+    if dataclasses.is_dataclass(tp):
+        record = {f.name: good(typing.get_type_hints(tp)[f.name], f.name) for f in dataclasses.fields(tp)}
+        return list(record.values()) if tp is Span else record  # a span travels as a list (StepSpans.to_dict)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple:
+        return [good(args[0], name)] if args[-1] is Ellipsis else [good(a, name) for a in args]
+    if origin is dict:
+        return {"strategy": "ddp", "bucket_mb": 25.0, "async_op": False, "batch_size": 16, "lr": 0.1} \
+            if name == "config" else {"0": "ab"}
+    return good(next(a for a in args if a is not type(None)), name)  # X | None
+
+
+def hostile(tp, name: str) -> list:
+    """Values of the wrong type or range for annotation `tp` (None is fine where the annotation allows it)."""
+    optional = type(None) in typing.get_args(tp)
+    if optional:
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    wrong = [{"a": 1}, [1]] + ([] if optional else [None])
+    if tp is bool:
+        return wrong + [1, 0, "true", 1.0]
+    if tp is int:
+        return wrong + ["3", 1.5, True, 1 << 63, -(1 << 63) - 1] + ([] if name in SIGNED else [-1])
+    if tp is float:
+        bad = wrong + ["0.25", True, 10 ** 400]
+        return bad if name in ("loss", "test_loss") else bad + [math.nan, math.inf, -math.inf]
+    if tp is str:
+        return wrong + [5, 2.5, False, TEXT_TOO_LONG]
+    return [[1] if typing.get_origin(tp) is dict else {"a": 1}, 5, "text"]  # a container or a nested record
+
+
+def valid(cls) -> dict:
+    hints = typing.get_type_hints(cls)
+    return {"kind": cls.kind, "v": 1, **{f.name: good(hints[f.name], f.name) for f in dataclasses.fields(cls)}}
+
+
+CASES = [(cls, f.name, value) for cls in EVENT_TYPES.values() for f in dataclasses.fields(cls)
+         for value in hostile(typing.get_type_hints(cls)[f.name], f.name)]
+
+
+def test_every_kind_decodes_from_valid_values():
+    for cls in EVENT_TYPES.values():
+        event = event_from_dict(json.loads(json.dumps(valid(cls))))
+        assert type(event) is cls
+        assert json.loads(json.dumps(event.to_dict())) == valid(cls)  # nothing lost or retyped on the way
+
+
+@pytest.mark.parametrize("cls, name, value", CASES,
+                         ids=[f"{c.kind}.{n}={type(v).__name__}:{str(v)[:12]}" for c, n, v in CASES])
+def test_each_field_refuses_a_value_of_the_wrong_type_or_range(cls, name, value):
+    data = valid(cls)
+    data[name] = value
+    with pytest.raises(EventDecodeError, match=name):
+        event_from_dict(json.loads(json.dumps(data)))  # as it arrives: json reads NaN, Infinity and long numbers
+
+
+NESTED = [
+    ("step_spans", "spans", [["fwd", "a", "0.1", 0.1, 0, 0, 0]], r"spans\[0\].start_s"),
+    ("step_spans", "spans", [["fwd", "a", 0.1, 0.1, -5, 0, 0]], r"spans\[0\].nbytes"),
+    ("step_spans", "spans", [["fwd", 7, 0.1, 0.1, 0, 0, 0]], r"spans\[0\].name"),
+    ("step_spans", "spans", [["fwd", "a", 0.1, math.nan, 0, 0, 0]], r"spans\[0\].dur_s"),
+    ("system_sample", "nics", [{**good(NicStat, ""), "rx_bytes": {"x": 1}}], r"nics\[0\].rx_bytes"),
+    ("system_sample", "gpus", [{"index": 0, "name": "g", "util_percent": True, "mem_used_bytes": None,
+                                "mem_total_bytes": None, "power_w": None, "temp_c": None}], r"gpus\[0\].util_percent"),
+    ("run_started", "layers", [["features.0", "1792"]], r"layers\[0\]\[1\]"),
+    ("run_started", "layers", [["features.0"]], r"layers\[0\]"),
+    ("out_of_memory", "ranks", [1, True], r"ranks\[1\]"),
+    ("models_diverged", "fingerprints", {"0": 12}, r"fingerprints\['0'\]"),
+    ("config_applied", "config", {"strategy": "ddp", "bucket_mb": "25"}, "config.bucket_mb"),
+    ("config_applied", "config", {"strategy": "ddp", "batch_size": 16.5}, "config.batch_size"),
+    ("config_applied", "config", {"strategy": "ddp", "async_op": 0}, "config.async_op"),
+    ("config_applied", "config", {"strategy": "ddp", "extra": {"deep": [1]}}, r"config\['extra'\]"),
+]
+
+
+@pytest.mark.parametrize("kind, name, value, where", NESTED, ids=[w for *_, w in NESTED])
+def test_nested_containers_are_checked_item_by_item(kind, name, value, where):
+    data = {**valid(EVENT_TYPES[kind]), name: value}
+    with pytest.raises(EventDecodeError, match=where):
+        event_from_dict(data)
+
+
+def test_a_loss_may_be_nan_and_floats_take_whole_numbers():
+    data = {**valid(StepDone), "loss": math.nan, "iter_s": 1}
+    event = event_from_dict(json.loads(json.dumps(data)))  # json writes NaN for a diverged loss
+    assert math.isnan(event.loss) and event.iter_s == 1.0 and type(event.iter_s) is float
+    assert event_from_dict({**valid(ConfigApplied), "request_id": -1}).request_id == -1  # a broken counter, said
+
+
+def test_text_is_cleaned_not_refused():
+    event = event_from_dict({**valid(StepSpans), "spans": [["fwd", "a\x1b[2J", 0.0, 0.1, 0, 0, 0]]})
+    assert event.spans[0].name == "a\\x1b[2J"
+
+
+def test_a_batch_keeps_its_good_events_and_says_why_each_bad_one_was_refused():
+    step = valid(StepDone)
+    items = [{**step, "rank": 1, "step": 0}, {**step, "rank": 1, "iter_s": "x"}, {**step, "rank": 1, "step": 2},
+             {**step, "rank": 0, "step": 3}, {"kind": "nope", "v": 1}, {**step, "rank": 1, "step": 4}]
+    events, refused = decode_batch(json.dumps(items).encode(), 1)
+    assert [e.step for e in events] == [0, 2, 4]
+    assert len(refused) == 3 and "iter_s" in refused[0] and "claims rank 0" in refused[1]
+    assert "unknown event kind" in refused[2]
+    with pytest.raises(EventDecodeError):
+        decode_batch(b'{"not": "a list"}', 1)
