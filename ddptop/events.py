@@ -463,7 +463,9 @@ def _record(cls: type, value: Any, where: str) -> Any:
     hints, prefix = _hints(cls), f"{where}." if where else ""
     kwargs = {}
     for f in fields:
-        if f.name in value:
+        if f.name in value and (cls, f.name, value[f.name]) == (LogLine, "rank", FRONT):
+            kwargs[f.name] = FRONT  # the front's own line (the collector failed); a rank's batch cannot claim it
+        elif f.name in value:
             check = _config if (cls, f.name) == (ConfigApplied, "config") else functools.partial(_check, hints[f.name])
             kwargs[f.name] = check(value[f.name], prefix + f.name)
     return cls(**kwargs)

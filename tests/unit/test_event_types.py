@@ -10,8 +10,8 @@ import typing
 
 import pytest
 
-from ddptop.events import (EVENT_TYPES, MAX_TEXT, SIGNED, ConfigApplied, EventDecodeError, NicStat, Span, StepDone,
-                           StepSpans, decode_batch, event_from_dict)
+from ddptop.events import (EVENT_TYPES, FRONT, MAX_TEXT, SIGNED, ConfigApplied, EventDecodeError, LogLine, NicStat,
+                           Span, StepDone, StepSpans, decode_batch, event_from_dict)
 
 T0 = 1.7e9
 TEXT_TOO_LONG = "x" * (MAX_TEXT + 1)
@@ -48,7 +48,7 @@ def hostile(tp, name: str) -> list:
     if tp is bool:
         return wrong + [1, 0, "true", 1.0]
     if tp is int:
-        return wrong + ["3", 1.5, True, 1 << 63, -(1 << 63) - 1] + ([] if name in SIGNED else [-1])
+        return wrong + ["3", 1.5, True, 1 << 63, -(1 << 63) - 1] + ([] if name in SIGNED else [-2 if name == "rank" else -1])  # rank -1: the front's own line
     if tp is float:
         bad = wrong + ["0.25", True, 10 ** 400]
         return bad if name in ("loss", "test_loss") else bad + [math.nan, math.inf, -math.inf]
@@ -113,6 +113,13 @@ def test_a_loss_may_be_nan_and_floats_take_whole_numbers():
     event = event_from_dict(json.loads(json.dumps(data)))  # json writes NaN for a diverged loss
     assert math.isnan(event.loss) and event.iter_s == 1.0 and type(event.iter_s) is float
     assert event_from_dict({**valid(ConfigApplied), "request_id": -1}).request_id == -1  # a broken counter, said
+
+
+def test_only_a_log_line_may_come_from_the_front():
+    """Rank -1 (events.FRONT) is the front's own line, recorded as such; no other event has it."""
+    assert event_from_dict({**valid(LogLine), "rank": FRONT}).who == "ddptop"
+    with pytest.raises(EventDecodeError, match="rank"):
+        event_from_dict({**valid(StepDone), "rank": FRONT})
 
 
 def test_text_is_cleaned_not_refused():
