@@ -6,6 +6,7 @@ import threading
 import time
 
 from ddptop.config import RunConfig, SyncConfig
+from ddptop.control.client import ControlClient
 from ddptop.events import Event, StepDone, StepSpans
 from ddptop.front.supervisor import run_front
 from ddptop.rendezvous import Rendezvous
@@ -51,3 +52,17 @@ def steps_of(events: list[Event], rank: int | None = None) -> list[StepDone]:
 
 def spans_of(events: list[Event], rank: int | None = None) -> list[StepSpans]:
     return [e for e in events if isinstance(e, StepSpans) and (rank is None or e.rank == rank)]
+
+
+def connect(port: int, token: str, timeout_s: float = 60.0) -> ControlClient:
+    """A control client of the job on `port`, once rank 0 answers (the ranks may still be importing torch)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client = ControlClient("127.0.0.1", port, token)
+            client.status()
+            return client
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

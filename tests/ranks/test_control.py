@@ -12,7 +12,7 @@ from ddptop.control.client import ControlClient, ControlError
 from ddptop.events import ConfigApplied, ControlRefused
 from ddptop.control.store import free_port
 from ddptop.events import ModelsDiverged, RunFinished
-from jobs import run_job, steps_of
+from jobs import connect, run_job, steps_of
 
 TOKEN = "test-token-123"
 # an Euler circuit of the complete digraph on the four strategies: every ordered pair exactly once
@@ -47,16 +47,7 @@ def switched():
 
 
 def _connect(port: int) -> ControlClient:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client = ControlClient("127.0.0.1", port, TOKEN)
-            client.status()
-            return client
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return connect(port, TOKEN, 60)
 
 
 def test_every_switch_lands_on_the_same_step_on_every_rank(switched):

@@ -8,23 +8,14 @@ from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.client import ControlClient
 from ddptop.events import ConfigApplied
 from ddptop.control.store import free_port
-from jobs import run_job
+from jobs import connect, run_job
 
 TOKEN = "pause-sets-token"
 WORLD = 2
 
 
 def _connect(port: int) -> ControlClient:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client = ControlClient("127.0.0.1", port, TOKEN)
-            client.status()
-            return client
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return connect(port, TOKEN, 60)
 
 
 def _settled(client: ControlClient, request_id: int, timeout_s: float = 20) -> dict:

@@ -18,7 +18,7 @@ from ddptop.record.export import parse_steps
 from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter, base_meta
 from ddptop.metrics.traffic import between_steps
-from jobs import run_job, steps_of, tiny_config
+from jobs import connect, run_job, steps_of, tiny_config
 
 STEP_COLUMNS = {"rank", "step", "time", "iter_s", "compute_s", "comm_s", "exposed_comm_s", "overlap", "loss",
                 "strategy", "bucket_mb", "async_op", "batch_size", "segment", "comm_bytes"}
@@ -149,16 +149,7 @@ TOKEN = "export-pause-token"
 
 
 def _connect(port: int) -> ControlClient:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            client = ControlClient("127.0.0.1", port, TOKEN)
-            client.status()
-            return client
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return connect(port, TOKEN, 30)
 
 
 def test_a_paused_step_starts_at_its_boundary_not_after_the_pause(paused, tmp_path):
