@@ -27,14 +27,14 @@ def recent_steps(store, job, world_size: int) -> dict[int, list[StepDone]]:
         try:
             if not store.check([keys.tel_head(rank)]):
                 continue
-            head = int(unseal(job.ranks, f"head {job.job_id} {rank}", store.get(keys.tel_head(rank)), 32))
+            head = int(unseal(job.ranks, keys.ctx_head(job.job_id, rank), store.get(keys.tel_head(rank)), 32))
         except (ValueError, OSError):  # BadValue is a ValueError
             continue
         steps: list[StepDone] = []
         for seq in range(max(1, head - BATCHES + 1), head + 1):
             try:
                 if store.check([keys.tel_batch(rank, seq)]):
-                    blob = unseal(job.ranks, f"tel {job.job_id} {rank} {seq}", store.get(keys.tel_batch(rank, seq)),
+                    blob = unseal(job.ranks, keys.ctx_tel(job.job_id, rank, seq), store.get(keys.tel_batch(rank, seq)),
                                   keys.MAX_BATCH_BYTES)
                     steps += [e for e in decode_events(blob) if isinstance(e, StepDone)]
             except (ValueError, OSError):  # BadValue and EventDecodeError are ValueErrors

@@ -123,7 +123,7 @@ class ControlAgent:
             if decision.request_id == 0:  # a sweep step or a roll-back: later requests change what it set
                 self._latest = decision.config
             if self.rank == 0:  # before the answer, so a client that reads "applied" sees the new config
-                self.store.set(keys.STATUS, seal_json(self.keys.control, "status", self._status()))
+                self.store.set(keys.STATUS, seal_json(self.keys.control, keys.CTX_STATUS, self._status()))
         if answer:
             self.answer(decision.request_id, step, segment)
 
@@ -138,7 +138,7 @@ class ControlAgent:
 
     def _answer(self, store: dist.Store, request_id: int, response: dict) -> None:
         store.set(keys.ctl_response(request_id),
-                  seal_json(self.keys.control, f"resp {self.keys.job_id} {request_id}", response))
+                  seal_json(self.keys.control, keys.ctx_response(self.keys.job_id, request_id), response))
 
     def out_of_memory(self, mine: bool) -> list[int]:
         """The ranks that ran out of memory in a trial step, the same list on every rank: one all-reduce of a
@@ -188,7 +188,7 @@ class ControlAgent:
 
     def _decision(self, request_id: int) -> Decision:
         """Rank 0's decision for `request_id`, broadcast to every rank and checked there (never read from the store)."""
-        context = f"decision {self.keys.job_id} {request_id}"
+        context = keys.ctx_decision(self.keys.job_id, request_id)
         buffer = torch.zeros(DECISION_BYTES, dtype=torch.uint8)
         mine = self._take_sent(request_id) if self.rank == 0 else None
         if mine is not None:
@@ -246,7 +246,7 @@ class ControlAgent:
                 if now >= next_beat:
                     beats += 1
                     store.set(keys.heartbeat(self.rank), seal_json(
-                        self.keys.ranks, f"hb {self.keys.job_id} {self.rank}",
+                        self.keys.ranks, keys.ctx_heartbeat(self.keys.job_id, self.rank),
                         {"step": self.step, "beat": beats, "paused": self._was_paused}))
                     next_beat = now + HEARTBEAT_EVERY_S
                 if self.rank != 0:
@@ -254,7 +254,7 @@ class ControlAgent:
                 seen = self._take_requests(store, seen)
                 if now >= next_status:
                     with self._lock:  # never a stale config over the one `applied` just wrote
-                        store.set(keys.STATUS, seal_json(self.keys.control, "status", self._status()))
+                        store.set(keys.STATUS, seal_json(self.keys.control, keys.CTX_STATUS, self._status()))
                     next_status = now + STATUS_EVERY_S
             except Exception as exc:  # the store (on the master) went away: the next step boundary stops this rank
                 store = self._reconnect(connect, exc)

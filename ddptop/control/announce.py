@@ -13,7 +13,7 @@ def announce(store, job, path: str | None) -> None:
     """Tell `ddptop attach` where this job is recorded (or that it is not): a sealed key in the job's namespace."""
     from ddptop.control.commands import seal_json
 
-    store.set(keys.RECORDING, seal_json(job.control, "recording",
+    store.set(keys.RECORDING, seal_json(job.control, keys.CTX_RECORDING,
                                         {"path": os.path.abspath(path) if path else "", "host": socket.gethostname()}))
 
 
@@ -26,7 +26,7 @@ def announced(store, token: str) -> str | None:
     try:
         if not store.check([keys.RECORDING]):
             return None
-        data = open_json(token_bytes(token), "recording", store.get(keys.RECORDING), keys.MAX_SMALL_BYTES)
+        data = open_json(token_bytes(token), keys.CTX_RECORDING, store.get(keys.RECORDING), keys.MAX_SMALL_BYTES)
         path, host = clean(str(data.get("path", "")), 300), clean(str(data.get("host", "")), 100)
     except (BadValue, ValueError, AttributeError, OSError, RuntimeError):
         return None

@@ -101,7 +101,7 @@ class Publisher:
             pass
 
     def _head(self, seq: int) -> bytes:
-        return seal(self.job.ranks, f"head {self.job.job_id} {self.rank}", str(seq).encode())
+        return seal(self.job.ranks, keys.ctx_head(self.job.job_id, self.rank), str(seq).encode())
 
     def _next_batch(self) -> bytes:
         """Queued events as one JSON list of at most MAX_BATCH_EVENTS events and MAX_BATCH_BYTES."""
@@ -135,7 +135,7 @@ class Publisher:
             seq += 1
             self._ready.appendleft(LogLine(self.rank, "warning", f"telemetry batch {seq - 1} stands for {lost} "
                                            "items dropped while the store was unreachable or slow", time.time()))
-        return seq, seal(self.job.ranks, f"tel {self.job.job_id} {self.rank} {seq}", self._next_batch())
+        return seq, seal(self.job.ranks, keys.ctx_tel(self.job.job_id, self.rank, seq), self._next_batch())
 
     def flush(self) -> None:
         """Send what is queued. A batch whose write fails is kept and sent again, under the same seq, once
@@ -207,7 +207,7 @@ class Collector:
 
     def _head(self, rank: int, raw: bytes) -> int | None:
         try:
-            head = int(unseal(self.job.ranks, f"head {self.job.job_id} {rank}", raw, 32))
+            head = int(unseal(self.job.ranks, keys.ctx_head(self.job.job_id, rank), raw, 32))
         except ValueError:  # BadValue, or not a number
             return None
         return head if 0 <= head < keys.MAX_COUNTER else None
@@ -232,7 +232,7 @@ class Collector:
         for (rank, seq), blob in zip(wanted, self.store.multi_get(names) if names else []):
             self.next_seq[rank] = max(self.next_seq[rank], seq + 1)
             try:
-                good, bad = decode_batch(unseal(self.job.ranks, f"tel {self.job.job_id} {rank} {seq}", blob,
+                good, bad = decode_batch(unseal(self.job.ranks, keys.ctx_tel(self.job.job_id, rank, seq), blob,
                                                 keys.MAX_BATCH_BYTES), rank)
             except (BadValue, EventDecodeError) as exc:
                 self._gap(rank, seq, seq, f"refused: {exc}")
@@ -294,7 +294,7 @@ class Liveness:
     def _beat(self, rank: int, raw: bytes) -> tuple[int, int] | None:
         """(beat counter, step) of a valid heartbeat, else None (and the reason kept for the RankLost line)."""
         try:
-            beat = open_json(self.job.ranks, f"hb {self.job.job_id} {rank}", raw, keys.MAX_SMALL_BYTES)
+            beat = open_json(self.job.ranks, keys.ctx_heartbeat(self.job.job_id, rank), raw, keys.MAX_SMALL_BYTES)
             counter, step = beat.get("beat"), beat.get("step")
             if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < keys.MAX_COUNTER
                        for v in (counter, step)):

@@ -74,7 +74,7 @@ class ControlClient:
         while True:
             if self.store.check([keys.STATUS]):
                 try:
-                    return _checked_status(open_json(token_bytes(self.token), "status",
+                    return _checked_status(open_json(token_bytes(self.token), keys.CTX_STATUS,
                                                      self.store.get(keys.STATUS), keys.MAX_STATUS_BYTES))
                 except BadValue as exc:
                     why = str(exc)
@@ -92,7 +92,7 @@ class ControlClient:
         if not self.store.check([key]):
             return {}
         try:
-            beat = open_json(self._job.ranks, f"hb {self._job.job_id} {rank}", self.store.get(key), keys.MAX_SMALL_BYTES)
+            beat = open_json(self._job.ranks, keys.ctx_heartbeat(self._job.job_id, rank), self.store.get(key), keys.MAX_SMALL_BYTES)
         except BadValue as exc:
             return {"refused": str(exc)}
         step = beat.get("step")
@@ -122,7 +122,7 @@ class ControlClient:
     def _answer(self, request_id: int) -> dict[str, Any]:
         raw = self.store.get(keys.ctl_response(request_id))
         try:
-            return open_json(self.job.control, f"resp {self.job.job_id} {request_id}", raw, keys.MAX_SMALL_BYTES)
+            return open_json(self.job.control, keys.ctx_response(self.job.job_id, request_id), raw, keys.MAX_SMALL_BYTES)
         except BadValue as exc:
             raise ControlError(f"rank 0's answer to request {request_id} is refused ({exc})") from None
 

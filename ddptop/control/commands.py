@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from ddptop.config import SyncConfig
+from ddptop.control import keys as store_keys
 from ddptop.control.auth import BadValue, JobKeys, seal, unseal
 from ddptop.errors import UsageError
 from ddptop.safe import clean
@@ -87,7 +88,7 @@ def make_request(keys: JobKeys, request_id: int, op: str, changes: dict[str, Any
         raise UsageError(f"unknown control op {op!r}")
     body = {"op": op, "changes": changes or {}, "who": who, "nonce": uuid.uuid4().hex, "t": time.time(),
             "job": keys.job_id, "id": request_id}
-    return seal(keys.control, f"req {keys.job_id} {request_id}", json.dumps(body).encode())
+    return seal(keys.control, store_keys.ctx_request(keys.job_id, request_id), json.dumps(body).encode())
 
 
 class Replays:
@@ -110,7 +111,7 @@ class Replays:
 def read_request(keys: JobKeys, request_id: int, raw: bytes, replays: Replays, now: float | None = None
                  ) -> dict[str, Any]:
     """The request's body, or ValueError saying why it is ignored (size, MAC, job, id, shape, replay, age)."""
-    data = open_json(keys.control, f"req {keys.job_id} {request_id}", raw, MAX_REQUEST_BYTES)
+    data = open_json(keys.control, store_keys.ctx_request(keys.job_id, request_id), raw, MAX_REQUEST_BYTES)
     if data.get("job") != keys.job_id or data.get("id") != request_id:
         raise ValueError("request made for another job or request id")
     if (data.get("op") not in OPS or not isinstance(data.get("changes"), dict) or not isinstance(data.get("who"), str)

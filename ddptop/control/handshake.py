@@ -73,10 +73,10 @@ def join(store: dist.Store, rank: int, world_size: int, hello: dict[str, Any], t
 
     `store` is the job's namespace when `token` is given (every rank must know it), else the public view."""
     hello = {**hello, "nonce": secrets.token_hex(8)}
-    mine = _dump(hello, token, f"hello {rank}")
+    mine = _dump(hello, token, keys.ctx_hello(rank))
     current = store.compare_set(keys.join(rank), "", mine)
     if current != mine:
-        other = _load(current, f"rank {rank}'s hello", token, f"hello {rank}", keys.MAX_HELLO_BYTES)
+        other = _load(current, f"rank {rank}'s hello", token, keys.ctx_hello(rank), keys.MAX_HELLO_BYTES)
         raise RendezvousError(f"rank {rank} is already taken by {clean(other.get('host'), 80)} "
                               f"pid {clean(other.get('pid'), 20)}")
     if rank == 0:
@@ -99,7 +99,7 @@ def _await_verdict(store: dist.Store, timeout_s: float, token: str) -> dict[str,
         hint = ", with the same --token (or DDPTOP_TOKEN)" if token else ""
         raise RendezvousError(f"rank 0 did not answer the handshake within {timeout_s:g} s: is it running{hint}?"
                               ) from None
-    verdict = _load(store.get(keys.VERDICT), "the handshake verdict", token, "verdict", keys.MAX_VERDICT_BYTES)
+    verdict = _load(store.get(keys.VERDICT), "the handshake verdict", token, keys.CTX_VERDICT, keys.MAX_VERDICT_BYTES)
     if not isinstance(verdict.get("nonces"), dict):
         raise RendezvousError("the handshake verdict is malformed")
     return verdict
@@ -119,7 +119,7 @@ def _judge(store: dist.Store, world_size: int, timeout_s: float, token: str) -> 
             _answer(store, token, {"ok": False, "error": error, "world_size": world_size, "nonces": {}})
             raise RendezvousError(error)
         time.sleep(POLL_S)
-    hellos = [_load(raw, f"rank {r}'s hello", token, f"hello {r}", keys.MAX_HELLO_BYTES)
+    hellos = [_load(raw, f"rank {r}'s hello", token, keys.ctx_hello(r), keys.MAX_HELLO_BYTES)
               for r, raw in enumerate(store.multi_get(waiting))]
     error = mismatch(hellos)
     nonces = {str(r): h.get("nonce") for r, h in enumerate(hellos)}
@@ -130,4 +130,4 @@ def _judge(store: dist.Store, world_size: int, timeout_s: float, token: str) -> 
 
 
 def _answer(store: dist.Store, token: str, verdict: dict[str, Any]) -> None:
-    store.set(keys.VERDICT, _dump(verdict, token, "verdict"))
+    store.set(keys.VERDICT, _dump(verdict, token, keys.CTX_VERDICT))

@@ -55,3 +55,38 @@ def ctl_response(request_id: int) -> str:
 
 def heartbeat(rank: int) -> str:
     return f"hb/{rank}"
+
+
+# -- seal contexts: what a sealed value says it is, so a value copied to another key, rank or job does not open ---
+# (auth.seal binds the context into the MAC; both sides build it here, so a typo cannot refuse every value)
+CTX_STATUS = "status"  # rank 0's view under STATUS
+CTX_RECORDING = "recording"  # the front's word under RECORDING
+CTX_VERDICT = "verdict"  # the join handshake's answer under VERDICT (sealed with the token when the job has one)
+
+
+def ctx_hello(rank: int) -> str:
+    return f"hello {rank}"
+
+
+def ctx_tel(job_id: str, rank: int, seq: int) -> str:
+    return f"tel {job_id} {rank} {seq}"
+
+
+def ctx_head(job_id: str, rank: int) -> str:
+    return f"head {job_id} {rank}"
+
+
+def ctx_heartbeat(job_id: str, rank: int) -> str:
+    return f"hb {job_id} {rank}"
+
+
+def ctx_request(job_id: str, request_id: int) -> str:
+    return f"req {job_id} {request_id}"
+
+
+def ctx_response(job_id: str, request_id: int) -> str:
+    return f"resp {job_id} {request_id}"
+
+
+def ctx_decision(job_id: str, request_id: int) -> str:
+    return f"decision {job_id} {request_id}"
