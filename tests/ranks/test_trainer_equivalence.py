@@ -22,7 +22,7 @@ from ddptop.control.store import free_port
 from ddptop.events import ConfigApplied, RunFinished
 from ddptop.train.data import build_datasets, make_loader
 from ddptop.train.models import build_model
-from jobs import run_job, steps_of
+from jobs import connect, run_job, steps_of
 
 TOKEN = "equivalence-token"
 STEPS = 48
@@ -71,16 +71,7 @@ def switched_run(tmp_path_factory):
 
 
 def _connect(port: int) -> ControlClient:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client = ControlClient("127.0.0.1", port, TOKEN)
-            client.status()
-            return client
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    return connect(port, TOKEN, 60)
 
 
 def reference(cfg: RunConfig, configs: dict[int, dict]) -> nn.Module:
