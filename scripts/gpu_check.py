@@ -3,7 +3,9 @@
     scripts/gpu_check.sh cuda | oom | bench | suite [pytest args]     (from the repository root; logs go to $OUT)
 
 Each check prints `PASS name: what it saw` or `FAIL name: ...`; the exit code is the number of failures.
-`--cpu` runs the same plumbing on a CPU machine (gloo, the test-only OOM hook, no NVML) to check the script itself.
+`--cpu` runs the same plumbing on a CPU machine (gloo, the tiny model, the test-only OOM hook, no NVML) to check the
+script itself, leaving out what means nothing without a GPU; `make test` runs `cuda --cpu` and `oom --cpu`
+(tests/gpu/test_gpu_check_cpu.py). tests/gpu/test_cuda.py calls these checks one by one on a GPU machine.
 
 - cuda:  nccl with world size 1; the default placement (one rank per GPU); the one-line refusal of 2 nccl ranks on
          one GPU; 2 ranks with gloo on CUDA tensors (allreduce, ddp; gather-scatter refused); CUDA-event spans;
@@ -47,7 +49,7 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
 
 def ddptop(*args: str, timeout: float = 540, env: dict | None = None, log: str = "") -> subprocess.CompletedProcess:
     result = subprocess.run(DDPTOP + list(args), capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, **(env or {})})
+                            env={"DDPTOP_RUNS_DIR": str(OUT / "runs"), **os.environ, **(env or {})})
     if log:
         (OUT / f"{log}.log").write_text(f"$ ddptop {' '.join(args)}\nexit {result.returncode}\n--- stdout\n"
                                         f"{result.stdout}\n--- stderr\n{result.stderr}")
@@ -82,24 +84,33 @@ def gpu_count() -> int:
 # ---- cuda ---------------------------------------------------------------------------------------------------------
 
 def check_cuda() -> None:
+    db = run_nccl1()
+    if not db:
+        return
+    check_spans(db)
+    check_gpu_time(db)
+    check_nvml(db)
+    check_placement()
+    check_gloo_on_cuda()
+    check_uuid_mapping()
+    check_no_sync_on_the_training_thread()
+
+
+def run_nccl1() -> str:
+    """A 1-rank nccl run (VGG-11, 60 steps; --cpu: gloo, the tiny model, 25 steps): its recording, '' if it failed."""
     db = fresh("nccl1.db")
-    run = ddptop("--headless", "--local", "1", *backend(), "--model", "vgg11", "--steps", "60", "--span-every", "5",
+    model, steps = ("tiny", "25") if CPU else ("vgg11", "60")
+    run = ddptop("--headless", "--local", "1", *backend(), "--model", model, "--steps", steps, "--span-every", "5",
                  "--no-eval", "--record", db, log="nccl1")
     if not check("nccl world size 1", run.returncode == 0, run.stderr.strip().splitlines()[-1:]):
-        return
+        return ""
     (joined,) = events(db, "rank_joined")
     check("rank on cuda:0 with nccl", CPU or (joined["device"], joined["backend"]) == ("cuda:0", "nccl"),
           f"{joined['device']} {joined['backend']}, sockets on {joined.get('gloo_ifname')}/{joined.get('nccl_ifname')}")
-    _check_spans(db)
-    _check_gpu_time(db)
-    _check_nvml(db)
-    _check_placement()
-    _check_gloo_on_cuda()
-    _check_uuid_mapping()
-    _check_no_sync_on_the_training_thread()
+    return db
 
 
-def _check_spans(db: str) -> None:
+def check_spans(db: str) -> None:
     sampled = rows(db, "SELECT step, spans FROM spans WHERE rank = 0 ORDER BY step")
     iters = dict(rows(db, "SELECT step, iter_s FROM steps WHERE rank = 0"))
     bad, kinds = [], set()
@@ -111,7 +122,7 @@ def _check_spans(db: str) -> None:
           f"{len(sampled)} sampled steps, kinds {sorted(kinds)}, {len(bad)} spans outside their step")
 
 
-def _check_gpu_time(db: str) -> None:
+def check_gpu_time(db: str) -> None:
     """Step time on GPU is device time between boundary events; in steady state it must match the wall clock."""
     steps = rows(db, "SELECT step, t, iter_s, sampled FROM steps WHERE rank = 0 AND step >= 10 ORDER BY step")
     wall = (steps[-1][1] - steps[0][1]) / (len(steps) - 1)
@@ -120,7 +131,7 @@ def _check_gpu_time(db: str) -> None:
           f"mean step {device * 1e3:.2f} ms by CUDA events, {wall * 1e3:.2f} ms by the wall clock ({device / wall:.3f})")
 
 
-def _check_nvml(db: str) -> None:
+def check_nvml(db: str) -> None:
     if CPU:
         return
     import torch
@@ -148,26 +159,29 @@ def _check_nvml(db: str) -> None:
     print(f"  NVLink: {last['nvlink_rx']} / {last['nvlink_tx']} bytes/s (None: this GPU has no active NVLink)")
 
 
-def _check_placement() -> None:
+def check_placement() -> None:
+    """The refusal of more nccl ranks than GPUs; on a GPU also the default --local and auto's fall-back to gloo
+    (without one, tests/unit/test_devices.py and tests/cli/test_run_cli.py check those)."""
     gpus = gpu_count()
-    run = ddptop("--headless", "--model", "tiny", "--steps", "5", "--no-eval", log="placement")
-    check("--local defaults to the visible GPUs", CPU or (run.returncode == 0 and f"ddptop: {gpus} ranks" in run.stderr
-                                                          and "nccl" in run.stdout), f"{gpus} GPU(s): "
-          f"{[line for line in run.stderr.splitlines() if 'ranks' in line][:1]}")
-    extra = gpus + 1
-    run = ddptop("--headless", "--local", str(extra), "--backend", "nccl", "--model", "tiny", "--steps", "2",
+    run = ddptop("--headless", "--local", str(gpus + 1), "--backend", "nccl", "--model", "tiny", "--steps", "2",
                  log="refused")
     lines = run.stderr.strip().splitlines()
     check("nccl with two ranks on a GPU is refused", run.returncode == 2 and len(lines) == 1 and
           "--backend gloo" in lines[0], lines)
-    run = ddptop("--headless", "--local", str(extra), "--model", "tiny", "--steps", "3", "--no-eval", log="auto-shared")
+    if CPU:
+        return
+    run = ddptop("--headless", "--model", "tiny", "--steps", "5", "--no-eval", log="placement")
+    check("--local defaults to the visible GPUs", run.returncode == 0 and f"ddptop: {gpus} ranks" in run.stderr
+          and "nccl" in run.stdout, f"{gpus} GPU(s): {[x for x in run.stderr.splitlines() if 'ranks' in x][:1]}")
+    run = ddptop("--headless", "--local", str(gpus + 1), "--model", "tiny", "--steps", "3", "--no-eval",
+                 log="auto-shared")
     check("auto: more ranks than GPUs train with gloo", run.returncode == 0 and "gloo" in run.stdout,
           [line for line in run.stderr.splitlines() if "GPU" in line][:1])
 
 
-def _check_gloo_on_cuda() -> None:
+def check_gloo_on_cuda() -> None:
     device = [] if CPU else ["--device", "cuda"]
-    for strategy in ("allreduce", "ddp"):
+    for strategy in ("ddp",) if CPU else ("allreduce", "ddp"):  # --cpu: one is the plumbing of both
         db = fresh(f"gloo-cuda-{strategy}.db")
         run = ddptop("--headless", "--local", "2", "--backend", "gloo", *device, "--model", "tiny", "--steps", "10",
                      "--strategy", strategy, "--no-eval", "--record", db, log=f"gloo-cuda-{strategy}")
@@ -177,12 +191,13 @@ def _check_gloo_on_cuda() -> None:
             prints = {e["fingerprint"] for e in events(db, "run_finished")}
             ok = (CPU or set(joined.values()) == {"cuda:0"} or gpu_count() > 1) and len(prints) == 1
         check(f"2 ranks, gloo on CUDA tensors, {strategy}", ok, run.stderr.strip().splitlines()[-1:])
-    run = ddptop("--headless", "--local", "2", "--backend", "gloo", "--device", "cuda", "--strategy", "gather-scatter",
-                 "--model", "tiny", "--steps", "2", log="gloo-cuda-gather")
-    check("gloo on CUDA refuses gather-scatter", CPU or run.returncode == 2, run.stderr.strip())
+    if not CPU:  # without a GPU, --device cuda is refused before the strategy is looked at
+        run = ddptop("--headless", "--local", "2", "--backend", "gloo", "--device", "cuda", "--strategy",
+                     "gather-scatter", "--model", "tiny", "--steps", "2", log="gloo-cuda-gather")
+        check("gloo on CUDA refuses gather-scatter", run.returncode == 2, run.stderr.strip())
 
 
-def _check_uuid_mapping() -> None:
+def check_uuid_mapping() -> None:
     if CPU:
         return
     smi = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
@@ -197,7 +212,7 @@ def _check_uuid_mapping() -> None:
                                                                                        f"recorded {seen}")
 
 
-def _check_no_sync_on_the_training_thread() -> None:
+def check_no_sync_on_the_training_thread() -> None:
     """Trainer.run in this process under torch's sync debug mode: every synchronizing CUDA call made during the
     run, by the ddptop function it came from. Allowed: the one synchronize at the run's end (StepProbe.close) and
     the model fingerprints (a .cpu() as each segment starts and at the end); anything else is a failure."""
@@ -250,11 +265,12 @@ def _check_no_sync_on_the_training_thread() -> None:
 # ---- oom ----------------------------------------------------------------------------------------------------------
 
 def check_oom() -> None:
-    _check_live_roll_back()
-    _check_q1_profile()
+    check_live_roll_back()
+    if not CPU:  # on the CPU, tests/ranks/test_oom.py runs an until_oom sweep (2 minutes of this profile, here)
+        check_q1_profile()
 
 
-def _check_live_roll_back() -> None:
+def check_live_roll_back() -> None:
     env = {**os.environ, "DDPTOP_STATE_DIR": str(OUT / "jobs")}
     if CPU:
         env["DDPTOP_TEST_MODEL"] = "oom-batch=4096"
@@ -282,7 +298,7 @@ def _check_live_roll_back() -> None:
         check("the job keeps the previous batch", after["config"]["batch_size"] == 128, f"status {after['config']}")
         fits = ctl("set", "batch_size=256")
         check("a batch that fits is applied after the trial step", fits.returncode == 0, fits.stdout.strip())
-        time.sleep(10)
+        time.sleep(2 if CPU else 10)  # on a GPU: NVML samples (every 0.5 s) well after the roll-back
         ctl("stop")
         out, err = job.communicate(timeout=120)
     finally:
@@ -304,7 +320,7 @@ def _check_live_roll_back() -> None:
                   f"process GPU memory before {before / 2**30:.2f} GiB, after {min(later, default=0) / 2**30:.2f} GiB")
 
 
-def _check_q1_profile() -> None:
+def check_q1_profile() -> None:
     db = fresh("q1.db")
     env = {"DDPTOP_TEST_MODEL": "oom-batch=2048"} if CPU else {}
     args = ["--backend", "gloo", "--model", "tiny", "--synthetic-size", "4096"] if CPU else []

@@ -1,4 +1,5 @@
-"""Makes the shared test helpers (jobs.py, labs.py, the CLI helpers) importable from every test folder."""
+"""Makes the shared test helpers (jobs.py, labs.py, the CLI helpers) importable from every test folder; marks the
+tests that run alone; under CI=true turns a skip into a failure."""
 
 from __future__ import annotations
 
@@ -9,9 +10,20 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import pytest  # noqa: E402
 
+from skips import ci_failure  # noqa: E402
+
 # Tests whose assertions are about time, link rates or CPU shares: `make test` runs them on their own, after the
 # rest has run two at a time (pytest-xdist), so that no other test competes with them for the two cores.
 ALONE = ("tests/lab/", "tests/ranks/test_timing_truth.py", "tests/tui/test_e2e_tmux.py")
+
+
+def _skip_to_failure(report, path: str) -> None:
+    """Under CI=true, a skip that skips.py does not allow becomes a failure with its reason (one line)."""
+    if report.skipped and not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        line = ci_failure(path, reason)
+        if line:
+            report.outcome, report.longrepr = "failed", line
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,6 +32,18 @@ def pytest_collection_modifyitems(config, items):
         path = os.path.relpath(str(item.path), root)
         if path.startswith(ALONE):
             item.add_marker(pytest.mark.alone)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _skip_to_failure(outcome.get_result(), os.path.relpath(str(item.path), str(item.config.rootpath)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield  # a module that skips itself as a whole (pytest.skip(allow_module_level=True), importorskip)
+    _skip_to_failure(outcome.get_result(), os.path.relpath(str(collector.path), str(collector.config.rootpath)))
 
 
 @pytest.fixture(scope="session", autouse=True)
