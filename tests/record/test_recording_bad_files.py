@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,7 @@ from ddptop.cli.recordings import reading
 from ddptop.record.sqlite import RecordingWriter, base_meta
 
 PAGE = 4096
+REPO = Path(__file__).resolve().parents[2]
 
 
 def commands(path: str, tmp_path) -> list[list[str]]:
@@ -113,12 +117,27 @@ def test_a_damaged_event_inside_is_refused_when_read(recording, tmp_path, capsys
     assert_refused(run_all(path, tmp_path, capsys)[1:], "damaged", "expected a number")  # info reads no losses
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file")
-def test_unreadable_file(recording, tmp_path, capsys):
-    path = tmp_path / "secret.db"
-    path.write_bytes(open(recording, "rb").read())
-    path.chmod(0)
-    assert_refused(run_all(str(path), tmp_path, capsys), "cannot read")
+# root reads every file: as root, the commands run as the user nobody (util-linux's setpriv), who may enter the folder
+# but not read the file (mode 0)
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if os.geteuid() == 0 else []
+
+
+@pytest.mark.skipif(bool(AS_NOBODY) and shutil.which("setpriv") is None,
+                    reason="setpriv is not installed (apt-get install util-linux): root reads every file")
+def test_unreadable_file(recording):
+    folder = Path(tempfile.mkdtemp(prefix="ddptop-unreadable-"))  # pytest's tmp_path is root's own (0700)
+    try:
+        folder.chmod(0o755)
+        path = folder / "secret.db"
+        path.write_bytes(open(recording, "rb").read())
+        path.chmod(0)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(folder)}
+        results = [subprocess.run([*AS_NOBODY, sys.executable, "-m", "ddptop", *argv], capture_output=True, text=True,
+                                  timeout=60, env=env, cwd=folder) for argv in commands(str(path), folder)]
+        assert_refused([(r.returncode, r.stderr) for r in results], f"cannot read {path}: Permission denied")
+        assert path.read_bytes() == open(recording, "rb").read()  # refused, and never changed
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_zeroed_pages(original, tmp_path, capsys):
