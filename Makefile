@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench clean
+.PHONY: run deps test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -13,9 +13,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/ddptop $(ARGS)
 
+# The commands the tests run besides Python (tmux, iproute2, setpriv, ...): installed as root when missing, else named.
+deps:
+	bash scripts/ci-deps.sh
+
 # Two phases: most tests two at a time (a file per worker, so module fixtures run once), then the tests that
 # measure time, rates or CPU shares on a machine that runs nothing else. Exit code 5: nothing of that phase selected.
-test: $(STAMP)
+test: deps $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -q -p no:xdist -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
