@@ -22,6 +22,6 @@ def test_gpu_check_runs_every_check_on_the_cpu_and_each_passes(what, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OUT": str(tmp_path)}
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", what, "--cpu"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=240)
-    passed = [line.split(":")[0].removeprefix("PASS ") for line in done.stdout.splitlines() if line.startswith("PASS")]
+    passed = [line[5:].split(": ")[0] for line in done.stdout.splitlines() if line.startswith("PASS")]
     assert done.returncode == 0 and done.stdout.rstrip().endswith("0 failed: none"), done.stdout + done.stderr
     assert sorted(passed) == sorted(SEEN[what]), done.stdout
