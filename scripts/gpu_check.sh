@@ -4,7 +4,8 @@
 #   scripts/gpu_check.sh oom             a real CUDA out-of-memory: ctl set rolls back; the hpml-lab4-q1 profile
 #   scripts/gpu_check.sh bench           plain torch vs --probes off vs all on VGG-11 and ResNet-18 (GPU), then
 #                                        the repository's CPU benchmarks
-#   scripts/gpu_check.sh suite [ARGS]    the test suite (tests/tui is left out when textual is not installed)
+#   scripts/gpu_check.sh suite [ARGS]    the test suite, tests/gpu (these checks as tests) included; tests/tui is
+#                                        left out when textual is not installed
 # Logs and recordings go to $OUT (default /tmp/ddptop-gpu). Wheels in .whl/ (see README) are installed first.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
