@@ -151,7 +151,8 @@ def _how(p: multiprocessing.Process) -> str:
 
 def _say_ended(rdv: Rendezvous, options: WorkerOptions, job: "LocalJob") -> None:
     """Tell a `ddptop ctl` waiting on a request how the job ended (keys.ENDED, sealed like rank 0's answers) and
-    keep the store up ENDED_LINGER_S for it to read, when the job took any request; nothing when it cannot."""
+    keep the store up ENDED_LINGER_S for it to read, when the job took any request and was not stopped at the
+    front; nothing when it cannot."""
     if job.keys is None:
         return
     from ddptop.control import keys
@@ -162,8 +163,8 @@ def _say_ended(rdv: Rendezvous, options: WorkerOptions, job: "LocalJob") -> None
         view = _view(rdv, options, job.keys)
         view.set(keys.ENDED, seal_json(job.keys.control, keys.CTX_ENDED,
                                        {"lost": lost, "why": why, "code": job.exit_code()}))
-        if view.add(keys.CTL_SEQ, 0) > 0:
-            time.sleep(ENDED_LINGER_S)
+        if not job.stopped and view.add(keys.CTL_SEQ, 0) > 0:  # a stop at the front (Ctrl-C, SIGTERM, q) ends
+            time.sleep(ENDED_LINGER_S)  # at once, as before: a `ctl` waiting then says the job went away (exit 5)
     except (Exception, KeyboardInterrupt):  # a store gone with a failure of its own (a waiting client says it
         # lost the job), or a second Ctrl-C: it ends the wait, never the exit
         pass
