@@ -73,8 +73,8 @@ CTL_OPS = {"status": "the job's step, config in force and each rank's recent ste
 def ctl_parser() -> argparse.ArgumentParser:
     p = Parser(prog="ddptop ctl", description="Control a running ddptop job from a shell.",
                 epilog="operations:\n" + "\n".join(f"  {op:<8} {what}" for op, what in CTL_OPS.items()) +
-                "\n\nexit codes: 0 done, 1 refused by the job (wrong token, rank 0 said no, not applied in time), "
-                "2 bad input, 4 no job there",
+                "\n\nexit codes: 0 done, 1 refused by the job (wrong token, rank 0 said no, not applied in time or before "
+                "the job ended), 2 bad input, 4 no job there, 5 a rank lost (or the job gone) while a request waited",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_job_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")

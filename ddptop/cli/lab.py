@@ -17,6 +17,7 @@ from typing import Sequence
 from ddptop.cli.parser import Parser
 from ddptop.cli.run import config_from_args, parse_run_args
 from ddptop.errors import UsageError
+from ddptop.lab.capacity import check_fits
 from ddptop.lab.cluster import DEFAULT_SUBNET, Lab, machine_cores
 from ddptop.lab.links import parse_link
 from ddptop.lab.profile import LabSettings, Run, lab_settings
@@ -136,7 +137,8 @@ def make_plan(args, run_argv: list[str]) -> Plan:
     nodes = max(r.nodes for r in runs)
     link = parse_link(args.link or settings.link or "1gbit")
     cpus = _cpus(args.cpus_per_node or settings.cpus_per_node, nodes)
-    config_from_args(run_args, profile)  # the run configuration's own checks (batch size, strategy, ...)
+    cfg = config_from_args(run_args, profile)  # the run configuration's own checks (batch size, strategy, ...)
+    check_fits(nodes, cpus, cfg.model, machine_cores())
     lab = Lab(nodes, link, cpus, args.subnet)
     records, report = _records(args, run_args, runs, profile["name"] if profile else "lab")
     warmup = profile["warmup"] if profile and profile["sweep"] else 1

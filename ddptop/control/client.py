@@ -18,14 +18,20 @@ from ddptop.control import keys, litestore
 from ddptop.control.auth import BadValue, JobKeys, namespace, token_bytes
 from ddptop.control.commands import apply_changes, make_request, open_json, who_am_i
 from ddptop.control.token import TOKEN_ENV, check_token, find_job
-from ddptop.errors import DdptopError, RendezvousError, UsageError
+from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
 
 MAX_WORLD_SIZE = 65536
 STATUS_WAIT_S = 2.0  # rank 0 rewrites its status every 0.5 s: a bad or missing one is retried this long
+POLL_S = 0.05  # a waiting request reads its answer and the job's last word this often (the front keeps its
+# store ENDED_LINGER_S = 1 s after writing that word: ~20 reads)
 
 
 class ControlError(DdptopError):
     exit_code = 1
+
+
+class JobEnded(ControlError):
+    """The job finished or was stopped while a request waited: it was never applied (exit 1, README)."""
 
 
 class ControlClient:
@@ -113,11 +119,40 @@ class ControlClient:
         return request_id
 
     def response(self, request_id: int, timeout_s: float = 10.0) -> dict[str, Any]:
+        return self._await(request_id, time.monotonic() + timeout_s, lambda answer: True,
+                           f"rank 0 did not answer within {timeout_s:g} s")
+
+    def _await(self, request_id: int, deadline: float, done, late: str) -> dict[str, Any]:
+        """Rank 0's answer once `done(answer)`. A wait that ends otherwise says how in one line, with README's code:
+        the job's word that it ended (a rank lost: PeerLost, 5; finished or stopped: JobEnded, 1), its store gone
+        without a word (PeerLost, 5), or `deadline` passed (ControlError, 1)."""
         try:
-            self.store.wait([keys.ctl_response(request_id)], timedelta(seconds=timeout_s))
-        except Exception:
-            raise ControlError(f"rank 0 did not answer within {timeout_s:g} s") from None
-        return self._answer(request_id)
+            while True:
+                if self.store.check([keys.ctl_response(request_id)]):
+                    answer = self._answer(request_id)
+                    if done(answer):
+                        return answer
+                self._check_ended(request_id)
+                if time.monotonic() > deadline:
+                    raise ControlError(late)
+                time.sleep(POLL_S)
+        except OSError as exc:  # ConnectionError included: the store lives in the job's front process
+            raise PeerLost(f"the job at {self.master}:{self.port} went away while request {request_id} waited "
+                           f"({exc or type(exc).__name__})") from None
+
+    def _check_ended(self, request_id: int) -> None:
+        """The front's last word (keys.ENDED), once the job's ranks are gone: raised as the wait's outcome."""
+        if not self.store.check([keys.ENDED]):
+            return
+        try:
+            word = open_json(self.job.control, keys.CTX_ENDED, self.store.get(keys.ENDED), keys.MAX_SMALL_BYTES)
+        except BadValue as exc:
+            raise ControlError(f"the job's last word is refused ({exc}): the store holds a value ddptop did not write"
+                               ) from None
+        why = str(word.get("why", "?"))
+        if word.get("lost"):
+            raise PeerLost(f"a rank was lost while the request waited: {why}; request {request_id} was not applied")
+        raise JobEnded(f"the job ended ({why}) while request {request_id} waited: it was not applied")
 
     def _answer(self, request_id: int) -> dict[str, Any]:
         raw = self.store.get(keys.ctl_response(request_id))
@@ -131,17 +166,15 @@ class ControlClient:
         """Send and wait for rank 0's answer; for `set`, until every rank applied it (or `timeout_s`)."""
         request_id = self.request(op, changes)
         deadline = time.monotonic() + timeout_s
-        answer = self.response(request_id, timeout_s)
+        answer = self._await(request_id, deadline, lambda answer: True, f"rank 0 did not answer within {timeout_s:g} s")
         if not answer.get("ok"):
             raise ControlError(f"refused: {answer.get('error')}")
         accepted_step = answer.get("step")
-        while op == "set" and wait_applied and answer.get("state") != "applied":
+        if op == "set" and wait_applied:
+            answer = self._await(request_id, deadline, lambda a: a.get("state") in ("applied", "rolled back"),
+                                 f"request {request_id} accepted but not applied within {timeout_s:g} s")
             if answer.get("state") == "rolled back":  # a batch that did not fit: the job trains on as before
                 raise ControlError(str(answer.get("error")))
-            if time.monotonic() > deadline:
-                raise ControlError(f"request {request_id} accepted but not applied within {timeout_s:g} s")
-            time.sleep(0.05)
-            answer = self._answer(request_id)
         if op != "set" or not wait_applied or answer.get("state") == "applied":
             self.store.delete_key(keys.ctl_response(request_id))  # read for the last time
         return {"request_id": request_id, "accepted_step": accepted_step, **answer}

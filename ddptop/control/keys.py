@@ -40,6 +40,7 @@ def tel_batch(rank: int, seq: int) -> str:
 
 CTL_SEQ = "ctl/seq"  # store.add counter: the id of the newest control request
 STATUS = "ctl/status"  # rank 0's view, refreshed twice a second: step, config in force, segment, paused, job id
+ENDED = "front/ended"  # the front's last word once the ranks are gone ({"lost", "why", "code"}), sealed
 RECORDING = "front/recording"  # where the front records the job ({"path", "host"}; path "" when it does not), sealed
 
 
@@ -61,6 +62,7 @@ def heartbeat(rank: int) -> str:
 # (auth.seal binds the context into the MAC; both sides build it here, so a typo cannot refuse every value)
 CTX_STATUS = "status"  # rank 0's view under STATUS
 CTX_RECORDING = "recording"  # the front's word under RECORDING
+CTX_ENDED = "ended"  # the front's last word under ENDED
 CTX_VERDICT = "verdict"  # the join handshake's answer under VERDICT (sealed with the token when the job has one)
 
 

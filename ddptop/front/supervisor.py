@@ -23,6 +23,8 @@ from ddptop.train.worker import WorkerOptions, rank_entry
 
 GRACE_S = 15.0  # after one rank fails, the others get this long to notice before they are terminated
 STOP_WAIT_S = 20.0  # after a stop request, ranks get this long to finish their step and leave
+ENDED_LINGER_S = 1.0  # the store stays up this long after the front's last word when the job took control
+# requests: a `ddptop ctl` still waiting reads it every 0.05 s (client.POLL_S), ~20 chances on a busy machine
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,18 @@ class LocalJob:
             ended_by_stop = self.stopped and p.exitcode is not None and p.exitcode < 0  # our own terminate
             if p.exitcode not in (None, 0) and rank not in self._reported and not ended_by_stop:
                 self._reported.add(rank)
-                how = f"killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
-                out.append(RankLost(rank, -1, f"process {p.pid} {how}", time.time()))
+                out.append(RankLost(rank, -1, _how(p), time.time()))
         return out
+
+    def outcome(self) -> tuple[bool, str]:
+        """(a rank was lost, why), once the ranks ended: the front's last word to a `ddptop ctl` still waiting."""
+        ended = sorted(((p.exitcode >= 0, rank, p) for rank, p in zip(self.ranks, self.procs)  # killed ones first:
+                        if p.exitcode not in (None, 0) and not (self.stopped and p.exitcode < 0)),  # the others
+                       key=lambda e: e[:2])  # exit with code 5 because of them
+        failed = [f"rank {rank} {_how(p)}" for _, rank, p in ended]
+        if failed and not (self.stopped and not self._failed_before_stop):
+            return True, "; ".join(failed)
+        return False, "stopped" if self.stopped else "its ranks finished: their steps done, or a stop request"
 
     def alive(self) -> bool:
         return any(p.is_alive() for p in self.procs)
@@ -128,8 +139,35 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         signal.signal(signal.SIGTERM, previous)
         if job is not None:
             job.terminate()
+            _say_ended(rdv, options, job)
             remove_job_file(rdv.master, rdv.port)
     return job.exit_code()
+
+
+def _how(p: multiprocessing.Process) -> str:
+    how = f"killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
+    return f"process {p.pid} {how}"
+
+
+def _say_ended(rdv: Rendezvous, options: WorkerOptions, job: "LocalJob") -> None:
+    """Tell a `ddptop ctl` waiting on a request how the job ended (keys.ENDED, sealed like rank 0's answers) and
+    keep the store up ENDED_LINGER_S for it to read, when the job took any request and was not stopped at the
+    front; nothing when it cannot."""
+    if job.keys is None:
+        return
+    from ddptop.control import keys
+    from ddptop.control.commands import seal_json
+
+    lost, why = job.outcome()
+    try:
+        view = _view(rdv, options, job.keys)
+        view.set(keys.ENDED, seal_json(job.keys.control, keys.CTX_ENDED,
+                                       {"lost": lost, "why": why, "code": job.exit_code()}))
+        if not job.stopped and view.add(keys.CTL_SEQ, 0) > 0:  # a stop at the front (Ctrl-C, SIGTERM, q) ends
+            time.sleep(ENDED_LINGER_S)  # at once, as before: a `ctl` waiting then says the job went away (exit 5)
+    except (Exception, KeyboardInterrupt):  # a store gone with a failure of its own (a waiting client says it
+        # lost the job), or a second Ctrl-C: it ends the wait, never the exit
+        pass
 
 
 def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> "LocalJob":
