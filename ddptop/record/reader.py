@@ -6,11 +6,13 @@ RecordingError with one line; nothing in a file is executed or unpickled (typed 
 
 from __future__ import annotations
 
+import errno
 import heapq
 import json
 import math
 import os
 import sqlite3
+import stat
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,21 +29,37 @@ DAMAGE = (sqlite3.DatabaseError, ValueError, OverflowError, RecursionError, Even
 
 
 def check_file(path: str) -> None:
-    """Refuse what is plainly not a recording before SQLite sees it."""
+    """Refuse what is plainly not a recording before SQLite sees it (a FIFO or a device would block or never end)."""
     if not os.path.lexists(path):
         raise RecordingError(f"no such recording: {path}")
-    if os.path.isdir(path):
-        raise RecordingError(f"{path} is a directory, not a recording")
     try:
-        with open(path, "rb") as f:
-            header = f.read(100)
+        # O_NONBLOCK: a FIFO swapped in after the check opens at once instead of waiting for a writer forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket, or a FIFO nobody writes to on some systems
+            raise RecordingError(f"{path} is {_kind(os.stat(path).st_mode)}, not a recording") from None
+        raise RecordingError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise RecordingError(f"{path} is {_kind(mode)}, not a recording")
+        header = os.pread(fd, 100, 0)
     except OSError as exc:
         raise RecordingError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if not header:
         raise RecordingError(f"{path} is empty: not a ddptop recording")
     if not header.startswith(SQLITE_MAGIC) or len(header) < 100:
         raise RecordingError(f"{path} is not a ddptop recording (not an SQLite file)")
     _check_length(path, header)
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
 
 
 def _check_length(path: str, header: bytes) -> None:
