@@ -7,10 +7,8 @@ import os
 import re
 import time
 
+from ddptop.config import DEFAULT_RUNS_DIR as DEFAULT_DIR, RUNS_DIR_ENV  # noqa: F401 (defined there for train)
 from ddptop.errors import UsageError
-
-RUNS_DIR_ENV = "DDPTOP_RUNS_DIR"  # the folder of default recordings (tests point it at a temporary one)
-DEFAULT_DIR = "ddptop-runs"
 
 
 def default_path(what: str, folder: str | None = None, now: float | None = None) -> str:

@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 
+from ddptop.config import DEFAULT_RUNS_DIR, RUNS_DIR_ENV
 from ddptop.errors import DdptopError, UsageError
 
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -81,10 +82,8 @@ def _write_new(path: str, data) -> None:
 
 def _keep(data, name: str) -> str:
     """Write the model where it can still go: the runs folder, else the temporary folder; say where."""
-    from ddptop.record.paths import DEFAULT_DIR, RUNS_DIR_ENV
-
     stem = f"ddptop-saved-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{name}"
-    for folder in (os.environ.get(RUNS_DIR_ENV) or DEFAULT_DIR, tempfile.gettempdir()):
+    for folder in (os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_DIR, tempfile.gettempdir()):
         kept = os.path.abspath(os.path.join(folder, stem))
         try:
             _write_new(kept, data)
