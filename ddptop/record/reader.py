@@ -13,6 +13,7 @@ import math
 import os
 import sqlite3
 import stat
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -82,10 +83,11 @@ class Recording:
         self.path = path
         self.db = db
         self.meta = meta
+        self.left_out: set[tuple[str, Any]] = set()  # (table, seq) of rows left out: a NULL, NaN or infinite number
         self.select = schema.select_for({table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
                                          for table in schema.TABLES})
         self.start, self.end = self._span()
-        first, last = self._one("SELECT min(step), max(step) FROM steps")
+        first, last = self._one(f"SELECT min(step), max(step) FROM steps WHERE {WHOLE_STEP}")
         self.first_step, self.last_step = (None, None) if first is None else (_int(first), _int(last))
 
     @classmethod
@@ -160,6 +162,9 @@ class Recording:
         buckets = self.meta.get("ddp_buckets") if isinstance(self.meta.get("ddp_buckets"), dict) else {}
         out = []
         for segment, step, at, config in self.query("SELECT segment, step, at, config FROM segments ORDER BY segment"):
+            if not (_whole(step) and _whole(segment) and isinstance(at, (int, float)) and math.isfinite(at)):
+                self.left_out.add(("segments", segment))  # a switch without a step or a time: left out, said
+                continue
             config = json.loads(config) if isinstance(config, str) else None
             out.append({"index": _int(segment), "step": _int(step), "t": max(0.0, _num(at) - self.start),
                         "config": config if isinstance(config, dict) else {}, "buckets": buckets.get(str(segment))})
@@ -198,7 +203,9 @@ class Recording:
         """Every event in the order it was recorded."""
         streams = [self._stream(table, f"{self.select[table]} ORDER BY seq") for table in schema.TABLES]
         for _seq, table, row in heapq.merge(*streams):
-            yield self._decode(table, row)
+            event = self._decode(table, row)
+            if event is not None:
+                yield event
 
     def between(self, lo: float, hi: float) -> list[Event]:
         """Events with lo < at ≤ hi (playback clock), in recorded order."""
@@ -232,7 +239,7 @@ class Recording:
         """StepDone (or StepSpans with table="spans") of steps first ≤ step < stop, in recorded order."""
         lo, hi = -(1 << 62) if first is None else first, (1 << 62) if stop is None else stop
         sql = f"{self.select[table]} WHERE step >= ? AND step < ? ORDER BY seq"
-        return (self._decode(table, row) for _seq, table, row in self._stream(table, sql, (lo, hi)))
+        return _kept(self._decode(table, row) for _seq, table, row in self._stream(table, sql, (lo, hi)))
 
     def system_events(self, first: int | None = None, stop: int | None = None) -> Iterator[Event]:
         """System samples, all or those taken while steps first ≤ step < stop ran."""
@@ -242,12 +249,12 @@ class Recording:
                                (-(1 << 62) if first is None else first, (1 << 62) if stop is None else stop))
             lo, hi = (0.0, -1.0) if window[0] is None else window
         sql = f"{self.select['system']} WHERE at >= ? AND at <= ? ORDER BY seq"
-        return (self._decode(t, row) for _seq, t, row in self._stream("system", sql, (lo, hi)))
+        return _kept(self._decode(t, row) for _seq, t, row in self._stream("system", sql, (lo, hi)))
 
     def _merged(self, queries: dict[str, tuple[str, tuple]]) -> list[Event]:
         rows = [(row[0], table, row) for table, (sql, args) in queries.items() for row in self.query(sql, args)]
         rows.sort(key=lambda r: r[0])
-        return [self._decode(table, row) for _seq, table, row in rows]
+        return list(_kept(self._decode(table, row) for _seq, table, row in rows))
 
     def _stream(self, table: str, sql: str, args: tuple = ()) -> Iterator[tuple]:
         try:
@@ -256,16 +263,30 @@ class Recording:
         except DAMAGE as exc:
             raise damaged(self.path, exc) from None
 
-    def _decode(self, table: str, row: tuple) -> Event:
+    def _decode(self, table: str, row: tuple) -> Event | None:
+        """The row's event; None for a row left out (a NULL, NaN or infinite number: `left_out` counts it)."""
         try:
+            _finite_at(row[1])  # the playback clock places the row: without it the row has no place
             return schema.decode_row(table, row)
+        except schema.BadNumber:
+            self.left_out.add((table, row[0]))
+            return None
         except DAMAGE as exc:
             raise damaged(self.path, exc) from None
+
+    def left_out_line(self) -> str:
+        """What the reader left out of this file, in words ('' when nothing)."""
+        if not self.left_out:
+            return ""
+        tables = Counter(table for table, _seq in self.left_out)
+        return (f"left out {len(self.left_out)} row{'s' if len(self.left_out) != 1 else ''} holding a NULL, NaN or "
+                f"infinite number where ddptop writes a finite one ({', '.join(f'{t}: {n}' for t, n in tables.items())})")
 
     def _span(self) -> tuple[float, float]:
         lows, highs = [], []
         for table in schema.TABLES:
-            lo, hi = self._one(f"SELECT min(at), max(at) FROM {table}")
+            # rows with an infinite `at` are left out when read; NULLs are not counted by min/max
+            lo, hi = self._one(f"SELECT min(at), max(at) FROM {table} WHERE abs(at) <= {FINITE_MAX}")
             if lo is not None:
                 lows.append(_num(lo))
                 highs.append(_num(hi))
@@ -302,6 +323,23 @@ def _read_meta(db: sqlite3.Connection, path: str) -> dict[str, Any]:
     for table in schema.TABLES:  # a file with our meta but missing tables is damaged, not empty
         db.execute(f"SELECT seq, at FROM {table} LIMIT 0")
     return meta
+
+
+WHOLE_STEP = "typeof(step) = 'integer' AND typeof(rank) = 'integer'"  # rows the reader keeps (NULL, inf: left out)
+FINITE_MAX = 1.7976931348623157e308  # the largest finite double: SQL's abs(at) <= it keeps NULL and ±inf out
+
+
+def _finite_at(value: Any) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        raise schema.BadNumber(f"a row's time is not a finite number ({value!r})")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kept(events) -> Iterator[Event]:
+    return (e for e in events if e is not None)
 
 
 def _num(value: Any) -> float:
