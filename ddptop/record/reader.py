@@ -37,8 +37,8 @@ def check_file(path: str) -> None:
         # O_NONBLOCK: a FIFO swapped in after the check opens at once instead of waiting for a writer forever
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a socket, or a FIFO nobody writes to on some systems
-            raise RecordingError(f"{path} is {_kind(os.stat(path).st_mode)}, not a recording") from None
+        if exc.errno == errno.ENXIO:  # a socket, or a device without its driver: open(2) refuses them so
+            raise RecordingError(f"{path} is {_kind_of(path)}, not a recording") from None
         raise RecordingError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         mode = os.fstat(fd).st_mode
@@ -54,6 +54,13 @@ def check_file(path: str) -> None:
     if not header.startswith(SQLITE_MAGIC) or len(header) < 100:
         raise RecordingError(f"{path} is not a ddptop recording (not an SQLite file)")
     _check_length(path, header)
+
+
+def _kind_of(path: str) -> str:
+    try:
+        return _kind(os.stat(path).st_mode)
+    except OSError:
+        return "not a regular file"
 
 
 def _kind(mode: int) -> str:
