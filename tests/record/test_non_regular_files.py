@@ -44,7 +44,8 @@ def odd_file(request, tmp_path):
 
 def test_every_command_refuses_a_file_that_is_not_a_regular_one(odd_file, tmp_path):
     path, words = odd_file
-    for argv in commands(path, tmp_path):
+    # every command on the FIFO (the one that hung); `info` (the check they all share) on the rest
+    for argv in commands(path, tmp_path)[:None if words.endswith("(FIFO)") else 1]:
         try:
             run = subprocess.run([sys.executable, "-m", "ddptop", *argv], capture_output=True, text=True, timeout=20)
         except subprocess.TimeoutExpired:
