@@ -83,7 +83,8 @@ def closing_lines(path: str, steps: int, ranks: int) -> list[str]:
     if held <= 0:
         return [f"recorded no training steps to {path}" + (f" (the run trained {steps})" if steps > 0 else "")]
     short = f" (the run trained {steps}: the file stops early)" if held < steps else ""
-    return [f"recorded {held} step{'s' if held != 1 else ''} of {held_ranks} rank{'s' if held_ranks != 1 else ''} to {path}{short}",
+    return [f"recorded {held} step{'s' if held != 1 else ''} of {held_ranks} rank{'s' if held_ranks != 1 else ''} "
+            f"to {path}{short}",
             f"  make a report: ddptop report {path} -o {report_dir(path)}"]
 
 

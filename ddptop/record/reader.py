@@ -285,9 +285,9 @@ class Recording:
         """What the reader left out of this file, in words ('' when nothing)."""
         if not self.left_out:
             return ""
-        tables = Counter(table for table, _seq in self.left_out)
+        tables = ", ".join(f"{t}: {n}" for t, n in Counter(table for table, _seq in self.left_out).items())
         return (f"left out {len(self.left_out)} row{'s' if len(self.left_out) != 1 else ''} holding a NULL, NaN or "
-                f"infinite number where ddptop writes a finite one ({', '.join(f'{t}: {n}' for t, n in tables.items())})")
+                f"infinite number where ddptop writes a finite one ({tables})")
 
     def _span(self) -> tuple[float, float]:
         lows, highs = [], []
