@@ -9,6 +9,9 @@ from typing import Any
 
 from ddptop.errors import UsageError
 
+RUNS_DIR_ENV = "DDPTOP_RUNS_DIR"  # the folder of default recordings (tests point it at a temporary one)
+DEFAULT_RUNS_DIR = "ddptop-runs"  # also where a --save that failed at the end keeps the model (train.save)
+
 STRATEGIES = ("single", "gather-scatter", "allreduce", "ddp")
 MODELS = ("vgg11", "resnet18", "tiny")
 DATASETS = ("synthetic", "cifar10", "mnist")

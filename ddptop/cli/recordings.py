@@ -25,6 +25,7 @@ def reading(path: str, check: bool = True) -> Iterator[Recording]:
             from ddptop.record.info import check_all
 
             check_all(rec)
+            left_out(rec)
         yield rec
     except (RecordingError, UsageError):
         raise
@@ -34,6 +35,13 @@ def reading(path: str, check: bool = True) -> Iterator[Recording]:
         raise damaged(path, exc) from None
     finally:
         rec.close()
+
+
+def left_out(rec: Recording) -> None:
+    """One line for rows the reader left out (NULL, NaN or infinite numbers): the rest is shown, and that is said."""
+    line = rec.left_out_line()
+    if line:
+        print(f"ddptop: {rec.path}: {line}", file=sys.stderr)
 
 
 def cmd_info(argv: Sequence[str]) -> int:

@@ -134,15 +134,10 @@ def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> R
 
 
 def _save_path(path: str | None) -> str:
-    """--save FILE: checked before any rank starts (an existing file is never overwritten)."""
-    if not path:
-        return ""
-    full = os.path.abspath(path)
-    if os.path.lexists(full):
-        raise UsageError(f"--save {path}: the file exists; remove it or save to another file")
-    if not os.path.isdir(os.path.dirname(full)):
-        raise UsageError(f"--save {path}: no folder {os.path.dirname(full)}")
-    return full
+    """--save FILE: checked before any rank starts (an existing file is never overwritten; the folder takes a file)."""
+    from ddptop.train.save import check_target
+
+    return check_target(path) if path else ""
 
 
 def cmd_run(argv: Sequence[str]) -> int:

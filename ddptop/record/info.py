@@ -9,7 +9,7 @@ from typing import Any
 
 from ddptop.metrics import table_rows, tables
 from ddptop.events import LogLine, ModelsDiverged, RunFinished
-from ddptop.record.reader import Recording, damaged
+from ddptop.record.reader import WHOLE_STEP, Recording, damaged
 from ddptop.safe import clean
 
 
@@ -63,6 +63,7 @@ def check_all(rec: Recording) -> None:
     check_integrity(rec)
     for _ in rec.events():
         pass
+    rec.segments()  # its rows too: what it leaves out is said before anything is shown
 
 
 def verdict(rec: Recording, gone: dict[int, int] | None = None) -> list[str]:
@@ -106,14 +107,16 @@ def missing_steps(rec: Recording) -> list[str]:
     recorded one up to the count its RunFinished reported."""
     finished = {e.rank: e.steps for (blob,) in rec.query("SELECT data FROM events WHERE kind = 'run_finished'")
                 for e in [_decode(rec, blob)]}
-    recorded = {rank: (lo, hi) for rank, lo, hi in rec.query("SELECT rank, min(step), max(step) FROM steps GROUP BY rank")}
+    recorded = {rank: (lo, hi) for rank, lo, hi in rec.query(f"SELECT rank, min(step), max(step) FROM steps WHERE "
+                                                                 f"{WHOLE_STEP} GROUP BY rank")}
     out = []
     for rank in sorted(set(recorded) | set(finished)):
         lo, hi = recorded.get(rank, (None, None))
         ranges = [] if lo is None or lo == 0 else [(0, lo - 1)]
         if lo is not None:
             ranges += rec.query("SELECT step + 1, nxt - 1 FROM (SELECT step, lead(step) OVER (ORDER BY step) AS nxt "
-                                "FROM (SELECT DISTINCT step FROM steps WHERE rank = ?)) WHERE nxt > step + 1", (rank,))
+                                f"FROM (SELECT DISTINCT step FROM steps WHERE rank = ? AND {WHOLE_STEP})) "
+                                "WHERE nxt > step + 1", (rank,))
         last = -1 if hi is None else hi
         if rank in finished and finished[rank] - 1 > last:
             ranges.append((last + 1, finished[rank] - 1))

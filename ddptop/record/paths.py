@@ -7,10 +7,8 @@ import os
 import re
 import time
 
+from ddptop.config import DEFAULT_RUNS_DIR as DEFAULT_DIR, RUNS_DIR_ENV  # noqa: F401 (defined there for train)
 from ddptop.errors import UsageError
-
-RUNS_DIR_ENV = "DDPTOP_RUNS_DIR"  # the folder of default recordings (tests point it at a temporary one)
-DEFAULT_DIR = "ddptop-runs"
 
 
 def default_path(what: str, folder: str | None = None, now: float | None = None) -> str:
@@ -76,9 +74,28 @@ def report_dir(path: str) -> str:
 
 
 def closing_lines(path: str, steps: int, ranks: int) -> list[str]:
-    """What a run prints when it ends: where its recording is and what to do with it."""
+    """What a run prints when it ends: where its recording is, what the FILE holds (counted there: after a full disk
+    it holds fewer steps than the run trained), and what to do with it."""
+    held, held_ranks, why = file_steps(path)
     path = shown(path)
-    if steps <= 0:
-        return [f"recorded no training steps to {path}"]
-    return [f"recorded {steps} steps of {ranks} rank{'s' if ranks != 1 else ''} to {path}",
+    if why:
+        return [f"recorded to {path}, which cannot be read: {why}"]
+    if held <= 0:
+        return [f"recorded no training steps to {path}" + (f" (the run trained {steps})" if steps > 0 else "")]
+    short = f" (the run trained {steps}: the file stops early)" if held < steps else ""
+    return [f"recorded {held} step{'s' if held != 1 else ''} of {held_ranks} rank{'s' if held_ranks != 1 else ''} "
+            f"to {path}{short}",
             f"  make a report: ddptop report {path} -o {report_dir(path)}"]
+
+
+def file_steps(path: str) -> tuple[int, int, str]:
+    """(steps, ranks) the recording at `path` holds, counted in the file; or a reason it cannot be read."""
+    from ddptop.errors import DdptopError
+    from ddptop.record.reader import Recording
+
+    try:
+        with Recording.open(path) as rec:
+            steps, ranks = rec.query("SELECT count(DISTINCT step), count(DISTINCT rank) FROM steps")[0]
+    except DdptopError as exc:
+        return 0, 0, str(exc)
+    return steps, ranks, ""

@@ -6,11 +6,14 @@ RecordingError with one line; nothing in a file is executed or unpickled (typed 
 
 from __future__ import annotations
 
+import errno
 import heapq
 import json
 import math
 import os
 import sqlite3
+import stat
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,21 +30,44 @@ DAMAGE = (sqlite3.DatabaseError, ValueError, OverflowError, RecursionError, Even
 
 
 def check_file(path: str) -> None:
-    """Refuse what is plainly not a recording before SQLite sees it."""
+    """Refuse what is plainly not a recording before SQLite sees it (a FIFO or a device would block or never end)."""
     if not os.path.lexists(path):
         raise RecordingError(f"no such recording: {path}")
-    if os.path.isdir(path):
-        raise RecordingError(f"{path} is a directory, not a recording")
     try:
-        with open(path, "rb") as f:
-            header = f.read(100)
+        # O_NONBLOCK: a FIFO swapped in after the check opens at once instead of waiting for a writer forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket, or a device without its driver: open(2) refuses them so
+            raise RecordingError(f"{path} is {_kind_of(path)}, not a recording") from None
+        raise RecordingError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise RecordingError(f"{path} is {_kind(mode)}, not a recording")
+        header = os.pread(fd, 100, 0)
     except OSError as exc:
         raise RecordingError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if not header:
         raise RecordingError(f"{path} is empty: not a ddptop recording")
     if not header.startswith(SQLITE_MAGIC) or len(header) < 100:
         raise RecordingError(f"{path} is not a ddptop recording (not an SQLite file)")
     _check_length(path, header)
+
+
+def _kind_of(path: str) -> str:
+    try:
+        return _kind(os.stat(path).st_mode)
+    except OSError:
+        return "not a regular file"
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
 
 
 def _check_length(path: str, header: bytes) -> None:
@@ -64,10 +90,11 @@ class Recording:
         self.path = path
         self.db = db
         self.meta = meta
+        self.left_out: set[tuple[str, Any]] = set()  # (table, seq) of rows left out: a NULL, NaN or infinite number
         self.select = schema.select_for({table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
                                          for table in schema.TABLES})
         self.start, self.end = self._span()
-        first, last = self._one("SELECT min(step), max(step) FROM steps")
+        first, last = self._one(f"SELECT min(step), max(step) FROM steps WHERE {WHOLE_STEP}")
         self.first_step, self.last_step = (None, None) if first is None else (_int(first), _int(last))
 
     @classmethod
@@ -142,6 +169,9 @@ class Recording:
         buckets = self.meta.get("ddp_buckets") if isinstance(self.meta.get("ddp_buckets"), dict) else {}
         out = []
         for segment, step, at, config in self.query("SELECT segment, step, at, config FROM segments ORDER BY segment"):
+            if not (_whole(step) and _whole(segment) and isinstance(at, (int, float)) and math.isfinite(at)):
+                self.left_out.add(("segments", segment))  # a switch without a step or a time: left out, said
+                continue
             config = json.loads(config) if isinstance(config, str) else None
             out.append({"index": _int(segment), "step": _int(step), "t": max(0.0, _num(at) - self.start),
                         "config": config if isinstance(config, dict) else {}, "buckets": buckets.get(str(segment))})
@@ -180,7 +210,9 @@ class Recording:
         """Every event in the order it was recorded."""
         streams = [self._stream(table, f"{self.select[table]} ORDER BY seq") for table in schema.TABLES]
         for _seq, table, row in heapq.merge(*streams):
-            yield self._decode(table, row)
+            event = self._decode(table, row)
+            if event is not None:
+                yield event
 
     def between(self, lo: float, hi: float) -> list[Event]:
         """Events with lo < at ≤ hi (playback clock), in recorded order."""
@@ -214,7 +246,7 @@ class Recording:
         """StepDone (or StepSpans with table="spans") of steps first ≤ step < stop, in recorded order."""
         lo, hi = -(1 << 62) if first is None else first, (1 << 62) if stop is None else stop
         sql = f"{self.select[table]} WHERE step >= ? AND step < ? ORDER BY seq"
-        return (self._decode(table, row) for _seq, table, row in self._stream(table, sql, (lo, hi)))
+        return _kept(self._decode(table, row) for _seq, table, row in self._stream(table, sql, (lo, hi)))
 
     def system_events(self, first: int | None = None, stop: int | None = None) -> Iterator[Event]:
         """System samples, all or those taken while steps first ≤ step < stop ran."""
@@ -224,12 +256,12 @@ class Recording:
                                (-(1 << 62) if first is None else first, (1 << 62) if stop is None else stop))
             lo, hi = (0.0, -1.0) if window[0] is None else window
         sql = f"{self.select['system']} WHERE at >= ? AND at <= ? ORDER BY seq"
-        return (self._decode(t, row) for _seq, t, row in self._stream("system", sql, (lo, hi)))
+        return _kept(self._decode(t, row) for _seq, t, row in self._stream("system", sql, (lo, hi)))
 
     def _merged(self, queries: dict[str, tuple[str, tuple]]) -> list[Event]:
         rows = [(row[0], table, row) for table, (sql, args) in queries.items() for row in self.query(sql, args)]
         rows.sort(key=lambda r: r[0])
-        return [self._decode(table, row) for _seq, table, row in rows]
+        return list(_kept(self._decode(table, row) for _seq, table, row in rows))
 
     def _stream(self, table: str, sql: str, args: tuple = ()) -> Iterator[tuple]:
         try:
@@ -238,16 +270,30 @@ class Recording:
         except DAMAGE as exc:
             raise damaged(self.path, exc) from None
 
-    def _decode(self, table: str, row: tuple) -> Event:
+    def _decode(self, table: str, row: tuple) -> Event | None:
+        """The row's event; None for a row left out (a NULL, NaN or infinite number: `left_out` counts it)."""
         try:
+            _finite_at(row[1])  # the playback clock places the row: without it the row has no place
             return schema.decode_row(table, row)
+        except schema.BadNumber:
+            self.left_out.add((table, row[0]))
+            return None
         except DAMAGE as exc:
             raise damaged(self.path, exc) from None
+
+    def left_out_line(self) -> str:
+        """What the reader left out of this file, in words ('' when nothing)."""
+        if not self.left_out:
+            return ""
+        tables = ", ".join(f"{t}: {n}" for t, n in Counter(table for table, _seq in self.left_out).items())
+        return (f"left out {len(self.left_out)} row{'s' if len(self.left_out) != 1 else ''} holding a NULL, NaN or "
+                f"infinite number where ddptop writes a finite one ({tables})")
 
     def _span(self) -> tuple[float, float]:
         lows, highs = [], []
         for table in schema.TABLES:
-            lo, hi = self._one(f"SELECT min(at), max(at) FROM {table}")
+            # rows with an infinite `at` are left out when read; NULLs are not counted by min/max
+            lo, hi = self._one(f"SELECT min(at), max(at) FROM {table} WHERE abs(at) <= {FINITE_MAX}")
             if lo is not None:
                 lows.append(_num(lo))
                 highs.append(_num(hi))
@@ -284,6 +330,23 @@ def _read_meta(db: sqlite3.Connection, path: str) -> dict[str, Any]:
     for table in schema.TABLES:  # a file with our meta but missing tables is damaged, not empty
         db.execute(f"SELECT seq, at FROM {table} LIMIT 0")
     return meta
+
+
+WHOLE_STEP = "typeof(step) = 'integer' AND typeof(rank) = 'integer'"  # rows the reader keeps (NULL, inf: left out)
+FINITE_MAX = 1.7976931348623157e308  # the largest finite double: SQL's abs(at) <= it keeps NULL and ±inf out
+
+
+def _finite_at(value: Any) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        raise schema.BadNumber(f"a row's time is not a finite number ({value!r})")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kept(events) -> Iterator[Event]:
+    return (e for e in events if e is not None)
 
 
 def _num(value: Any) -> float:

@@ -116,9 +116,32 @@ def _opt(check: Callable) -> Callable:
 
 _CHECKS = {"int": _int, "float": _float, "bool": _bool, "str": _str, "float | None": _opt(_float),
            "int | None": _opt(_int), "str | None": _opt(_str)}
-# SQLite stores NaN as NULL, so a NULL in a REAL column reads back as NaN (a diverged loss stays NaN)
-_COLUMN = {**_CHECKS, "float": lambda v: math.nan if v is None else _float(v)}
-_STEP_CHECKS = [_COLUMN[f.type] for f in dataclasses.fields(StepDone)]
+
+
+class BadNumber(EventDecodeError):
+    """A NULL, NaN or infinite value in a column where ddptop writes only finite numbers: the reader leaves that
+    one row out (and says so) instead of refusing the whole file."""
+
+
+def _finite(check: Callable, optional: bool = False) -> Callable:
+    def checked(v: Any) -> Any:
+        if v is None:
+            if optional:
+                return None
+            raise BadNumber("a number is missing (NULL or NaN)")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise BadNumber(f"a number is not finite ({v})")
+        return check(v)
+    return checked
+
+
+# a typed column of steps, spans or system: NULL (SQLite stores NaN as NULL), NaN and ±inf are BadNumber, except
+# where the field may be empty (`… | None`) and in LOSS_FIELDS
+_COLUMN = {**_CHECKS, "int": _finite(_int), "float": _finite(_float), "bool": _finite(_bool),
+           "float | None": _finite(_float, optional=True), "int | None": _finite(_int, optional=True)}
+LOSS_FIELDS = {"loss"}  # a diverged loss is NaN (stored as NULL) or infinite: a value worth showing, not damage
+_STEP_CHECKS = [(lambda v: math.nan if v is None else _float(v)) if f.name in LOSS_FIELDS else _COLUMN[f.type]
+                for f in dataclasses.fields(StepDone)]
 
 _NIC_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(NicStat)]
 _GPU_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(GpuStat)]
@@ -154,7 +177,8 @@ def decode_spans(row: tuple) -> StepSpans:
     if not isinstance(items, list):
         raise EventDecodeError("spans are not a list")
     spans = tuple(_span(s) for s in items)
-    return StepSpans(_int(rank), _int(step), _int(segment), _COLUMN["float"](t0), spans)
+    whole = _COLUMN["int"]
+    return StepSpans(whole(rank), whole(step), whole(segment), _COLUMN["float"](t0), spans)
 
 
 _NUMBER = (int, float)

@@ -15,15 +15,35 @@ img{max-width:100%}blockquote{border-left:4px solid #c44e52;background:#fff4f4;m
 code{background:#f3f3f3;padding:0 3px}pre{background:#f3f3f3;padding:.6em;overflow-x:auto}.what{color:#333}"""
 
 
+_CODE = re.compile(r"(?<!\\)`([^`]+?)(?<!\\)`")
+_SAFE_HREF = re.compile(r"(?i)(https?://|#|[^:/?#]*(?:[/?#]|$))")  # web links, anchors, relative paths; no scheme
+
+
 def _inline(text: str) -> str:
+    """Markdown's inline marks as HTML. Everything is escaped first; a code span's text is then set aside, so no
+    other mark applies inside it (a recorded command line `[x](javascript:…)` was a live link)."""
     out = html.escape(text, quote=False)
+    spans: list[str] = []
+
+    def keep(match: re.Match) -> str:
+        spans.append(match.group(1))
+        return f"\x00{len(spans) - 1}\x00"  # clean() strips control characters from every recorded text
+
+    out = _CODE.sub(keep, out)
     # markup only where its characters are not escaped (markdown.untrusted escapes what came from a recording)
-    out = re.sub(r"(?<!\\)`([^`]+?)(?<!\\)`", r"<code>\1</code>", out)
     out = re.sub(r"(?<!\\)\*\*(.+?)(?<!\\)\*\*", r"<b>\1</b>", out)
     out = re.sub(r"(?<!\\)\*([^*]+?)(?<!\\)\*", r"<i>\1</i>", out)
-    out = re.sub(r"(?<!\\)\[([^\]]+)(?<!\\)\]\(([^)\s]+)\)",
-                 lambda m: f'<a href="{html.escape(m.group(2))}">{m.group(1)}</a>', out)
-    return re.sub(r"\\(&lt;|&gt;|&amp;|[\\`*_\[\]|#])", r"\1", out)  # markdown's escapes (markdown.untrusted)
+    out = re.sub(r"(?<!\\)\[([^\]]+)(?<!\\)\]\(([^)\s\x00]+)\)", _link, out)
+    out = re.sub(r"\\(&lt;|&gt;|&amp;|[\\`*_\[\]|#])", r"\1", out)  # markdown's escapes (markdown.untrusted)
+    return re.sub("\x00(\\d+)\x00", lambda m: f"<code>{spans[int(m.group(1))]}</code>", out)
+
+
+def _link(match: re.Match) -> str:
+    """A link whose target has no scheme but http(s): `javascript:…` (a recording named so) stays a relative path."""
+    target = html.unescape(match.group(2))
+    if not _SAFE_HREF.match(target):
+        target = "./" + target
+    return f'<a href="{html.escape(target)}">{match.group(1)}</a>'
 
 
 def render(blocks: list[tuple], folder: Path, title: str) -> str:

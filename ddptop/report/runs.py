@@ -6,6 +6,7 @@ import datetime
 import hashlib
 import os
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,9 +70,14 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
             events = list(rec.events())
             config, meta, start, duration = rec.config, rec.meta, rec.start, rec.duration
             incomplete = verdict(rec)
+            rec.segments()  # the switches' rows: what the reader leaves out of them is said with the rest
         except DAMAGE as exc:
             raise damaged(path, exc) from None
         note_incomplete(rec)
+        left_out = rec.left_out_line()
+        if left_out:
+            print(f"ddptop report: {path}: {left_out}", file=sys.stderr)
+            incomplete.append(left_out + "; the figures and tables leave them out")
     used = metrics.warmup_for(config) if warmup is None else warmup
     buckets = meta.get("ddp_buckets") if isinstance(meta.get("ddp_buckets"), dict) else {}
     try:

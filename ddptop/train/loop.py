@@ -16,11 +16,12 @@ from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.agent import Decision
 from ddptop.events import ConfigApplied
 from ddptop.errors import UsageError
-from ddptop.events import EpochDone, OutOfMemory, RunFinished, RunStarted
+from ddptop.events import EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
 from ddptop.probes.own import now
 from ddptop.train.data import build_datasets, make_loader
 from ddptop.train.devices import check_strategy, loader_workers
 from ddptop.train.models import build_model, layer_param_counts, test_tweaks
+from ddptop.train.save import SaveFailed, save
 from ddptop.train.strategies import Strategy, build_strategy
 from ddptop.train.sync_state import broadcast_state, fingerprint, model_bytes
 
@@ -257,7 +258,12 @@ class Trainer:
         """The run's last word: the final fingerprint, and (`--save`) rank 0's model on disk."""
         print_ = fingerprint(self.model)
         if self.rank == 0 and self.cfg.save:
-            torch.save(self.model.state_dict(), self.cfg.save)
+            try:
+                save(self.model.state_dict(), self.cfg.save)
+            except SaveFailed as exc:
+                self.emit(LogLine(self.rank, "error", str(exc), time.time()))  # in the recording too
+                self.emit(RunFinished(self.rank, self.step, self.stop_reason, time.time(), fingerprint=print_))
+                raise
         self.emit(RunFinished(self.rank, self.step, self.stop_reason, time.time(), fingerprint=print_))
 
     def _evaluate(self, criterion: nn.Module) -> None:
