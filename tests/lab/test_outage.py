@@ -19,8 +19,10 @@ pytestmark = pytest.mark.skipif(bool(LAB_REFUSED), reason=LAB_REFUSED or "labs w
 # a heartbeat every second, read once a second: lost 2-4 s after the cable goes; back up then, TCP's backed-off
 # retransmission resumes the waiting collective by ~6.2 s after the cut, well inside 10 s
 LOST_AFTER_S, COLLECTIVE_S = 2, 10
-ARGS = ["--nodes", "2", "--link", "100mbit", "--headless", "--model", "tiny", "--batch-size", "16",
-        "--synthetic-size", "1280", "--no-eval", "--log-every", "1", "--steps", "100000",
+# `single`: the only collective of a step is the step-boundary exchange on ddptop's control group, the one whose
+# timeout was torch's 30 min (new_group's default) whatever the job's; the gradient collectives always had it
+ARGS = ["--nodes", "2", "--link", "100mbit", "--headless", "--model", "tiny", "--strategy", "single",
+        "--batch-size", "16", "--synthetic-size", "1280", "--no-eval", "--log-every", "1", "--steps", "100000",
         "--lost-after", str(LOST_AFTER_S), "--collective-timeout", str(COLLECTIVE_S)]
 
 
