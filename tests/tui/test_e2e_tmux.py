@@ -1,7 +1,7 @@
 """End to end, as a user: the real app with 2 local ranks in tmux; change the bucket size, the batch size and the
-strategy in the controls, read their effect in the overview's segment table, quit with q. The recording the screen
-named exists, says both ranks switched at the same step each time with the same model, ran the buckets and batches
-asked for, and `ddptop report` makes a report of it; no process of the run is left.
+strategy in the controls, read their effect in the overview's segment table, pause and resume with space, quit with
+q. The recording the screen named exists, says both ranks switched (and paused) at the same step each time with the
+same model, ran the buckets and batches asked for, and `ddptop report` makes a report of it; no process is left.
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
         _apply(name, ["Tab", *clear, "0.02", "Enter"], 1)  # bucket MB 25 → 0.02
         _apply(name, ["Tab", "Tab", *clear, "8", "Enter"], 2)  # → async → batch: 16 → 8
         _apply(name, [*["BTab"] * 3, "Enter", "Up", "Enter", *["Tab"] * 6, "Enter"], 3)  # ddp → allreduce, Apply
+        _tmux("send-keys", "-t", name, "Escape")  # out of the form: keys reach the app again (space: pause)
+        time.sleep(0.5)  # an escape followed at once by `1` reads as alt+1
         _tmux("send-keys", "-t", name, "1")  # the overview: the new segment's row fills in as it is measured
         row = re.compile(r"^ *▶3 +\d+-\d+ +allreduce batch=8 lr=0\.1 +\d+\.\d{3} +\d+\.\d{3} +\d+ ", re.M)
         deadline = time.monotonic() + 60
@@ -92,6 +94,12 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
         for seg, config in ((0, r"ddp bucket=25MB batch=16"), (1, r"ddp bucket=0\.02MB batch=16"),
                             (2, r"ddp bucket=0\.02MB batch=8")):
             assert re.search(rf"^ +{seg} +\d+-\d+ +{config} lr=0\.1 +\d+\.\d{{3}}", screen, re.M), screen
+        _tmux("send-keys", "-t", name, "Space")  # pause: every rank holds at one step until space again
+        held = int(re.search(r"paused · step (\d+)", _wait_for(name, "paused · step ", 30)).group(1))
+        time.sleep(1.5)
+        assert re.search(r"paused · step (\d+)", _screen(name)).group(1) == str(held)
+        _tmux("send-keys", "-t", name, "Space")
+        _wait_for(name, "running · step ", 30)
         _tmux("send-keys", "-t", name, "q")
         deadline = time.monotonic() + 60
         while not status.exists() and time.monotonic() < deadline:
@@ -166,5 +174,8 @@ def _check_recording(path: str) -> None:
             buckets.setdefault(seg, set()).update(n for kind, n, *_ in json.loads(spans) if kind == "comm")
         assert buckets[0] == {"bucket 0"} and buckets[1] == buckets[2] == {"bucket 0", "bucket 1"}, buckets
         assert "allreduce classifier.weight" in buckets[3]
+        states = [json.loads(d) for (d,) in db.execute("SELECT data FROM events WHERE kind = 'run_state'")]
+        assert sorted((e["rank"], e["paused"]) for e in states) == [(0, False), (0, True), (1, False), (1, True)]
+        assert len({e["step"] for e in states}) == 1  # paused and resumed at one step boundary on both ranks
     finally:
         db.close()
