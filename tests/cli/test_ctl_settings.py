@@ -116,7 +116,8 @@ def test_each_setting_is_the_config_of_its_segment_from_the_step_ctl_named_on_ev
     # every step of every rank ran under the segment in force at that step, with that segment's batch
     starts = sorted((step, seg) for seg, (step, _) in segments.items())
     for rank in (0, 1):
-        rows = db.execute("SELECT step, segment, batch_size FROM steps WHERE rank = ? ORDER BY step", (rank,)).fetchall()
+        rows = db.execute("SELECT step, segment, batch_size FROM steps WHERE rank = ? ORDER BY step",
+                          (rank,)).fetchall()
         assert [r[0] for r in rows] == list(range(len(rows)))  # each step once
         for step, seg, batch in rows:
             in_force = max(s for start, s in starts if start <= step)
