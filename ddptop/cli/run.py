@@ -62,6 +62,9 @@ def run_parser() -> argparse.ArgumentParser:
                        help="give up on an unreachable master or missing ranks after S seconds (60)")
     where.add_argument("--lost-after", type=float, default=10.0, metavar="S",
                        help="report a rank lost after S seconds without a heartbeat (10)")
+    where.add_argument("--collective-timeout", type=float, default=300.0, metavar="S",
+                       help="a collective (or step-boundary exchange) that waits longer than S seconds means a peer "
+                            "is gone: the job fails with exit 5 (300)")
     what = p.add_argument_group("what to train")
     what.add_argument("--model", choices=MODELS, default="vgg11",
                       help="VGG-11 as in the course (9.23M parameters), ResNet-18, or a 21k-parameter CNN (vgg11)")
@@ -148,6 +151,8 @@ def cmd_run(argv: Sequence[str]) -> int:
     check_port(args.port)
     if not 1 <= args.lost_after <= 3600:
         raise UsageError(f"--lost-after must be 1 to 3600 seconds, got {args.lost_after:g}")
+    if not 1 <= args.collective_timeout <= 86400:
+        raise UsageError(f"--collective-timeout must be 1 to 86400 seconds, got {args.collective_timeout:g}")
     if args.record_required and args.no_record:
         raise UsageError("--record-required and --no-record contradict each other")
     from ddptop.train import devices
@@ -173,4 +178,4 @@ def cmd_run(argv: Sequence[str]) -> int:
         else args.record
     return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
                headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after,
-               fresh_name=args.record is None)
+               fresh_name=args.record is None, collective_timeout_s=args.collective_timeout)

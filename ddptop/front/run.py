@@ -27,15 +27,16 @@ def records_here(rdv: Rendezvous) -> bool:
 
 def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None,
         record: str | None = None, headless: bool = True, record_required: bool = False,
-        lost_after_s: float = 10.0, fresh_name: bool = False) -> int:
+        lost_after_s: float = 10.0, fresh_name: bool = False, collective_timeout_s: float = 300.0) -> int:
     """`fresh_name`: `record` is a name ddptop chose (the runs folder's), so another run that took it in the same
-    second moves this one to the next free name instead of failing."""
+    second moves this one to the next free name instead of failing. `collective_timeout_s`: the process groups'
+    timeout, after which a collective that waits on a peer fails (PeerLost, exit 5)."""
     if record and not records_here(rdv):
         print(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank", file=sys.stderr)
         record = None
     token_value, given = resolve_token(token)
     options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local",
-                            lost_after_s=lost_after_s)
+                            lost_after_s=lost_after_s, pg_timeout_s=collective_timeout_s)
     if not options.check_token and rdv.world_size > 1 and rdv.rank == 0:  # said where the job's store lives
         print(f"ddptop: no job token (--token or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join this "
               "job or disturb its start; give every rank the same --token", file=sys.stderr)

@@ -94,7 +94,9 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
         detail = _peer_failure(exc) or _first_line(exc)
         raise RendezvousError(f"the ranks found each other but could not connect ({backend}: {detail}); "
                               f"check that every node can reach the others (--iface picks the interface)") from None
-    group = dist.new_group(backend="gloo") if rdv.world_size > 1 else None  # control traffic, even under nccl
+    # control traffic, even under nccl; new_group's own default timeout is torch's 30 min, not the job's
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=options.pg_timeout_s)) \
+        if rdv.world_size > 1 else None
     job = share_job_keys(rdv.rank, options, group)
 
     def connect():
@@ -123,6 +125,8 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
         return trainer.run(agent)
     except RuntimeError as exc:
         reason = _peer_failure(exc)
+        if reason == "timed out":  # gloo's own wait, bounded by the process groups' timeout
+            reason = f"a collective waited longer than {options.pg_timeout_s:g} s, --collective-timeout"
         if reason:
             raise PeerLost(f"lost contact with another rank ({reason}); stopping") from None
         raise

@@ -204,8 +204,9 @@ def test_any_ctl_set_values_are_one_line_and_exit_2(items):
 
 FLAGS = ["--local", "--master", "--rank", "--world-size", "--port", "--strategy", "--bucket-mb", "--async-op",
          "--model", "--dataset", "--batch-size", "--lr", "--epochs", "--steps", "--seed", "--synthetic-size",
-         "--threads", "--timeout", "--lost-after", "--token", "--probes", "--span-every", "--log-every", "--record",
-         "--record-required", "--profile", "--headless", "--no-eval", "--backend", "--iface", "--", "-x"]
+         "--threads", "--timeout", "--lost-after", "--collective-timeout", "--token", "--probes", "--span-every",
+         "--log-every", "--record", "--record-required", "--profile", "--headless", "--no-eval", "--backend", "--iface",
+         "--", "-x"]
 WORDS = st.one_of(st.sampled_from(FLAGS), st.text(max_size=8), st.integers(-10**12, 10**12).map(str),
                   st.floats().map(repr), st.sampled_from(["tiny", "ddp", "smoke", "70000", "nan", "inf", "-1"]))
 

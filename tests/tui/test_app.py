@@ -196,7 +196,10 @@ async def test_controls_are_disabled_in_a_replay(replay_at_end):
 
 
 class _NoJob:
-    """A `connect` that records its calls and fails like an unreachable job (nothing else is faked)."""
+    """A `connect` that records its calls and fails like an unreachable job (nothing else is faked). These Pilot tests
+    are about what must NOT reach a job (a refused form, space after the job ended): counting calls proves it without
+    one. The path to a real job (the form's bucket, batch and strategy, and space) is tests/tui/test_e2e_tmux.py's,
+    checked in the recording."""
 
     def __init__(self):
         self.calls = 0

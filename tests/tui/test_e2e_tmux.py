@@ -1,6 +1,7 @@
-"""End to end, as a user: the real app with 2 local ranks in tmux; switch the strategy in the controls, read its
-effect in the overview's segment table, quit with q. The recording the screen named exists, says both ranks
-switched at the same step, and `ddptop report` makes a report of it; no process of the run is left.
+"""End to end, as a user: the real app with 2 local ranks in tmux; change the bucket size, the batch size and the
+strategy in the controls, read their effect in the overview's segment table, pause and resume with space, quit with
+q. The recording the screen named exists, says both ranks switched (and paused) at the same step each time with the
+same model, ran the buckets and batches asked for, and `ddptop report` makes a report of it; no process is left.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import time
 
 import pytest
 
-from ddptop.events import ConfigApplied
-from ddptop.events import StepDone
+import json
+import sqlite3
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
@@ -76,25 +77,39 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
         assert len(ranks) >= 2
         _tmux("send-keys", "-t", name, "7")
         _wait_for(name, "Change the running job", 10)
-        for key in ("Enter", "Up", "Enter", *["Tab"] * 6, "Enter"):  # ddp → allreduce, then Apply
-            _tmux("send-keys", "-t", name, key)
-            time.sleep(0.4)
-        screen = _wait_for(name, "applied at step", 60)
-        assert "on every rank" in screen
+        clear = ["End", *["BSpace"] * 6]
+        # the focus starts on strategy; enter in a number field applies the form
+        _apply(name, ["Tab", *clear, "0.02", "Enter"], 1)  # bucket MB 25 → 0.02
+        _apply(name, ["Tab", "Tab", *clear, "8", "Enter"], 2)  # → async → batch: 16 → 8
+        _apply(name, [*["BTab"] * 3, "Enter", "Up", "Enter", *["Tab"] * 6, "Enter"], 3)  # ddp → allreduce, Apply
+        _tmux("send-keys", "-t", name, "Escape")  # out of the form: keys reach the app again (space: pause)
+        time.sleep(0.5)  # an escape followed at once by `1` reads as alt+1
         _tmux("send-keys", "-t", name, "1")  # the overview: the new segment's row fills in as it is measured
-        row = re.compile(r"^ *▶1 +\d+-\d+ +allreduce batch=16 lr=0\.1 +\d+\.\d{3} +\d+\.\d{3} +\d+ ", re.M)
+        row = re.compile(r"^ *▶3 +\d+-\d+ +allreduce batch=8 lr=0\.1 +\d+\.\d{3} +\d+\.\d{3} +\d+ ", re.M)
         deadline = time.monotonic() + 60
         while not row.search(_screen(name)) and time.monotonic() < deadline:
             time.sleep(0.5)
         screen = _screen(name)
         assert row.search(screen), screen
-        assert re.search(r"^ +0 +\d+-\d+ +ddp bucket=25MB batch=16 lr=0\.1 +\d+\.\d{3}", screen, re.M), screen
+        for seg, config in ((0, r"ddp bucket=25MB batch=16"), (1, r"ddp bucket=0\.02MB batch=16"),
+                            (2, r"ddp bucket=0\.02MB batch=8")):
+            assert re.search(rf"^ +{seg} +\d+-\d+ +{config} lr=0\.1 +\d+\.\d{{3}}", screen, re.M), screen
+        _tmux("send-keys", "-t", name, "Space")  # pause: every rank holds at one step until space again
+        held = int(re.search(r"paused · step (\d+)", _wait_for(name, "paused · step ", 30)).group(1))
+        time.sleep(1.5)
+        assert re.search(r"paused · step (\d+)", _screen(name)).group(1) == str(held)
+        _tmux("send-keys", "-t", name, "Space")
+        _wait_for(name, "running · step ", 30)
         _tmux("send-keys", "-t", name, "q")
         deadline = time.monotonic() + 60
         while not status.exists() and time.monotonic() < deadline:
             time.sleep(0.3)
         assert status.read_text().strip() == "0"
-        assert not [pid for pid in [front, *ranks] if _alive(pid)]
+        deadline = time.monotonic() + 5  # under load (average 18) a rank was once still exiting as the shell went on
+        while [pid for pid in [front, *ranks] if _alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [pid for pid in [front, *ranks] if _alive(pid)]
+        assert not left, [open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:200] for pid in left]
         after = _screen(name)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
@@ -111,15 +126,56 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
     assert "allreduce" in text and "ddp" in text
 
 
+def _apply(name: str, keys: list[str], segment: int) -> None:
+    """Type `keys` into the controls, see the change applied as `segment`, then let it run 6 steps (a sampled one)."""
+    for key in keys:
+        _tmux("send-keys", "-t", name, *(["-l", key] if key[0].isdigit() else [key]))
+        time.sleep(0.3)
+    screen = _wait_for(name, f"(segment {segment}) on every rank", 60)
+    k = int(re.search(rf"applied at step (\d+) \(segment {segment}\)", screen).group(1))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = re.search(r"running · step (\d+)", _screen(name))
+        if now and int(now.group(1)) >= k + 6:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"segment {segment} never ran 6 steps:\n{_screen(name)}")
+
+
 def _check_recording(path: str) -> None:
+    """SQL on the file: each change the screen made is a segment that both ranks started at one step with one model,
+    whose steps ran its batch size, and whose sampled steps ran its collectives (DDP at 0.02 MB: the tiny model's
+    83.9 KB in two buckets, at 25 MB in one)."""
     from ddptop.record.reader import Recording
 
     with Recording.open(path) as rec:
         assert rec.complete
-        events = list(rec.events())
-    switches = [e for e in events if isinstance(e, ConfigApplied) and e.who.startswith("tui@")]
-    assert sorted(e.rank for e in switches) == [0, 1]
-    assert switches[0].step == switches[1].step and switches[0].config["strategy"] == "allreduce"
-    k = switches[0].step
-    steps = [e for e in events if isinstance(e, StepDone)]
-    assert {e.segment for e in steps if e.step < k} == {0} and {e.segment for e in steps if e.step >= k} == {1}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        switched = {}
+        for (data,) in db.execute("SELECT data FROM events WHERE kind = 'config_applied'"):
+            e = json.loads(data)
+            assert e["who"] == "start" or e["who"].startswith("tui@"), e["who"]
+            switched.setdefault(e["segment"], {})[e["rank"]] = (e["step"], e["fingerprint"], e["config"])
+        wanted = {1: ("ddp", 0.02, 16), 2: ("ddp", 0.02, 8), 3: ("allreduce", 0.02, 8)}
+        assert sorted(switched) == [0, 1, 2, 3]
+        for seg, by_rank in switched.items():
+            assert sorted(by_rank) == [0, 1] and by_rank[0] == by_rank[1], seg  # one step, one model, one config
+            config = by_rank[0][2]
+            if seg in wanted:
+                assert (config["strategy"], config["bucket_mb"], config["batch_size"]) == wanted[seg], seg
+        starts = sorted((by_rank[0][0], seg) for seg, by_rank in switched.items())
+        for rank, step, seg, batch in db.execute("SELECT rank, step, segment, batch_size FROM steps"):
+            in_force = max(s for start, s in starts if start <= step)
+            assert (seg, batch) == (in_force, switched[in_force][0][2]["batch_size"]), (rank, step)
+        buckets = {}
+        for seg, spans in db.execute("SELECT s.segment, s.spans FROM spans s JOIN segments g ON g.segment = s.segment "
+                                     "WHERE s.step > g.step"):
+            buckets.setdefault(seg, set()).update(n for kind, n, *_ in json.loads(spans) if kind == "comm")
+        assert buckets[0] == {"bucket 0"} and buckets[1] == buckets[2] == {"bucket 0", "bucket 1"}, buckets
+        assert "allreduce classifier.weight" in buckets[3]
+        states = [json.loads(d) for (d,) in db.execute("SELECT data FROM events WHERE kind = 'run_state'")]
+        assert sorted((e["rank"], e["paused"]) for e in states) == [(0, False), (0, True), (1, False), (1, True)]
+        assert len({e["step"] for e in states}) == 1  # paused and resumed at one step boundary on both ranks
+    finally:
+        db.close()
