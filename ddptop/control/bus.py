@@ -10,7 +10,7 @@ with a fresh client once the store answers; meanwhile the queue is bounded, and 
 sequence number, so the loss reaches every collector as a gap like any other.
 
 Every batch, head and heartbeat is sealed with the ranks' key and bound to its rank and sequence number
-(auth.py), and lives in the job's secret namespace. A collector never asks for a key it has not seen
+(auth.py), and travels over the job's channel (channel.py). A collector never asks for a key it has not seen
 exist (a missing key would block a multi_get for the store's whole timeout), and every batch it does not
 get is a TelemetryGap event: loss is stated, never silent.
 """
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ddptop.control import keys
 from ddptop.control.auth import BadValue, JobKeys, seal, unseal
 from ddptop.control.commands import open_json
-from ddptop.events import (MAX_EVENT_BYTES, Event, EventDecodeError, EventsRefused, LogLine, RankBack, RankLost,
+from ddptop.events import (FRONT, MAX_EVENT_BYTES, Event, EventDecodeError, EventsRefused, LogLine, RankBack, RankLost,
                            StoreFlooded, TelemetryGap, decode_batch)
 from ddptop.safe import clean
 
@@ -248,6 +248,12 @@ class Collector:
         self._gaps.append(TelemetryGap(rank, first, last, reason, time.time()))
 
 
+CHANNEL_REFUSALS = {"refused_writes": "refused writes past its cap on bytes held",
+                    "flooded": "closed connections beyond its cap on unauthenticated ones (a flood)",
+                    "failed_handshakes": "refused connections that did not prove the job key",
+                    "bad_frames": "dropped connections whose frame failed its MAC, size cap or deadline"}
+
+
 class Liveness:
     """Marks a rank lost when no new valid heartbeat came for `lost_after_s` (by the front's own clock, so
     clocks that differ between machines do not matter), and back when one comes again."""
@@ -265,6 +271,7 @@ class Liveness:
         # (a few per rank and group), the handshake and control keys; a store holding more is being filled
         self.max_keys = world_size * (RETAIN + 16) + 1024
         self.flooded = False
+        self.said: dict[str, int] = {}  # the channel's refusals already reported (channel.ChannelClient.stats)
 
     def check(self) -> list[Event]:
         now = time.monotonic()
@@ -273,6 +280,7 @@ class Liveness:
         if count > self.max_keys and not self.flooded:
             events.append(StoreFlooded(count, self.max_keys, time.time()))
         self.flooded = count > self.max_keys
+        events += self._channel_refusals()
         for rank in range(self.world_size):
             key = keys.heartbeat(rank)
             if rank in self.finished or not self.store.check([key]):
@@ -290,6 +298,21 @@ class Liveness:
                 why = f" (the newest was refused: {self.refused[rank]})" if rank in self.refused else ""
                 events.append(RankLost(rank, previous[2], f"no heartbeat for {self.lost_after_s:g} s{why}", time.time()))
         return events
+
+    def _channel_refusals(self) -> list[Event]:
+        """One line per kind of refusal on the job's channel when it grows: writes past its byte cap, connection
+        floods, failed handshakes (a wrong token, a stranger), frames that failed their MAC or deadline."""
+        stats = getattr(self.store, "stats", None)
+        if stats is None:  # a plain store (tests of the bus alone)
+            return []
+        now = stats()
+        out = []
+        for what, words in CHANNEL_REFUSALS.items():
+            if now.get(what, 0) > self.said.get(what, 0):
+                out.append(LogLine(FRONT, "warning", f"the job's channel {words}: {now[what]} so far "
+                                   f"({now['held'] / 2**20:.1f} MiB held; README: trust model)", time.time()))
+                self.said[what] = now[what]
+        return out
 
     def _beat(self, rank: int, raw: bytes) -> tuple[int, int] | None:
         """(beat counter, step) of a valid heartbeat, else None (and the reason kept for the RankLost line)."""
