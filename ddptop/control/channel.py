@@ -45,7 +45,8 @@ HANDSHAKE_S = 5.0  # a peer that has not proved the key by then is dropped
 FRAME_S = 10.0  # a frame begun must be complete within this: a half-sent frame costs its connection only
 MAX_PENDING = 32  # unauthenticated connections at once; a flood beyond it is closed on accept
 MAX_CONNECTIONS = 1024  # authenticated ones (each rank has 2, each collector 2, each ctl 1)
-MAX_FRAME = 9 << 20  # a multi_set of one 4 MiB batch and its head, with room
+MAX_FRAME = 9 << 20  # a request: a multi_set of one 4 MiB batch and its head, with room
+MAX_REPLY = 160 << 20  # an answer: a collector's multi_get of 32 batches of 4 MiB at most (bus.MAX_READ)
 MAX_HELD = 512 << 20  # bytes of keys and values held: 2 ranks write ~1 MiB a minute; the cap is for a runaway
 POLL_S = 0.02
 
@@ -119,13 +120,14 @@ class _Framed:
         self.sent += 1
         self.sock.sendall(struct.pack(">I", len(payload)) + payload + tag)
 
-    def recv(self, first_wait: float | None, frame_s: float) -> bytes:
-        """A frame: wait up to `first_wait` (None: forever) for its first bytes, then `frame_s` for the rest."""
+    def recv(self, first_wait: float | None, frame_s: float, cap: int = MAX_FRAME) -> bytes:
+        """A frame of at most `cap` bytes: wait up to `first_wait` (None: forever) for its first bytes, then
+        `frame_s` for the rest."""
         head = _recv(self.sock, 4, None if first_wait is None else time.monotonic() + first_wait)
         deadline = time.monotonic() + frame_s
         size = struct.unpack(">I", head)[0]
-        if size > MAX_FRAME:
-            raise ValueError(f"a frame of {size} bytes is over the {MAX_FRAME}-byte cap")
+        if size > cap:
+            raise ValueError(f"a frame of {size} bytes is over the {cap}-byte cap")
         payload = _recv(self.sock, size, deadline)
         tag = _recv(self.sock, MAC, deadline)
         if not hmac.compare_digest(tag, _mac(self.session, self.into, struct.pack(">Q", self.received), payload)):
@@ -330,7 +332,7 @@ class ChannelClient:
         with self._lock:
             try:
                 self.framed.send(pack([bytes([op]), *args]))
-                return unpack(self.framed.recv(self.timeout_s, self.timeout_s))
+                return unpack(self.framed.recv(self.timeout_s, self.timeout_s, MAX_REPLY))
             except socket.timeout:
                 raise ChannelTimeout(f"the job's channel at {self.where} did not answer in time") from None
             except (OSError, ConnectionError, ValueError, struct.error) as exc:
