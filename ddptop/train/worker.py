@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -170,9 +171,11 @@ def _disturbed(exc: Exception) -> bool:
 
 
 def _disturbed_start(rdv: Rendezvous, exc: Exception) -> RendezvousError:
-    return RendezvousError(f"the process group's start was disturbed ({type(exc).__name__}: {_first_line(exc)[:120]}):"
-                           f" someone else on port {rdv.port} may have overwritten torch's keys in the store "
-                           "(README: trust model)")
+    """torch's own words here are a C++ allocator's or parser's (std::bad_alloc): DDPTOP_DEBUG=1 shows them."""
+    detail = f" ({type(exc).__name__}: {_first_line(exc)[:100]})" if os.environ.get("DDPTOP_DEBUG") else ""
+    return RendezvousError(f"the process group's start was disturbed: torch's keys in the store held what torch did "
+                           f"not write; someone else on port {rdv.port} may have overwritten them (README: trust "
+                           f"model){detail}")
 
 
 def share_job_keys(rank: int, options: WorkerOptions, group, control: bytes = b"") -> JobKeys:
@@ -206,7 +209,9 @@ def _peer_failure(exc: Exception) -> str:
 
 
 def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0][:200]
+    """The message's first line without a C++ source location (`[../gloo/pair.cc:42] `): for the user, not a bug."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", lines[0])[:200]
 
 
 def _leave() -> None:
