@@ -248,6 +248,7 @@ class Collector:
         self._gaps.append(TelemetryGap(rank, first, last, reason, time.time()))
 
 
+REFUSALS_EVERY_S = 30.0  # a flood that goes on is said again at most this often, not once a second
 CHANNEL_REFUSALS = {"refused_writes": "refused writes past its cap on bytes held",
                     "flooded": "closed connections beyond its cap on unauthenticated ones (a flood)",
                     "failed_handshakes": "refused connections that did not prove the job key",
@@ -258,8 +259,10 @@ class Liveness:
     """Marks a rank lost when no new valid heartbeat came for `lost_after_s` (by the front's own clock, so
     clocks that differ between machines do not matter), and back when one comes again."""
 
-    def __init__(self, store: dist.Store, world_size: int, job: JobKeys, lost_after_s: float = 10.0):
+    def __init__(self, store: dist.Store, world_size: int, job: JobKeys, lost_after_s: float = 10.0,
+                 public: dist.Store | None = None):
         self.store = store
+        self.public = public or store  # whose keys are counted: torch's store, which anyone on its port can fill
         self.world_size = world_size
         self.job = job
         self.lost_after_s = lost_after_s
@@ -271,12 +274,12 @@ class Liveness:
         # (a few per rank and group), the handshake and control keys; a store holding more is being filled
         self.max_keys = world_size * (RETAIN + 16) + 1024
         self.flooded = False
-        self.said: dict[str, int] = {}  # the channel's refusals already reported (channel.ChannelClient.stats)
+        self.said: dict[str, tuple[int, float]] = {}  # the channel's refusals reported: (count, when)
 
     def check(self) -> list[Event]:
         now = time.monotonic()
         events: list[Event] = []
-        count = self.store.num_keys()
+        count = self.public.num_keys()
         if count > self.max_keys and not self.flooded:
             events.append(StoreFlooded(count, self.max_keys, time.time()))
         self.flooded = count > self.max_keys
@@ -305,13 +308,14 @@ class Liveness:
         stats = getattr(self.store, "stats", None)
         if stats is None:  # a plain store (tests of the bus alone)
             return []
-        now = stats()
+        now, at = stats(), time.monotonic()
         out = []
         for what, words in CHANNEL_REFUSALS.items():
-            if now.get(what, 0) > self.said.get(what, 0):
+            count, when = self.said.get(what, (0, -REFUSALS_EVERY_S))
+            if now.get(what, 0) > count and at - when >= REFUSALS_EVERY_S:
                 out.append(LogLine(FRONT, "warning", f"the job's channel {words}: {now[what]} so far "
                                    f"({now['held'] / 2**20:.1f} MiB held; README: trust model)", time.time()))
-                self.said[what] = now[what]
+                self.said[what] = (now[what], at)
         return out
 
     def _beat(self, rank: int, raw: bytes) -> tuple[int, int] | None:

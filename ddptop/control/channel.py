@@ -16,7 +16,8 @@ without the token). Session key = HMAC(K, "session"|nc|ns). Each frame: 4-byte l
 HMAC(session, direction|counter|payload) with an implicit per-direction counter: a frame replayed, reordered,
 dropped or spliced from another connection fails its MAC and the connection is closed.
 
-Bounds: MAX_PENDING connections may be unauthenticated at once (the rest are closed at once and counted), a
+Bounds: MAX_PENDING connections may be unauthenticated at once (beyond that the oldest is dropped and counted, so
+a client that proves the key within milliseconds gets through a flood of idle connections), a
 handshake has HANDSHAKE_S, a frame once begun has FRAME_S, a frame is at most MAX_FRAME bytes, and the server holds
 at most max_bytes in all (a write past it is refused and counted): nothing a stranger or a stalled peer does
 stalls the job or grows the front unreported (`stats`, which Liveness turns into one line).
@@ -24,6 +25,7 @@ stalls the job or grows the front unreported (`stats`, which Liveness turns into
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import os
@@ -94,7 +96,10 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
 
 
 def _recv(sock: socket.socket, n: int, deadline: float | None) -> bytes:
+    """`n` bytes by `deadline` (None: however long it takes: an idle authenticated peer stays connected)."""
     out = bytearray()
+    if deadline is None:
+        sock.settimeout(None)
     while len(out) < n:
         if deadline is not None:
             left = deadline - time.monotonic()
@@ -147,7 +152,7 @@ class ChannelServer:
         self.held = 0
         self.counts = {"refused_writes": 0, "flooded": 0, "failed_handshakes": 0, "bad_frames": 0}
         self._lock = threading.Lock()
-        self._pending = threading.BoundedSemaphore(MAX_PENDING)
+        self._pending: collections.deque[socket.socket] = collections.deque()  # not authenticated yet, oldest first
         self._open = 0
         self._closed = False
         self.sock = _listen(host, port)
@@ -171,20 +176,22 @@ class ChannelServer:
                     return
                 time.sleep(0.05)  # out of file descriptors: the flood passes, the job goes on
                 continue
-            if not self._pending.acquire(blocking=False) or self._open >= MAX_CONNECTIONS:
-                with self._lock:
+            with self._lock:
+                if self._open >= MAX_CONNECTIONS:
                     self.counts["flooded"] += 1
-                conn.close()
-                continue
+                    conn.close()
+                    continue
+                if len(self._pending) >= MAX_PENDING:  # a flood: the oldest waiter goes, so a real client that
+                    self.counts["flooded"] += 1  # proves the key within milliseconds still gets through
+                    _drop(self._pending.popleft())
+                self._pending.append(conn)
             threading.Thread(target=self._serve, args=(conn,), name="ddptop-channel-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        released = False
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             framed = self._handshake(conn)
-            self._pending.release()
-            released = True
+            self._settled(conn)
             if framed is None:
                 with self._lock:
                     self.counts["failed_handshakes"] += 1
@@ -203,9 +210,15 @@ class ChannelServer:
         except (OSError, ConnectionError):
             pass
         finally:
-            if not released:
-                self._pending.release()
+            self._settled(conn)
             conn.close()
+
+    def _settled(self, conn: socket.socket) -> None:
+        with self._lock:
+            try:
+                self._pending.remove(conn)
+            except ValueError:  # settled already, or dropped by a flood
+                pass
 
     def _handshake(self, conn: socket.socket) -> _Framed | None:
         deadline = time.monotonic() + HANDSHAKE_S
@@ -274,6 +287,14 @@ class ChannelServer:
             raise ValueError("add on a value that is not a number") from None
         self._put([(key, str(value).encode())])
         return value
+
+
+def _drop(conn: socket.socket) -> None:
+    """End a waiting connection: its thread's recv returns at once and the thread exits."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -79,11 +79,15 @@ def _channel(spec: dict):
 
     job = _keys(spec)
     server = channel.ChannelServer(spec["master"], {b"control": job.control, b"ranks": job.ranks})
-    public = stores.ddptop_view(stores.connect(spec["master"], spec["port"], spec["timeout_s"], spec["source"]),
-                                spec["prefix"])
-    channel.publish(public, port=server.port)
+    channel.publish(stores.ddptop_view(_store(spec), spec["prefix"]), port=server.port)
     spec["channel"] = server
     return server
+
+
+def _store(spec: dict):
+    from ddptop.control import store as stores
+
+    return stores.connect(spec["master"], spec["port"], spec["timeout_s"], spec["source"])
 
 
 def _client(spec: dict):
@@ -133,7 +137,7 @@ def _source(spec: dict):
     _channel(spec)
     world = spec["world_size"]
     return (LiveSource(Collector(_client(spec), world, job)),
-            Liveness(_client(spec), world, job, spec.get("lost_after_s", 10.0)))
+            Liveness(_client(spec), world, job, spec.get("lost_after_s", 10.0), public=_store(spec)))
 
 
 if __name__ == "__main__":

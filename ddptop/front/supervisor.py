@@ -119,7 +119,8 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         job.keys, job.channel = keys, hosted
         feed = compose(LiveSource(Collector(open_channel(job, options.timeout_s), rdv.world_size, keys)),
                        world_size=rdv.world_size, job=job, sinks=sinks, state=state, alarm=alarm,
-                       liveness=Liveness(open_channel(job, options.timeout_s), rdv.world_size, keys, options.lost_after_s))
+                       liveness=Liveness(open_channel(job, options.timeout_s), rdv.world_size, keys, options.lost_after_s,
+                                         public=stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)))
         if on_start is not None:
             on_start(job)
         _watch(consumer, feed, job)
