@@ -149,7 +149,11 @@ def connect_ranks(rdv: Rendezvous, backend: str, view, options: WorkerOptions, c
     try:
         dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
                                 timeout=timedelta(seconds=options.pg_timeout_s))
-    except RuntimeError as exc:  # gloo/nccl could not connect the ranks to each other
+        group = dist.new_group(backend="gloo") if rdv.world_size > 1 else None  # control traffic, even under nccl
+        return group, share_job_keys(rdv.rank, options, group, control)
+    except DdptopError:
+        raise
+    except RuntimeError as exc:  # gloo/nccl could not connect the ranks to each other, or read garbage
         if _peer_failure(exc) or not _disturbed(exc):
             detail = _peer_failure(exc) or _first_line(exc)
             raise RendezvousError(f"the ranks found each other but could not connect ({backend}: {detail}); "
@@ -157,17 +161,12 @@ def connect_ranks(rdv: Rendezvous, backend: str, view, options: WorkerOptions, c
         raise _disturbed_start(rdv, exc) from None
     except Exception as exc:  # MemoryError (std::bad_alloc), ValueError: what torch makes of garbage in its keys
         raise _disturbed_start(rdv, exc) from None
-    try:
-        group = dist.new_group(backend="gloo") if rdv.world_size > 1 else None  # control traffic, even under nccl
-        return group, share_job_keys(rdv.rank, options, group, control)
-    except Exception as exc:
-        raise _disturbed_start(rdv, exc) from None
 
 
 def _disturbed(exc: Exception) -> bool:
     """A gloo/c10d error that comes from what the store held (an address or size that is not a peer's)."""
     text = str(exc).lower()
-    return any(s in text for s in ("bad_alloc", "enforce fail", "invalid", "unpack", "deserializ", "size"))
+    return any(s in text for s in ("bad_alloc", "enforce fail", "unpack", "deserializ", "_m_create"))
 
 
 def _disturbed_start(rdv: Rendezvous, exc: Exception) -> RendezvousError:
