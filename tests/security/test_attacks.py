@@ -21,6 +21,8 @@ import pytest
 from security_job import LOST_AFTER_S, TOKEN, stranger
 from ddptop.control import keys
 from ddptop.control.agent import HEARTBEAT_EVERY_S
+from ddptop.control.channel import MAX_PENDING, read_port
+from ddptop.control.client import ControlClient
 from ddptop.control.commands import make_request
 from ddptop.events import ConfigApplied, RankBack, RankLost, StepDone
 from ddptop.record.reader import Recording
@@ -45,18 +47,14 @@ def test_a_half_sent_message_left_hanging_does_not_freeze_the_store(job):
 
 
 def test_a_flood_and_a_half_sent_handshake_on_the_channel_neither_stall_the_job_nor_keep_ctl_out(job):
-    from ddptop.control.channel import MAX_PENDING, read_port
-
     port = read_port(stranger(job.port), 5)  # the channel's port is public (a key in the store)
     hanging = socket.create_connection(("127.0.0.1", port))
     hanging.sendall(b"ddptopC1")  # half a hello, then nothing
     flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(4 * MAX_PENDING)]  # idle, never a hello
     job.kept += [hanging, *flood]
     start = time.monotonic()
-    job.client.status()  # a fresh client: connects, proves the key, reads
-    from ddptop.control.client import ControlClient
-
-    ControlClient("127.0.0.1", job.port, TOKEN).status()
+    job.client.status()  # the connection it holds
+    ControlClient("127.0.0.1", job.port, TOKEN).status()  # a fresh client: connects, proves the key, reads
     MEASURED["half a hello + 128 idle connections on the channel: a new ctl client answers after"] = (
         time.monotonic() - start)
     assert time.monotonic() - start < 3
