@@ -62,7 +62,7 @@ def derive(key: bytes, purpose: str) -> bytes:
     return hmac.new(key, PROTOCOL + b"\0" + purpose.encode(), hashlib.sha256).digest()
 
 
-# scrypt's cost: 2**14 x 8 x 128 bytes = 16 MiB and ~0.1 s per derivation on one core (benchmarks/guess_cost.py);
+# scrypt's cost: 2**14 x 8 x 128 bytes = 16 MiB and ~50 ms per derivation on one core (benchmarks/guess_cost.py);
 # every process derives once per job, a guesser once per guess and salt
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
 SALT_BYTES = 16
