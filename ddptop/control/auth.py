@@ -1,14 +1,14 @@
 """Job keys and sealed store values: what proves that a value in the store came from this job.
 
-Anyone who reaches the store's port can read, write and delete any key (torch's TCPStore has no
-authentication). ddptop therefore (1) keeps every key written after the join handshake under a *secret
-namespace* derived from the job token, so a stranger cannot find, overwrite or delete them, and (2) seals
-every value a peer reads: `MAC \n body`, an HMAC-SHA256 over a context string (what the value is, the job
+Anyone who reaches the store's port can list, read, write and delete any key (torch's TCPStore has no
+authentication). ddptop therefore (1) moves every key written after the join handshake to its own channel
+(channel.py), where only a peer that proves the key is served, and (2) seals every value a peer reads: `MAC \n body`, an HMAC-SHA256 over a context string (what the value is, the job
 id, the rank / sequence / request id it belongs to) and the body, so a value moved to another key, another
 job or another request does not verify either.
 
-Two keys: the *control* key is the token itself (requests, responses, status: `ddptop ctl`, the front and
-rank 0 know it); the *ranks* key is derived from the token and the job id and handed by rank 0 to every rank
+Two keys: the *control* key is stretched from the token with scrypt and a random per-job salt (stretch: each
+guess at a token costs an attacker SCRYPT_N's milliseconds, and nothing can be precomputed before the job starts;
+requests, responses, status: `ddptop ctl`, the front and rank 0 know it); the *ranks* key is derived from the token and the job id and handed by rank 0 to every rank
 over the process group (telemetry, heartbeats, decisions), so even ranks started without the token (torchrun,
 Slurm) sign what they send with a key a stranger on the port never sees.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 PROTOCOL = b"ddptop-auth-1"
 MAC_HEX = 64  # SHA-256 in hex
-NAMESPACE_HEX = 24  # 96 bits: a name nobody finds by trying (the store cannot list its keys)
+NAMESPACE_HEX = 24  # 96 bits; not a secret (torch >= 2.x lists every key to anyone): keeps jobs apart
 
 
 class BadValue(ValueError):
@@ -62,9 +62,25 @@ def derive(key: bytes, purpose: str) -> bytes:
     return hmac.new(key, PROTOCOL + b"\0" + purpose.encode(), hashlib.sha256).digest()
 
 
-def namespace(token: str) -> str:
-    """The secret key prefix of every job run with this token."""
-    return derive(token_bytes(token), "namespace").hex()[:NAMESPACE_HEX]
+# scrypt's cost: 2**14 x 8 x 128 bytes = 16 MiB and ~50 ms per derivation on one core (benchmarks/guess_cost.py);
+# every process derives once per job, a guesser once per guess and salt
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
+SALT_BYTES = 16
+
+
+def new_salt() -> bytes:
+    return secrets.token_bytes(SALT_BYTES)
+
+
+def stretch(token: str, salt: bytes) -> bytes:
+    """The job's control key: scrypt over the token and the job's salt (published in the store: not a secret)."""
+    return hashlib.scrypt(token_bytes(token), salt=PROTOCOL + salt, n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P,
+                          maxmem=64 << 20, dklen=32)
+
+
+def namespace(control: bytes) -> str:
+    """The key prefix of the job's handshake and process-group keys when every rank knows the token."""
+    return derive(control, "namespace").hex()[:NAMESPACE_HEX]
 
 
 def new_job_id() -> str:
@@ -81,9 +97,12 @@ class JobKeys:
     control: bytes = b""
 
     @classmethod
-    def from_token(cls, token: str, job_id: str) -> "JobKeys":
-        control = token_bytes(token)
-        return cls(job_id, derive(control, "ranks " + job_id), namespace(token), control)
+    def from_token(cls, token: str, job_id: str, salt: bytes) -> "JobKeys":
+        return cls.from_control(stretch(token, salt), job_id)
+
+    @classmethod
+    def from_control(cls, control: bytes, job_id: str) -> "JobKeys":
+        return cls(job_id, derive(control, "ranks " + job_id), namespace(control), control)
 
     # rank 0 hands (job id, ranks key, namespace) to the other ranks as one fixed-size block of bytes
     PACKED = 16 + 32 + NAMESPACE_HEX // 2

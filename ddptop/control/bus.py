@@ -10,7 +10,7 @@ with a fresh client once the store answers; meanwhile the queue is bounded, and 
 sequence number, so the loss reaches every collector as a gap like any other.
 
 Every batch, head and heartbeat is sealed with the ranks' key and bound to its rank and sequence number
-(auth.py), and lives in the job's secret namespace. A collector never asks for a key it has not seen
+(auth.py), and travels over the job's channel (channel.py). A collector never asks for a key it has not seen
 exist (a missing key would block a multi_get for the store's whole timeout), and every batch it does not
 get is a TelemetryGap event: loss is stated, never silent.
 """
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ddptop.control import keys
 from ddptop.control.auth import BadValue, JobKeys, seal, unseal
 from ddptop.control.commands import open_json
-from ddptop.events import (MAX_EVENT_BYTES, Event, EventDecodeError, EventsRefused, LogLine, RankBack, RankLost,
+from ddptop.events import (FRONT, MAX_EVENT_BYTES, Event, EventDecodeError, EventsRefused, LogLine, RankBack, RankLost,
                            StoreFlooded, TelemetryGap, decode_batch)
 from ddptop.safe import clean
 
@@ -248,12 +248,21 @@ class Collector:
         self._gaps.append(TelemetryGap(rank, first, last, reason, time.time()))
 
 
+REFUSALS_EVERY_S = 30.0  # a flood that goes on is said again at most this often, not once a second
+CHANNEL_REFUSALS = {"refused_writes": "refused writes past its cap on bytes held",
+                    "flooded": "closed connections beyond its cap on unauthenticated ones (a flood)",
+                    "failed_handshakes": "refused connections that did not prove the job key",
+                    "bad_frames": "dropped connections whose frame failed its MAC, size cap or deadline"}
+
+
 class Liveness:
     """Marks a rank lost when no new valid heartbeat came for `lost_after_s` (by the front's own clock, so
     clocks that differ between machines do not matter), and back when one comes again."""
 
-    def __init__(self, store: dist.Store, world_size: int, job: JobKeys, lost_after_s: float = 10.0):
+    def __init__(self, store: dist.Store, world_size: int, job: JobKeys, lost_after_s: float = 10.0,
+                 public: dist.Store | None = None):
         self.store = store
+        self.public = public or store  # whose keys are counted: torch's store, which anyone on its port can fill
         self.world_size = world_size
         self.job = job
         self.lost_after_s = lost_after_s
@@ -265,14 +274,16 @@ class Liveness:
         # (a few per rank and group), the handshake and control keys; a store holding more is being filled
         self.max_keys = world_size * (RETAIN + 16) + 1024
         self.flooded = False
+        self.said: dict[str, tuple[int, float]] = {}  # the channel's refusals reported: (count, when)
 
     def check(self) -> list[Event]:
         now = time.monotonic()
         events: list[Event] = []
-        count = self.store.num_keys()
+        count = self.public.num_keys()
         if count > self.max_keys and not self.flooded:
             events.append(StoreFlooded(count, self.max_keys, time.time()))
         self.flooded = count > self.max_keys
+        events += self._channel_refusals()
         for rank in range(self.world_size):
             key = keys.heartbeat(rank)
             if rank in self.finished or not self.store.check([key]):
@@ -290,6 +301,22 @@ class Liveness:
                 why = f" (the newest was refused: {self.refused[rank]})" if rank in self.refused else ""
                 events.append(RankLost(rank, previous[2], f"no heartbeat for {self.lost_after_s:g} s{why}", time.time()))
         return events
+
+    def _channel_refusals(self) -> list[Event]:
+        """One line per kind of refusal on the job's channel when it grows: writes past its byte cap, connection
+        floods, failed handshakes (a wrong token, a stranger), frames that failed their MAC or deadline."""
+        stats = getattr(self.store, "stats", None)
+        if stats is None:  # a plain store (tests of the bus alone)
+            return []
+        now, at = stats(), time.monotonic()
+        out = []
+        for what, words in CHANNEL_REFUSALS.items():
+            count, when = self.said.get(what, (0, -REFUSALS_EVERY_S))
+            if now.get(what, 0) > count and at - when >= REFUSALS_EVERY_S:
+                out.append(LogLine(FRONT, "warning", f"the job's channel {words}: {now[what]} so far "
+                                   f"({now['held'] / 2**20:.1f} MiB held; README: trust model)", time.time()))
+                self.said[what] = (now[what], at)
+        return out
 
     def _beat(self, rank: int, raw: bytes) -> tuple[int, int] | None:
         """(beat counter, step) of a valid heartbeat, else None (and the reason kept for the RankLost line)."""

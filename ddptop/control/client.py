@@ -14,8 +14,8 @@ from datetime import timedelta
 from typing import Any
 
 from ddptop.config import SyncConfig
-from ddptop.control import keys, litestore
-from ddptop.control.auth import BadValue, JobKeys, namespace, token_bytes
+from ddptop.control import channel, keys, litestore
+from ddptop.control.auth import BadValue, JobKeys, stretch
 from ddptop.control.commands import apply_changes, make_request, open_json, who_am_i
 from ddptop.control.token import TOKEN_ENV, check_token, find_job
 from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
@@ -39,10 +39,28 @@ class ControlClient:
                  prefix: str = ""):
         self.master, self.port, self.token, self.prefix = master, port, check_token(token), prefix
         self.who = who_am_i(role)
-        # plain Python, not torch's TCPStore: `ddptop ctl` answers in a fraction of a second (README); the keys
-        # live under the job's secret namespace (stores.job_view)
-        self.store = litestore.connect(master, port, timeout_s, f"{keys.DDPTOP_PREFIX}{prefix}/{namespace(token)}")
+        # plain Python, not torch's TCPStore: `ddptop ctl` answers in a fraction of a second (README). The store
+        # only says where the job's channel is and its salt; everything else goes over the channel (channel.py)
+        public = litestore.connect(master, port, timeout_s, f"{keys.DDPTOP_PREFIX}{prefix}")
+        try:
+            self.key = stretch(self.token, channel.read_salt(public, STATUS_WAIT_S))
+            self.channel_port = channel.read_port(public, STATUS_WAIT_S)
+        except channel.ChannelTimeout:
+            raise ControlError(f"no ddptop job answers at {master}:{port}: its store holds no channel "
+                               "(a job still starting, or not a ddptop job)") from None
+        finally:
+            public.close()
+        self.timeout_s = timeout_s
+        self.store = self.connect()
         self._job: JobKeys | None = None
+
+    def connect(self) -> channel.ChannelClient:
+        """A fresh client of the job's channel, with the control key (attach's collectors use their own)."""
+        try:
+            return channel.ChannelClient(self.master, self.channel_port, self.key, timeout_s=max(self.timeout_s, 10))
+        except channel.ChannelRefused:
+            raise ControlError(f"no ddptop job with this token answers at {self.master}:{self.port} "
+                               "(a wrong --token or DDPTOP_TOKEN, or a job still starting)") from None
 
     @classmethod
     def find(cls, master: str | None, port: int | None, token: str | None, role: str = "ctl",
@@ -70,7 +88,7 @@ class ControlClient:
 
     def status(self) -> dict[str, Any]:
         status = self._read_status()
-        self._job = JobKeys.from_token(self.token, status["job"])
+        self._job = JobKeys.from_control(self.key, status["job"])
         ranks = [{"rank": rank, **self._heartbeat(rank)} for rank in range(status["world_size"])]
         return {**status, "age_s": max(0.0, time.time() - status["t"]), "ranks": ranks}
 
@@ -80,7 +98,7 @@ class ControlClient:
         while True:
             if self.store.check([keys.STATUS]):
                 try:
-                    return _checked_status(open_json(token_bytes(self.token), keys.CTX_STATUS,
+                    return _checked_status(open_json(self.key, keys.CTX_STATUS,
                                                      self.store.get(keys.STATUS), keys.MAX_STATUS_BYTES))
                 except BadValue as exc:
                     why = str(exc)

@@ -1,7 +1,8 @@
 """The join handshake: every rank registers who it is; rank 0 checks they agree and answers for all.
 
 With a token (typed by the user, or handed by the front to the ranks it started) the handshake runs under
-the job's secret namespace and every hello and the verdict are sealed with the token: a stranger on the
+the job's namespace and every hello and the verdict are sealed with the job's control key (auth.stretch of the
+token and the job's salt): a stranger on the
 port can neither see nor answer it, and a rank without the right token never reaches rank 0's view (both
 sides give up after --timeout with one line). Without a token nothing can be checked: the handshake uses
 the public keys and the first hello for a rank wins (README's trust model).
@@ -18,7 +19,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddptop.control import keys
-from ddptop.control.auth import BadValue, seal, token_bytes, unseal
+from ddptop.control.auth import BadValue, seal, unseal
 from ddptop.errors import RendezvousError
 from ddptop.safe import clean
 
@@ -33,10 +34,10 @@ MUST_MATCH = {
 POLL_S = 0.1
 
 
-def _load(raw: bytes, what: str, token: str, context: str, cap: int) -> dict[str, Any]:
-    """A hello or verdict: sealed with the token when there is one; a JSON object in any case."""
+def _load(raw: bytes, what: str, token: bytes, context: str, cap: int) -> dict[str, Any]:
+    """A hello or verdict: sealed with the job's control key when there is one; a JSON object in any case."""
     try:
-        body = unseal(token_bytes(token), context, raw, cap) if token else raw
+        body = unseal(token, context, raw, cap) if token else raw
         if len(body) > cap:
             raise BadValue(f"over {cap} bytes")
         value = json.loads(body)
@@ -49,9 +50,9 @@ def _load(raw: bytes, what: str, token: str, context: str, cap: int) -> dict[str
     return value
 
 
-def _dump(value: dict[str, Any], token: str, context: str) -> bytes:
+def _dump(value: dict[str, Any], token: bytes, context: str) -> bytes:
     body = json.dumps(value, sort_keys=True).encode()
-    return seal(token_bytes(token), context, body) if token else body
+    return seal(token, context, body) if token else body
 
 
 def mismatch(hellos: list[dict[str, Any]]) -> str | None:
@@ -68,10 +69,11 @@ def mismatch(hellos: list[dict[str, Any]]) -> str | None:
 
 
 def join(store: dist.Store, rank: int, world_size: int, hello: dict[str, Any], timeout_s: float,
-         token: str = "") -> list[dict]:
+         token: bytes = b"") -> list[dict]:
     """Register this rank and wait for rank 0's verdict. Returns every rank's hello (rank 0) or [] (others).
 
-    `store` is the job's namespace when `token` is given (every rank must know it), else the public view."""
+    `token` is the job's control key when every rank knows the token (`store` is then the job's namespace), else
+    b"" (the public view)."""
     hello = {**hello, "nonce": secrets.token_hex(8)}
     mine = _dump(hello, token, keys.ctx_hello(rank))
     current = store.compare_set(keys.join(rank), "", mine)
@@ -92,7 +94,7 @@ def join(store: dist.Store, rank: int, world_size: int, hello: dict[str, Any], t
     return []
 
 
-def _await_verdict(store: dist.Store, timeout_s: float, token: str) -> dict[str, Any]:
+def _await_verdict(store: dist.Store, timeout_s: float, token: bytes) -> dict[str, Any]:
     try:
         store.wait([keys.VERDICT], timedelta(seconds=timeout_s))
     except Exception:
@@ -105,7 +107,7 @@ def _await_verdict(store: dist.Store, timeout_s: float, token: str) -> dict[str,
     return verdict
 
 
-def _judge(store: dist.Store, world_size: int, timeout_s: float, token: str) -> list[dict]:
+def _judge(store: dist.Store, world_size: int, timeout_s: float, token: bytes) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     waiting = [keys.join(r) for r in range(world_size)]
     while True:
@@ -129,5 +131,5 @@ def _judge(store: dist.Store, world_size: int, timeout_s: float, token: str) -> 
     return hellos
 
 
-def _answer(store: dist.Store, token: str, verdict: dict[str, Any]) -> None:
+def _answer(store: dist.Store, token: bytes, verdict: dict[str, Any]) -> None:
     store.set(keys.VERDICT, _dump(verdict, token, keys.CTX_VERDICT))

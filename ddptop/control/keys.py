@@ -1,17 +1,20 @@
 """Every store key ddptop uses, in one place, with the cap on what ddptop reads from each.
 
-Public keys live under PrefixStore("ddptop<prefix>") and are only the join handshake's (a joining rank may
-not know the token yet). Everything else lives under the job's secret namespace,
-PrefixStore("ddptop<prefix>/<namespace>"), where `namespace` is derived from the token (auth.namespace):
-a stranger on the port cannot find those keys, so cannot overwrite or delete them, and every value in them
-is sealed (auth.seal) as well. torch's libuv store server refuses any value over 8 MiB, so no read
-allocates more than that; the caps below refuse what is larger than ddptop ever writes, before parsing.
+Public keys live under PrefixStore("ddptop<prefix>") in torch's TCPStore: the salt and the channel's port (a
+joining rank or `ddptop ctl` needs them before it can prove anything), and the join handshake's (a joining rank
+may not know the token yet; with a token, under PrefixStore("ddptop<prefix>/<namespace>"), sealed). Everything
+after the join (the "job's namespace" below) lives on the job's channel (channel.py), which serves only a peer
+that proves the job key, and every value in it is sealed (auth.seal) as well. The caps below refuse what is
+larger than ddptop ever writes, before parsing.
 """
 
 PG_PREFIX = "pg"  # the process group's own keys (under the namespace when every rank knows the token)
 DDPTOP_PREFIX = "ddptop"
 
 # -- public: the join handshake ----------------------------------------------------------------------------
+SALT = "salt"  # the job's scrypt salt, hex (auth.stretch): written by whoever hosts the job's front
+CHANNEL = "channel"  # the channel's port on the master (channel.py); a forged one only gets a refused handshake
+MAX_PUBLIC_BYTES = 64
 VERDICT = "join/verdict"  # rank 0's answer, sealed with the token when the job has one
 MAX_HELLO_BYTES = 64 * 1024
 MAX_VERDICT_BYTES = 16 * 1024

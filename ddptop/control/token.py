@@ -14,6 +14,7 @@ from ddptop.errors import UsageError
 
 TOKEN_ENV = "DDPTOP_TOKEN"
 MIN_TOKEN_BYTES = 8
+STRONG_TOKEN_BYTES = 16  # a typed token shorter than this gets a warning at start (scrypt slows a guess, no more)
 MAX_TOKEN_BYTES = 1024
 MAX_JOB_FILE_BYTES = 64 * 1024
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import time
 
-from ddptop.control import store as stores
 from ddptop.control.announce import announced
 from ddptop.control.bus import Collector, LiveSource, Liveness
 from ddptop.events import RunFinished
@@ -50,18 +49,15 @@ def watch(client, headless: bool, log_every: int) -> None:
     world = client.status()["world_size"]  # checked: signed by rank 0, 1..65536
     keys = client.job
 
-    def view():
-        return stores.job_view(stores.connect(client.master, client.port, 10, "attach"), client.prefix, keys.namespace)
-
     job = AttachedJob(client, world)
-    recording = announced(client.store, client.token)
+    recording = announced(client.store, client.key)
     said = {None: "the job did not say whether it records", "": "the job does not record"}.get(
         recording, f"the job records to {recording}")
     print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks; {said}); Ctrl-C detaches",
           file=sys.stderr)
     printer = HeadlessPrinter(every=log_every) if headless else None
-    feed = compose(LiveSource(Collector(view(), world, keys, from_start=False)), world_size=world,
-                   liveness=Liveness(view(), world, keys), sinks=[job],
+    feed = compose(LiveSource(Collector(client.connect(), world, keys, from_start=False)), world_size=world,
+                   liveness=Liveness(client.connect(), world, keys), sinks=[job],
                    state=printer.state if printer else SharedState())
     if printer is not None:
         consumer = HeadlessConsumer(printer)

@@ -38,7 +38,7 @@ def main() -> int:
     try:
         source, liveness = _source(spec)
     except DdptopError as exc:
-        print(f"ddptop: the collector cannot reach the job's store: {exc}", file=sys.stderr)
+        print(f"ddptop: the collector cannot host the job's channel: {exc}", file=sys.stderr)
         source = liveness = None
     alarm.stop = lambda: _stop_job(spec)
     feed = compose(source, world_size=spec["world_size"], liveness=liveness, sinks=[recorder] if recorder else [],
@@ -67,7 +67,33 @@ def main() -> int:
 def _keys(spec: dict):
     from ddptop.control.auth import JobKeys
 
-    return JobKeys.from_token(spec["token"], spec["job_id"])
+    if "keys" not in spec:  # scrypt once per process
+        spec["keys"] = JobKeys.from_token(spec["token"], spec["job_id"], bytes.fromhex(spec["salt"]))
+    return spec["keys"]
+
+
+def _channel(spec: dict):
+    """Host the job's channel and say its port in the store's public keys (the ranks wait for it)."""
+    from ddptop.control import channel
+    from ddptop.control import store as stores
+
+    job = _keys(spec)
+    server = channel.ChannelServer(spec["master"], {b"control": job.control, b"ranks": job.ranks})
+    channel.publish(stores.ddptop_view(_store(spec), spec["prefix"]), port=server.port)
+    spec["channel"] = server
+    return server
+
+
+def _store(spec: dict):
+    from ddptop.control import store as stores
+
+    return stores.connect(spec["master"], spec["port"], spec["timeout_s"], spec["source"])
+
+
+def _client(spec: dict):
+    from ddptop.control.channel import ChannelClient
+
+    return ChannelClient(spec["master"], spec["channel"].port, _keys(spec).control, timeout_s=spec["timeout_s"])
 
 
 def _stop_job(spec: dict) -> None:
@@ -95,30 +121,23 @@ def _recorder(spec: dict, alarm):
 
 
 def _announce(spec: dict) -> None:
-    from ddptop.control import store as stores
     from ddptop.control.announce import announce
 
-    job = _keys(spec)
     try:
-        announce(stores.job_view(stores.connect(spec["master"], spec["port"], 5, spec["source"]), spec["prefix"],
-                                 job.namespace), job, spec.get("record"))
+        announce(_client(spec), _keys(spec), spec.get("record"))
     except Exception as exc:  # attach then says it does not know
         print(f"ddptop: could not say in the store where the job records ({exc}); `ddptop attach` will not know",
               file=sys.stderr)
 
 
 def _source(spec: dict):
-    from ddptop.control import store as stores
     from ddptop.control.bus import Collector, LiveSource, Liveness
 
     job = _keys(spec)
-
-    def view():
-        return stores.job_view(stores.connect(spec["master"], spec["port"], spec["timeout_s"], spec["source"]),
-                               spec["prefix"], job.namespace)
-
+    _channel(spec)
     world = spec["world_size"]
-    return LiveSource(Collector(view(), world, job)), Liveness(view(), world, job, spec.get("lost_after_s", 10.0))
+    return (LiveSource(Collector(_client(spec), world, job)),
+            Liveness(_client(spec), world, job, spec.get("lost_after_s", 10.0), public=_store(spec)))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from ddptop.config import RunConfig
-from ddptop.control.token import resolve_token
+from ddptop.control.auth import token_bytes
+from ddptop.control.token import STRONG_TOKEN_BYTES, resolve_token
 from ddptop.errors import RecordingExists
 from ddptop.front.feed import SharedState
 from ddptop.front.recording import RecorderAlarm, end_recording, open_recording
@@ -37,6 +38,9 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
     token_value, given = resolve_token(token)
     options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local",
                             lost_after_s=lost_after_s, pg_timeout_s=collective_timeout_s)
+    if given and rdv.rank == 0 and len(token_bytes(token_value)) < STRONG_TOKEN_BYTES:
+        print(f"ddptop: the job token is {len(token_bytes(token_value))} bytes: one of {STRONG_TOKEN_BYTES} or more "
+              "random bytes resists offline guessing (README: trust model)", file=sys.stderr)
     if not options.check_token and rdv.world_size > 1 and rdv.rank == 0:  # said where the job's store lives
         print(f"ddptop: no job token (--token or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join this "
               "job or disturb its start; give every rank the same --token", file=sys.stderr)
@@ -93,8 +97,8 @@ def _started(alarm: RecorderAlarm, job, path: str | None, rdv: Rendezvous) -> No
     """Once the store is up and the ranks started: one line on stderr, where the job is recorded in its store
     (`ddptop attach` shows it), and what a failed --record-required recording does. Before that, a failure (a port
     in use) is the only line."""
-    from ddptop.control import store as stores
     from ddptop.control.announce import announce
+    from ddptop.front.supervisor import open_channel
 
     def stop() -> None:
         from ddptop.control.client import ControlClient
@@ -111,8 +115,7 @@ def _started(alarm: RecorderAlarm, job, path: str | None, rdv: Rendezvous) -> No
     print(f"ddptop: {rdv.world_size} ranks, master {rdv.master}:{job.front.port} (ranks found by {rdv.source})"
           + (f"; recording to {path}" if path else "; not recording"), file=sys.stderr)
     try:
-        store = stores.connect(job.front.master, job.front.port, 5, "front")
-        announce(stores.job_view(store, "", job.keys.namespace), job.keys, path)
+        announce(open_channel(job, 5), job.keys, path)
     except Exception as exc:  # attach then says it does not know: nothing here depends on it
         print(f"ddptop: could not say in the store where the job records ({clean(str(exc), 200)}); "
               "`ddptop attach` will not know", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Provides the local supervisor: the front hosts the store, starts this machine's ranks and watches them (LocalJob)."""
+"""Provides the local supervisor: the front hosts the store and the job's channel, starts this machine's ranks and
+watches them (LocalJob)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ddptop.config import RunConfig
+from ddptop.control import channel
 from ddptop.control import store as stores
 from ddptop.control.bus import Collector, LiveSource, Liveness
 from ddptop.control.client import ControlClient
-from ddptop.control.auth import JobKeys, new_job_id
+from ddptop.control.auth import JobKeys, new_job_id, new_salt
 from ddptop.control.token import remove_job_file, resolve_token, write_job_file
 from ddptop.events import RankLost
 from ddptop.front.feed import Feed, SharedState
@@ -47,6 +49,7 @@ class LocalJob:
         self._failed_before_stop = False
         self.front: FrontInfo | None = None  # set by run_front once the store's port and the token are known
         self.keys = None  # the job's keys (auth.JobKeys), set with `front`
+        self.channel = None  # the job's channel (channel.ChannelServer) this front hosts, set with `front`
         self._first_failure: float | None = None
         self._reported: set[int] = set()
 
@@ -117,15 +120,18 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         rdv = replace(rdv, port=server.port)
         token = options.token or resolve_token(None)[0]
         options = replace(options, token=token, check_token=options.check_token or rdv.source == "local",
-                          job_id=options.job_id or new_job_id())
-        keys = JobKeys.from_token(token, options.job_id)
+                          job_id=options.job_id or new_job_id(), salt=new_salt())
+        keys = JobKeys.from_token(token, options.job_id, options.salt)
+        hosted = channel.ChannelServer(rdv.master, {b"control": keys.control, b"ranks": keys.ranks})
+        channel.publish(stores.ddptop_view(server), options.salt, hosted.port)  # before any rank looks
         job = _start_ranks(cfg, rdv, options)
         write_job_file(rdv.master, rdv.port, token, rdv.world_size)
         job.front = FrontInfo(rdv.master, rdv.port, token)
-        job.keys = keys
-        feed = compose(LiveSource(Collector(_view(rdv, options, keys), rdv.world_size, keys)),
+        job.keys, job.channel = keys, hosted
+        feed = compose(LiveSource(Collector(open_channel(job, options.timeout_s), rdv.world_size, keys)),
                        world_size=rdv.world_size, job=job, sinks=sinks, state=state, alarm=alarm,
-                       liveness=Liveness(_view(rdv, options, keys), rdv.world_size, keys, options.lost_after_s))
+                       liveness=Liveness(open_channel(job, options.timeout_s), rdv.world_size, keys, options.lost_after_s,
+                                         public=stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)))
         if on_start is not None:
             on_start(job)
         _watch(consumer, feed, job)
@@ -160,7 +166,7 @@ def _say_ended(rdv: Rendezvous, options: WorkerOptions, job: "LocalJob") -> None
 
     lost, why = job.outcome()
     try:
-        view = _view(rdv, options, job.keys)
+        view = open_channel(job, 2.0)
         view.set(keys.ENDED, seal_json(job.keys.control, keys.CTX_ENDED,
                                        {"lost": lost, "why": why, "code": job.exit_code()}))
         if not job.stopped and view.add(keys.CTL_SEQ, 0) > 0:  # a stop at the front (Ctrl-C, SIGTERM, q) ends
@@ -185,8 +191,9 @@ def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> "Lo
     return LocalJob(procs, ranks)
 
 
-def _view(rdv: Rendezvous, options: WorkerOptions, keys: JobKeys):
-    return stores.job_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source), "", keys.namespace)
+def open_channel(job: LocalJob, timeout_s: float = 10.0) -> channel.ChannelClient:
+    """A client of the channel this front hosts, with the control key."""
+    return channel.ChannelClient(job.front.master, job.channel.port, job.keys.control, timeout_s=timeout_s)
 
 
 def _watch(consumer: Callable, feed: Feed, job: "LocalJob") -> None:

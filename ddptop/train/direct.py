@@ -1,7 +1,7 @@
 """Provides run_direct: this process is one rank (a worker machine, torchrun, Slurm); rank 0 also starts the collector.
 
 Without a front process, rank 0 starts `python -m ddptop.front.collector` (by name: the rank side never imports the
-front) and hands it the job's coordinates on stdin, keeping stdin open while it trains; end of file means rank 0 is
+front), which hosts the job's channel (control/channel.py), and hands it the job's coordinates on stdin, keeping stdin open while it trains; end of file means rank 0 is
 done (finished, failed or killed).
 """
 
@@ -25,7 +25,7 @@ def run_direct(cfg: RunConfig, rdv: Rendezvous, options, log_every: int, record:
     """Train as one rank; rank 0 also hosts the store (unless torchrun's agent does) and the collector process."""
     from dataclasses import replace
 
-    from ddptop.control.auth import new_job_id
+    from ddptop.control.auth import new_job_id, new_salt
     from ddptop.control.token import remove_job_file, write_job_file
     from ddptop.train.worker import run_rank
 
@@ -39,11 +39,12 @@ def run_direct(cfg: RunConfig, rdv: Rendezvous, options, log_every: int, record:
 
         server = stores.serve(rdv.port, rdv.master)  # kept until the collector has every rank's last events
     if rdv.rank == 0:
-        options = replace(options, job_id=new_job_id())  # the collector reads what rank 0's keys seal
+        options = replace(options, job_id=new_job_id(), salt=new_salt())  # the collector hosts the job's channel
         collector = CollectorProcess({"master": rdv.master, "port": rdv.port, "prefix": rdv.key_prefix,
                                       "world_size": rdv.world_size, "source": rdv.source, "rank": rdv.rank,
                                       "timeout_s": options.timeout_s, "token": options.token,
-                                      "job_id": options.job_id, "lost_after_s": options.lost_after_s,
+                                      "job_id": options.job_id, "salt": options.salt.hex(),
+                                      "lost_after_s": options.lost_after_s,
                                       "log_every": log_every, "record": record, "record_required": record_required,
                                       "config": cfg.to_dict()})
         write_job_file(rdv.master, rdv.port, options.token, rdv.world_size, rdv.key_prefix)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -15,9 +16,9 @@ import torch.distributed as dist
 
 import ddptop
 from ddptop.config import RunConfig
-from ddptop.control import handshake, keys
+from ddptop.control import channel, handshake, keys
 from ddptop.control.agent import ControlAgent
-from ddptop.control.auth import JobKeys, namespace, new_job_id, token_bytes
+from ddptop.control.auth import JobKeys, namespace, new_job_id, stretch
 from ddptop.control import store as stores
 from ddptop.control.bus import Publisher
 from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
@@ -39,6 +40,7 @@ class WorkerOptions:
     token: str = ""  # the job token: rank 0 checks control messages and (with check_token) joining ranks
     check_token: bool = False  # every rank must know the token: it was typed, or the front started all ranks
     job_id: str = ""  # rank 0's job id (auth.new_job_id), set by whoever collects the job's telemetry
+    salt: bytes = b""  # the job's scrypt salt (auth.stretch), set by whoever hosts the front; else read from the store
     lost_after_s: float = 10.0  # the front marks a rank lost after this long without a valid heartbeat
 
 
@@ -81,27 +83,19 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     stores.resolve(rdv.master, rdv.port)
     base = stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)
     prefix = rdv.key_prefix
-    # with a token every rank knows, even the handshake and the process group's keys are out of a stranger's sight
+    public = stores.ddptop_view(base, prefix)
+    # with a token every rank knows, the handshake is sealed with the job's key and the process group's keys live
+    # apart from the public ones; ddptop's own traffic then leaves the store for the job's channel
     secure = options.check_token
-    view = stores.job_view(base, prefix, namespace(options.token)) if secure else stores.ddptop_view(base, prefix)
+    control = _control_key(rdv.rank, options, public)
+    view = stores.job_view(base, prefix, namespace(control)) if secure else public
     me = hello(cfg, rdv, device, backend, threads)
-    handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, options.token if secure else "")
-    pg_store = dist.PrefixStore(keys.PG_PREFIX, view)
-    try:
-        dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
-                                timeout=timedelta(seconds=options.pg_timeout_s))
-    except RuntimeError as exc:  # gloo/nccl could not connect the ranks to each other
-        detail = _peer_failure(exc) or _first_line(exc)
-        raise RendezvousError(f"the ranks found each other but could not connect ({backend}: {detail}); "
-                              f"check that every node can reach the others (--iface picks the interface)") from None
-    # control traffic, even under nccl; new_group's own default timeout is torch's 30 min, not the job's
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=options.pg_timeout_s)) \
-        if rdv.world_size > 1 else None
-    job = share_job_keys(rdv.rank, options, group)
+    handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, control if secure else b"")
+    group, job = connect_ranks(rdv, backend, view, options, control)
+    port = channel.read_port(public, options.timeout_s)
 
     def connect():
-        return stores.job_view(stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source), prefix,
-                               job.namespace)
+        return channel.ChannelClient(rdv.master, port, job.ranks, b"ranks", options.timeout_s)
 
     publisher = Publisher(connect(), rdv.rank, job, connect=connect)  # reconnects as the control agent does
     publisher.emit(RankJoined(rank=rdv.rank, world_size=rdv.world_size, host=me["host"], pid=me["pid"],
@@ -139,10 +133,58 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
         _leave()
 
 
-def share_job_keys(rank: int, options: WorkerOptions, group) -> JobKeys:
+def _control_key(rank: int, options: WorkerOptions, public) -> bytes:
+    """The job's control key, where this rank knows the token (rank 0 always does); b"" elsewhere. Rank 0 of a job
+    without a front publishes the salt it was given; the others read it."""
+    if not (options.check_token or rank == 0):
+        return b""
+    if options.salt and rank == 0:
+        channel.publish(public, salt=options.salt)
+    return stretch(options.token, options.salt or channel.read_salt(public, options.timeout_s))
+
+
+def connect_ranks(rdv: Rendezvous, backend: str, view, options: WorkerOptions, control: bytes):
+    """The process groups and the job keys. The process group's keys in the store are torch's and cannot be
+    protected (README: trust model): a start someone disturbed by overwriting them is one line and exit 4, never
+    torch's MemoryError or a C++ message."""
+    pg_store = dist.PrefixStore(keys.PG_PREFIX, view)
+    try:
+        dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
+                                timeout=timedelta(seconds=options.pg_timeout_s))
+        # control traffic, even under nccl; new_group's own default timeout is torch's 30 min, not the job's
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=options.pg_timeout_s)) \
+            if rdv.world_size > 1 else None
+        return group, share_job_keys(rdv.rank, options, group, control)
+    except DdptopError:
+        raise
+    except RuntimeError as exc:  # gloo/nccl could not connect the ranks to each other, or read garbage
+        if _peer_failure(exc) or not _disturbed(exc):
+            detail = _peer_failure(exc) or _first_line(exc)
+            raise RendezvousError(f"the ranks found each other but could not connect ({backend}: {detail}); "
+                                  f"check that every node can reach the others (--iface picks the interface)") from None
+        raise _disturbed_start(rdv, exc) from None
+    except Exception as exc:  # MemoryError (std::bad_alloc), ValueError: what torch makes of garbage in its keys
+        raise _disturbed_start(rdv, exc) from None
+
+
+def _disturbed(exc: Exception) -> bool:
+    """A gloo/c10d error that comes from what the store held (an address or size that is not a peer's)."""
+    text = str(exc).lower()
+    return any(s in text for s in ("bad_alloc", "enforce fail", "unpack", "deserializ", "_m_create"))
+
+
+def _disturbed_start(rdv: Rendezvous, exc: Exception) -> RendezvousError:
+    """torch's own words here are a C++ allocator's or parser's (std::bad_alloc): DDPTOP_DEBUG=1 shows them."""
+    detail = f" ({type(exc).__name__}: {_first_line(exc)[:100]})" if os.environ.get("DDPTOP_DEBUG") else ""
+    return RendezvousError(f"the process group's start was disturbed: torch's keys in the store held what torch did "
+                           f"not write; someone else on port {rdv.port} may have overwritten them (README: trust "
+                           f"model){detail}")
+
+
+def share_job_keys(rank: int, options: WorkerOptions, group, control: bytes = b"") -> JobKeys:
     """Rank 0's job keys for every rank, over the process group: ranks started without the token (torchrun,
     Slurm) sign their telemetry with a key that a stranger on the store's port never sees."""
-    mine = JobKeys.from_token(options.token, options.job_id or new_job_id()) if rank == 0 else None
+    mine = JobKeys.from_control(control, options.job_id or new_job_id()) if rank == 0 else None
     if group is None:
         return mine
     packed = torch.zeros(JobKeys.PACKED, dtype=torch.uint8)
@@ -151,7 +193,7 @@ def share_job_keys(rank: int, options: WorkerOptions, group) -> JobKeys:
     dist.broadcast(packed, src=0, group=group)
     if rank == 0:
         return mine
-    return JobKeys.unpack(bytes(packed.tolist()), token_bytes(options.token) if options.check_token else b"")
+    return JobKeys.unpack(bytes(packed.tolist()), control if options.check_token else b"")
 
 
 def make_probe(cfg: RunConfig, rank: int, device: torch.device, emit):
@@ -170,7 +212,9 @@ def _peer_failure(exc: Exception) -> str:
 
 
 def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0][:200]
+    """The message's first line without a C++ source location (`[../gloo/pair.cc:42] `): for the user, not a bug."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", lines[0])[:200]
 
 
 def _leave() -> None:

@@ -20,7 +20,7 @@ from ddptop.record.reader import Recording
 from ddptop.record.replay import ReplaySource
 from ddptop.record.sqlite import RecordingWriter, base_meta
 
-JOB = JobKeys.from_token("clock-token", "a1" * 16)
+JOB = JobKeys.from_token("clock-token", "a1" * 16, b"a-test-salt-16-b")
 AHEAD_S = 3600.0
 STEPS, EVERY_S = 8, 0.15  # 8 steps about 1.2 s apart in all
 

@@ -3,8 +3,10 @@ a real ddptop job (front process, 2 gloo ranks, a real TCPStore) and a stranger 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -71,6 +73,20 @@ class Job:
             assert time.monotonic() - start < within_s, f"rank {rank} stopped training"
             time.sleep(0.1)
         return time.monotonic() - start
+
+    def recorded(self, kind: str, until=lambda rows: bool(rows), within_s: float = 10.0) -> list[dict]:
+        """The `data` of every `kind` event in the live recording (SQL on the file the front writes, committed
+        every 0.5 s), polled until `until(rows)` or `within_s`."""
+        deadline = time.monotonic() + within_s
+        while True:
+            db = sqlite3.connect(f"file:{self.record}?mode=ro", uri=True, timeout=5)
+            try:
+                rows = [json.loads(d) for (d,) in db.execute("SELECT data FROM events WHERE kind = ?", (kind,))]
+            finally:
+                db.close()
+            if until(rows) or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.2)
 
     def ranks(self) -> list[psutil.Process]:
         return [c for c in psutil.Process(self.proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]

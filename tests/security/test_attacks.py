@@ -1,8 +1,10 @@
 """Issue 14's attacks, each against one real running job by a stranger who knows only its address and port.
 
-One job serves every test in this file (in order); the last test stops it and checks what it printed and
-recorded: not driven (every switch was the user's), not corrupted (every step of both ranks, once), not
-hung (each attack measured, the job trained through it), and what happened was said.
+One job (started by whichever test needs it first) serves the tests of this file, but each test makes its own
+attack and checks its own outcome, in what the job answers and in its live recording (SQL on the file), so any
+one of them runs alone or in any order. The last stops the job and checks what it printed and recorded: not
+driven (every switch was the user's), not corrupted (every step of both ranks, once), not hung. The tests time
+the job getting past each attack (`< 5 s`): they run in `make test`'s `alone` phase.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ import pytest
 from security_job import LOST_AFTER_S, TOKEN, stranger
 from ddptop.control import keys
 from ddptop.control.agent import HEARTBEAT_EVERY_S
+from ddptop.control.channel import MAX_PENDING, read_port
+from ddptop.control.client import ControlClient
 from ddptop.control.commands import make_request
-from ddptop.events import ConfigApplied, ControlRefused, RankBack, RankLost, StepDone
+from ddptop.events import ConfigApplied, RankBack, RankLost, StepDone
 from ddptop.record.reader import Recording
 from test_bad_input import main
 from test_run_cli import DDPTOP
+
+pytestmark = pytest.mark.alone  # every test here times the job getting past its attack
 
 ESC = "\x1b]0;pwned\x07\x1b[2J"
 MEASURED: dict[str, float] = {}  # attack -> seconds the job needed to get past it (printed by the last test)
@@ -40,6 +46,23 @@ def test_a_half_sent_message_left_hanging_does_not_freeze_the_store(job):
     assert job.advances(0) < 5 and job.advances(1) < 5
 
 
+def test_a_flood_and_a_half_sent_handshake_on_the_channel_neither_stall_the_job_nor_keep_ctl_out(job):
+    port = read_port(stranger(job.port), 5)  # the channel's port is public (a key in the store)
+    hanging = socket.create_connection(("127.0.0.1", port))
+    hanging.sendall(b"ddptopC1")  # half a hello, then nothing
+    flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(4 * MAX_PENDING)]  # idle, never a hello
+    job.kept += [hanging, *flood]
+    start = time.monotonic()
+    job.client.status()  # the connection it holds
+    ControlClient("127.0.0.1", job.port, TOKEN).status()  # a fresh client: connects, proves the key, reads
+    MEASURED["half a hello + 128 idle connections on the channel: a new ctl client answers after"] = (
+        time.monotonic() - start)
+    assert time.monotonic() - start < 3
+    assert job.advances(0) < 5 and job.advances(1) < 5
+    said = job.recorded("log", lambda rows: [e for e in rows if "beyond its cap" in e["message"]])
+    assert [e for e in said if "beyond its cap" in e["message"] and e["rank"] == -1], said
+
+
 def test_forged_control_keys_do_not_drive_the_job(job):
     s = stranger(job.port)
     s.add("ctl/seq", 1000000)  # once disabled control: rank 0 waited on a million ids
@@ -52,7 +75,10 @@ def test_forged_control_keys_do_not_drive_the_job(job):
     answer = job.client.send("set", {"strategy": "allreduce"}, timeout_s=30)
     MEASURED["forged ctl/seq, ctl/decision, ctl/req: a signed set applied after"] = time.monotonic() - start
     assert answer["state"] == "applied"
-    job.applied_request = answer["request_id"]
+    applied = job.recorded("config_applied", lambda rows: len(mine(rows, answer["request_id"])) == 2)
+    assert {(e["rank"], e["config"]["strategy"]) for e in mine(applied, answer["request_id"])} == {(0, "allreduce"),
+                                                                                                (1, "allreduce")}
+    assert not [e for e in applied if e["who"] == "stranger"]
     start = time.monotonic()
     assert job.client.send("pause")["ok"] and job.client.send("resume")["ok"]
     assert time.monotonic() - start < 3
@@ -81,7 +107,8 @@ def test_a_copied_or_stale_request_is_refused_and_recorded(job):
     answer = job.client.response(old)
     assert not answer["ok"] and "outside ±60 s" in answer["error"]
     assert not store.check([keys.ctl_request(first)]), "a request is deleted once read"
-    job.refused_ids = (replay, old)
+    refused = job.recorded("control_refused", lambda rows: {replay, old} <= {e["request_id"] for e in rows})
+    assert {replay, old} <= {e["request_id"] for e in refused}
     assert job.advances(0) < 5
 
 
@@ -92,9 +119,12 @@ def test_a_counter_that_jumps_does_not_disable_control(job):
     assert job.client.send("pause")["ok"] and job.client.send("resume")["ok"]
     MEASURED["ctl/seq + 1000000 (with the token): pause and resume answered after"] = time.monotonic() - start
     assert time.monotonic() - start < 5
+    jumped = lambda rows: [e for e in rows if "counter jumped" in e["reason"]]  # noqa: E731
+    assert jumped(job.recorded("control_refused", jumped))
 
 
 def test_forged_status_and_heartbeats_neither_crash_ctl_nor_lose_a_rank(job):
+    lost_before = len(job.recorded("rank_lost", within_s=0))
     s = stranger(job.port)
     s.set("ctl/status", "{not json")
     s.set("ctl/status", json.dumps({"world_size": 100000000, "step": 0, "segment": 0, "config": {}}))
@@ -109,6 +139,7 @@ def test_forged_status_and_heartbeats_neither_crash_ctl_nor_lose_a_rank(job):
     assert code == 0, err
     rows = [line.split()[0] for line in out.splitlines()[2:] if line.strip()]  # one row per rank, its number first
     assert "running" in out and rows == ["0", "1"], out
+    assert len(job.recorded("rank_lost", within_s=0)) == lost_before  # a stale constant once marked rank 1 lost
 
 
 def test_forged_telemetry_reaches_neither_screen_nor_recording(job):
@@ -140,11 +171,12 @@ def test_oversized_values_are_refused_without_growing_the_front(job):
 def test_filling_the_store_is_noticed_and_said(job):
     s = stranger(job.port)
     s.multi_set([f"junk/{n}" for n in range(1600)], [b"x"] * 1600)  # more keys than 2 ranks ever write (1536)
-    job.flooded_at = time.monotonic()
+    assert job.recorded("store_flooded"), "the front said nothing"
     assert job.advances(0) < 5
 
 
 def test_a_stopped_rank_is_reported_lost_then_back(job):
+    lost_before, back_before = len(job.recorded("rank_lost", within_s=0)), len(job.recorded("rank_back", within_s=0))
     rank1 = job.ranks()[1]
     rank1.suspend()  # SIGSTOP: once marked lost forever, and info said both "1 ranks lost" and "finished"
     time.sleep(LOST_AFTER_S + 3.5)  # the last beat can be seen up to 1 s late, and the front checks once a second
@@ -152,8 +184,12 @@ def test_a_stopped_rank_is_reported_lost_then_back(job):
     start = time.monotonic()
     assert job.advances(1) < 10
     MEASURED["SIGCONT after SIGSTOP: rank 1 trains again after"] = time.monotonic() - start
-    # its next beat (every 1 s) reaches the front, which looks once a second: "back" is said within ~2 s of that
-    time.sleep(2 * HEARTBEAT_EVERY_S + 1.5)
+    # its next beat (every 1 s) reaches the front, which looks once a second: "back" is said within ~2 s of that,
+    # and recorded within the writer's 0.5 s commit (polled: a loaded machine gets more)
+    back = job.recorded("rank_back", lambda rows: len(rows) > back_before, within_s=4 * HEARTBEAT_EVERY_S + 6)
+    lost = job.recorded("rank_lost", within_s=0)
+    assert [e["rank"] for e in lost[lost_before:]] == [1] and [e["rank"] for e in back[back_before:]] == [1]
+    assert f"no heartbeat for {LOST_AFTER_S} s" in lost[-1]["reason"]
 
 
 def test_the_job_stops_cleanly_and_its_output_and_recording_say_what_happened(job):
@@ -163,13 +199,7 @@ def test_the_job_stops_cleanly_and_its_output_and_recording_say_what_happened(jo
         print(f"{what}: {seconds:.2f}")
     assert job.proc.returncode == 0 and took < 30, err
     assert "Traceback" not in out + err and "\x1b" not in out + err and "FORGED" not in out + err
-    lines = out.splitlines()
-    assert any(line.startswith("rank 1 lost after step") and f"no heartbeat for {LOST_AFTER_S} s" in line
-               for line in lines), out
-    assert any(line.startswith("rank 1 is back at step") for line in lines), out
-    assert any("someone else on its port is filling it" in line for line in lines), out
-
-    finished = [line for line in lines if line.startswith("finished: ")]  # the recording's closing lines follow
+    finished = [line for line in out.splitlines() if line.startswith("finished: ")]  # the closing lines follow
     assert len(finished) == 1 and finished[0].endswith("(stopped)")
     with Recording.open(str(job.record)) as rec:
         events = list(rec.events())
@@ -178,21 +208,20 @@ def test_the_job_stops_cleanly_and_its_output_and_recording_say_what_happened(jo
         steps = [e.step for e in events if isinstance(e, StepDone) and e.rank == rank]
         assert steps == list(range(len(steps))) and len(steps) > 20
     switches = [e for e in events if isinstance(e, ConfigApplied) and e.who != "start"]
-    assert switches and all(e.who.startswith("ctl@") for e in switches)
-    assert {e.config["strategy"] for e in switches} == {"allreduce"} and {e.rank for e in switches} == {0, 1}
-    refused = [e for e in events if isinstance(e, ControlRefused)]
-    assert {e.request_id for e in refused} >= set(job.refused_ids)
-    assert any("counter jumped" in e.reason for e in refused)
+    assert all(e.who.startswith("ctl@") for e in switches)  # whatever ran before: only the user's
     marks = [(type(e), e.rank) for e in events if isinstance(e, (RankLost, RankBack))]
-    assert marks[-2:] == [(RankLost, 1), (RankBack, 1)]  # the SIGSTOP; the forged heartbeats before it changed nothing
-    assert all(m == (RankLost, 1) or m == (RankBack, 1) for m in marks), marks
+    assert all(m in ((RankLost, 1), (RankBack, 1)) for m in marks), marks  # only ever the SIGSTOP test's rank
     info = subprocess.run(DDPTOP + ["info", str(job.record)], capture_output=True, text=True, timeout=60)
-    assert info.returncode == 0 and "complete)" in info.stdout and "1 ranks lost (1 came back)" in info.stdout
+    assert info.returncode == 0 and "complete)" in info.stdout
     assert "FORGED" not in info.stdout
     # a recording is handed around (reports, course hand-ins): the job's token is in none of its bytes
     assert TOKEN.encode() not in job.record.read_bytes()
     with Recording.open(str(job.record)) as rec:
         assert "--token REDACTED" in " ".join(rec.meta["argv"])
+
+
+def mine(rows: list[dict], request_id: int) -> list[dict]:
+    return [e for e in rows if e["request_id"] == request_id]
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """A compromised rank (it holds the ranks' key) writes events of the wrong types straight into its telemetry keys
-with a raw TCPStore client; the front's real pipeline (Collector, Feed, SessionState, RecordingWriter, headless
+with its own channel client; the front's real pipeline (Collector, Feed, SessionState, RecordingWriter, headless
 printer) refuses each of them alone, counts them, keeps every good event and leaves a recording `info` reads."""
 
 from __future__ import annotations
@@ -11,22 +11,20 @@ import sqlite3
 import subprocess
 import sys
 import time
-from datetime import timedelta
 
 import pytest
-import torch.distributed as dist
 
 from ddptop.control import keys
-from ddptop.control import store as stores
-from ddptop.control.auth import JobKeys, seal
+from ddptop.control.auth import seal
 from ddptop.control.bus import Collector, LiveSource, Publisher
 from ddptop.events import MAX_TEXT, EventsRefused, RankJoined, StepDone
 from ddptop.front.feed import Feed
 from ddptop.front.headless import HeadlessPrinter
 from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter, base_meta
+from jobchannel import Served, job_keys
 
-JOB = JobKeys.from_token("event-types-token", "ef" * 16)
+JOB = job_keys("event-types-token", "ef" * 16)
 
 
 def step(rank: int, n: int, **changes) -> dict:
@@ -54,23 +52,21 @@ HOSTILE = [  # one of each way a field can be wrong, each inside rank 1's own ba
 
 @pytest.fixture
 def port():
-    port = stores.free_port()
-    server = stores.serve(port)
-    yield port
-    del server
+    job = Served(JOB)
+    yield job
+    job.close()
 
 
-def compromised_rank_writes(port: int, rank: int, seq: int, items: list) -> None:
-    """What a rank holding the key can put in its own keys: a sealed batch and head, by a plain TCPStore client."""
-    raw = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5))
-    where = f"{keys.DDPTOP_PREFIX}/{JOB.namespace}/"
+def compromised_rank_writes(served: Served, rank: int, seq: int, items: list) -> None:
+    """What a rank holding the key can put in its own keys: a sealed batch and head, by its own channel client."""
+    raw = served.client(role=b"ranks")
     body = json.dumps(items).encode()  # json writes inf as Infinity, as a rank's json.dumps would
-    raw.set(where + keys.tel_batch(rank, seq), seal(JOB.ranks, f"tel {JOB.job_id} {rank} {seq}", body))
-    raw.set(where + keys.tel_head(rank), seal(JOB.ranks, f"head {JOB.job_id} {rank}", str(seq).encode()))
+    raw.set(keys.tel_batch(rank, seq), seal(JOB.ranks, f"tel {JOB.job_id} {rank} {seq}", body))
+    raw.set(keys.tel_head(rank), seal(JOB.ranks, f"head {JOB.job_id} {rank}", str(seq).encode()))
 
 
-def run_front(port: int, path: str) -> tuple[Feed, HeadlessPrinter, RecordingWriter]:
-    view = lambda: stores.job_view(stores.connect("127.0.0.1", port, 10), "", JOB.namespace)  # noqa: E731
+def run_front(port: Served, path: str) -> tuple[Feed, HeadlessPrinter, RecordingWriter]:
+    view = port.client
     publisher = Publisher(view(), 0, JOB, interval_s=3600)  # rank 0: honest, flushed by hand
     for n in range(3):
         publisher.emit(StepDone(**{k: v for k, v in step(0, n).items() if k not in ("kind", "v")}))

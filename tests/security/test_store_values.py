@@ -1,8 +1,8 @@
-"""Every value ddptop reads from the store is checked before use, on a real TCPStore served as a job serves it.
+"""Every value ddptop reads from the job's channel is checked before use, on a real channel served as a job serves it.
 
-These write bad values where ddptop really reads them (the job's secret namespace), i.e. what a store that
-was tampered with by someone holding the token, or damaged, would hold: ddptop must refuse each in one
-line or one event, quickly, and keep going.
+These write bad values where ddptop really reads them (the job's channel), i.e. what a channel written by someone
+holding the token or the ranks' key would hold: ddptop must refuse each in one line or one event, quickly, and
+keep going.
 """
 
 from __future__ import annotations
@@ -13,27 +13,26 @@ import time
 import pytest
 
 from ddptop.control import keys
-from ddptop.control import store as stores
-from ddptop.control.auth import JobKeys, seal
+from ddptop.control.auth import seal
 from ddptop.control.bus import Collector, Liveness, Publisher
 from ddptop.control.client import ControlClient, ControlError
 from ddptop.control.commands import Replays, make_request, read_request, seal_json
 from ddptop.events import RankBack, RankLost, StepDone, StepSpans, Span, TelemetryGap
+from jobchannel import Served, job_keys
 
 TOKEN = "store-values-token"
-JOB = JobKeys.from_token(TOKEN, "ab" * 16)
+JOB = job_keys(TOKEN, "ab" * 16)
 
 
 @pytest.fixture(scope="module")
 def served():
-    port = stores.free_port()
-    server = stores.serve(port)
-    yield port
-    del server
+    job = Served(JOB)
+    yield job
+    job.close()
 
 
-def view(port: int):
-    return stores.job_view(stores.connect("127.0.0.1", port, 10), "", JOB.namespace)
+def view(served: Served):
+    return served.client()
 
 
 def status(**changes) -> dict:
@@ -56,7 +55,7 @@ def test_a_status_that_does_not_check_out_is_one_line_quickly(served, value, wor
     view(served).set(keys.STATUS, value)
     start = time.monotonic()
     with pytest.raises(ControlError) as caught:
-        ControlClient("127.0.0.1", served, TOKEN).status()
+        ControlClient("127.0.0.1", served.port, TOKEN).status()
     assert time.monotonic() - start < 2
     assert words in str(caught.value) and "\n" not in str(caught.value)
 
@@ -65,7 +64,7 @@ def test_a_bad_status_is_retried_for_two_seconds_then_given_up(served):
     view(served).set(keys.STATUS, b"{not json")
     start = time.monotonic()
     with pytest.raises(ControlError, match="refused"):
-        ControlClient("127.0.0.1", served, TOKEN).status()
+        ControlClient("127.0.0.1", served.port, TOKEN).status()
     assert 2 <= time.monotonic() - start < 4  # rank 0 rewrites its status twice a second: a real one would win
 
 
@@ -74,7 +73,7 @@ def test_a_good_status_is_read_and_heartbeats_are_checked(served):
     store.set(keys.STATUS, seal_json(JOB.control, "status", status()))
     store.set(keys.heartbeat(0), seal_json(JOB.ranks, f"hb {JOB.job_id} 0", {"step": 7, "beat": 1, "paused": False}))
     store.set(keys.heartbeat(1), seal_json(JOB.ranks, f"hb {JOB.job_id} 0", {"step": 9, "beat": 1, "paused": False}))
-    got = ControlClient("127.0.0.1", served, TOKEN).status()
+    got = ControlClient("127.0.0.1", served.port, TOKEN).status()
     assert got["ranks"][0] == {"rank": 0, "step": 7}
     assert "bad MAC" in got["ranks"][1]["refused"]  # rank 0's heartbeat copied to rank 1's key
 

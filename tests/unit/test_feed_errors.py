@@ -16,7 +16,7 @@ from ddptop.front.headless import HeadlessPrinter
 from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter, base_meta
 
-JOB = JobKeys.from_token("feed-errors-token", "cd" * 16)
+JOB = JobKeys.from_token("feed-errors-token", "cd" * 16, b"a-test-salt-16-b")
 
 
 def test_a_collector_that_fails_is_said_once_on_screen_in_the_log_and_in_the_recording(tmp_path):

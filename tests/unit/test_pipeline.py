@@ -19,7 +19,7 @@ from ddptop.front.recording import RecorderAlarm
 from ddptop.front.supervisor import LocalJob
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "ddptop"
-JOB = JobKeys.from_token("pipeline-test-token", "cd" * 16)
+JOB = JobKeys.from_token("pipeline-test-token", "cd" * 16, b"a-test-salt-16-b")
 
 
 class Nothing:

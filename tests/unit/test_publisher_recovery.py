@@ -1,6 +1,6 @@
-"""The telemetry publisher against a real TCPStore that goes away and comes back, and closing under load.
+"""The telemetry publisher against the job's real channel that goes away and comes back, and closing under load.
 
-The store is served as a job serves it; the outage is a real TCP link cut between the rank and the store
+The channel is served as a job serves it; the outage is a real TCP link cut between the rank and the channel
 (every connection reset, new ones refused), so the server keeps what it holds, as when a network blips.
 """
 
@@ -14,23 +14,24 @@ import time
 import pytest
 
 from ddptop.control import store as stores
-from ddptop.control.auth import JobKeys
 from ddptop.control.bus import Collector, Publisher
+from ddptop.control.channel import ChannelClient
 from ddptop.events import LogLine, StepDone, TelemetryGap
+from jobchannel import Served, job_keys
 
-JOB = JobKeys.from_token("publisher-recovery-token", "cd" * 16)
+JOB = job_keys("publisher-recovery-token", "cd" * 16)
 
 
 @pytest.fixture()
 def served():
-    port = stores.free_port()
-    server = stores.serve(port)
-    yield port
-    del server
+    job = Served(JOB)
+    yield job.channel.port
+    job.close()
 
 
 def view(port: int, timeout_s: float = 10):
-    return stores.job_view(stores.connect("127.0.0.1", port, timeout_s), "", JOB.namespace)
+    """A rank's client of the channel at `port` (the channel's, or the relay's in front of it)."""
+    return ChannelClient("127.0.0.1", port, JOB.ranks, b"ranks", timeout_s)
 
 
 def step(n: int) -> StepDone:
