@@ -154,7 +154,7 @@ class ControlClient:
                 if time.monotonic() > deadline:
                     raise ControlError(late)
                 time.sleep(POLL_S)
-        except OSError as exc:  # ConnectionError included: the store lives in the job's front process
+        except (OSError, channel.ChannelError) as exc:  # the channel lives in the job's front process
             raise PeerLost(f"the job at {self.master}:{self.port} went away while request {request_id} waited "
                            f"({exc or type(exc).__name__})") from None
 
