@@ -80,10 +80,14 @@ def test_several_recordings_give_a_scaling_table(smoke, tmp_path):
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
-    assert main(["report", str(tmp_path / "missing.db"), "-o", str(tmp_path / "x")]) != 0
+    missing = tmp_path / "missing.db"
+    assert main(["report", str(missing), "-o", str(tmp_path / "x")]) == 6  # README: a recording that cannot be read
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddptop: ") and str(missing) in err[0], err
+    assert not (tmp_path / "x").exists()
     assert main(["report", "-o", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err and all(line.startswith("ddptop: ") for line in err) and "Traceback" not in "\n".join(err)
+    assert len(err) == 1 and err[0].startswith("ddptop: "), err
 
 
 def test_a_report_that_cannot_be_written_is_one_line(smoke, tmp_path, capsys):
