@@ -166,6 +166,26 @@ def test_another_ddptop_version_is_refused_at_the_handshake(tmp_path):
     no_traceback(worker.stderr, err)
 
 
+def test_an_internal_error_is_one_line_and_exit_70_and_ddptop_debug_shows_the_traceback(tmp_path):
+    """A real bug, in a damaged installation copy (a name info's renderer uses no longer exists): one line naming
+    the exception, exit 70 (README); with DDPTOP_DEBUG=1 the traceback, pointing at the broken line."""
+    root = Path(__file__).resolve().parents[2]
+    fake = tmp_path / "ddptop"
+    shutil.copytree(root / "ddptop", fake)
+    info = fake / "record" / "info.py"
+    text = info.read_text()
+    assert 'size = s["size_bytes"] / 1e6' in text
+    info.write_text(text.replace('size = s["size_bytes"] / 1e6', 'size = s["size_bytes"] / lost_in_the_copy'))
+    recording = str(root / "recordings" / "live-switch.db")
+    env = {"PYTHONPATH": str(tmp_path)}
+    plain = ddptop("info", recording, env=env, cwd=tmp_path)  # `-m` would find ./ddptop first: cwd is the copy's
+    assert plain.returncode == 70 and plain.stdout == "", plain.stderr
+    assert plain.stderr.splitlines() == ["ddptop: internal error: NameError: name 'lost_in_the_copy' is not defined "
+                                         "(DDPTOP_DEBUG=1 shows where)"]
+    debug = ddptop("info", recording, env={**env, "DDPTOP_DEBUG": "1"}, cwd=tmp_path)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and f"{info}" in debug.stderr, debug.stderr
+
+
 # -- the recording's disk fails: training goes on (or stops, with --record-required); the file says why -----------
 
 @pytest.fixture
