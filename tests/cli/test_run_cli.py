@@ -77,14 +77,20 @@ def test_unreachable_master_gives_up_after_the_timeout():
     assert time.monotonic() - start < 30
 
 
-def test_port_in_use_is_refused():
+def test_port_in_use_is_refused_and_leaves_no_recording(tmp_path):
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = ddptop("--local", "2", "--port", str(port), "--steps", "2", *TINY)
+        result = ddptop("--local", "2", "--port", str(port), "--steps", "2", *TINY,
+                        env={"DDPTOP_RUNS_DIR": str(tmp_path / "runs")})
+        named = ddptop("--local", "2", "--port", str(port), "--steps", "2", "--record", str(tmp_path / "named.db"),
+                       *TINY)
     assert_one_line_error(result, 4, f"port {port}", "--port")
     assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert_one_line_error(named, 4, f"port {port}")
+    # README, Failures: a start that fails leaves no recording file behind to block the retry
+    assert not list(tmp_path.rglob("*.db*")), list(tmp_path.rglob("*"))
 
 
 def test_world_size_mismatch_stops_both_ranks():
