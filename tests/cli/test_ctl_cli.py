@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 
 import psutil
@@ -193,3 +195,44 @@ def test_a_sweep_reports_segment_0_everywhere_and_refuses_set(tmp_path):
     assert ", single, batch 16/rank" in first
     info = subprocess.run(DDPTOP + ["info", str(record)], capture_output=True, text=True, timeout=60)
     assert "single batch=16" in info.stdout and "ddp" not in info.stdout.split("segments")[1].splitlines()[2]
+
+
+def test_a_torchrun_job_records_every_rank_and_ctl_and_attach_find_it(tmp_path):
+    """README's torchrun line, run by torchrun itself: ranks found by torchrun, rank 0's collector records every
+    rank's steps (counted with SQL), and `ctl status` / `attach` find the job from its job file; `ctl stop` ends it."""
+    from ddptop.control.store import free_port
+
+    env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}
+    record = tmp_path / "torchrun.db"
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    job = subprocess.Popen([torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                            "-m", "ddptop", "--steps", "100000", "--log-every", "1000", "--record", str(record),
+                            *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                           start_new_session=True)  # torchrun's ranks outlive a killed torchrun: kill the group
+    try:
+        status = wait_for_status(env, deadline_s=90)
+        assert "running" in status and "ddp bucket=25MB batch=16" in status, status
+        watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "20"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env)
+        deadline, lines = time.monotonic() + 60, []
+        while time.monotonic() < deadline and sum(line.startswith("step ") for line in lines) < 2:
+            lines.append(watcher.stdout.readline())
+        watcher.send_signal(2)  # Ctrl-C: detach
+        _, err = watcher.communicate(timeout=30)
+        assert watcher.returncode == 0 and "detached; the job goes on" in err, err
+        assert sum(line.startswith("step ") for line in lines) >= 2, lines
+        assert ctl("stop", env=env).returncode == 0
+        out, err = job.communicate(timeout=90)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 0, err
+    assert "ranks found by torchrun" in err and "(stopped)" in out, (out, err)
+    import sqlite3
+
+    with sqlite3.connect(str(record)) as db:
+        per_rank = dict(db.execute("SELECT rank, count(DISTINCT step) FROM steps GROUP BY rank").fetchall())
+        finished = dict(db.execute("SELECT rank, json_extract(data, '$.steps') FROM events "
+                                   "WHERE kind = 'run_finished'").fetchall())
+    assert sorted(per_rank) == [0, 1] and per_rank == finished and min(per_rank.values()) >= 3, (per_rank, finished)

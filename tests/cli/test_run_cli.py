@@ -119,20 +119,6 @@ def test_two_machines_by_flags_train_together():
     assert "rank 1 finished 4 steps" in worker.stderr
 
 
-def test_torchrun_environment_is_honoured():
-    """Two processes that only see torchrun's variables (as torchrun sets them) form the job."""
-    port = str(free_port())
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen(DDPTOP + ["--steps", "3", "--strategy", "ddp", "--log-every", "1", *TINY],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = [p.communicate(timeout=90) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    assert "ranks found by torchrun" in outputs[0][1] and "step 3/3 loss" in outputs[0][0]
-
-
 def test_help_lists_every_command_and_profile_and_every_flag_says_what_it_does():
     result = ddptop("--help")
     assert result.returncode == 0
