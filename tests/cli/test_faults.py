@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -165,6 +166,8 @@ def test_another_ddptop_version_is_refused_at_the_handshake(tmp_path):
     out, err, _ = finish(master)
     assert worker.returncode == 4 and "ddptop version 9.9-" in worker.stderr, worker.stderr
     assert master.returncode == 4 and "ddptop rank 0: rank 1 has ddptop version 9.9-" in err, err  # both sides: 4
+    assert re.fullmatch(r"ddptop: the job failed: rank 0 process \d+ exited with code 4 \(exit code 4\)",
+                        err.strip().splitlines()[-1]), err  # README: the reason, then the front's closing line
     no_traceback(worker.stderr, err)
 
 
