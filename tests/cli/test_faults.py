@@ -21,9 +21,9 @@ from ddptop.errors import DdptopError
 from test_run_cli import DDPTOP, TINY, ddptop
 
 BOUND_S = 90  # a hang guard: no process of a test may outlive its fault by this much
-# README, Failures: "the whole job gone ~2 s after the kill" (4.6 s here at load average 17); 5x, run alone
+# README, Failures: "the whole job gone ~2 s after the kill" (2.2 s here at load 4, 4.6 s at load 17); 5x, alone
 KILLED_WORKER_S = 10
-# README, Failures: workers exit "within seconds" of a killed master (4.4 s here at load average 17); 10 s
+# README, Failures: workers exit "within seconds" of a killed master (1.6 s at load 4, 4.4 s at load 17); 10 s
 KILLED_MASTER_S = 10
 LONG = ["--steps", "100000", "--log-every", "1000", *TINY]
 
