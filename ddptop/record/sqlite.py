@@ -82,6 +82,7 @@ class RecordingWriter:
         self.error: str | None = None
         self.on_error = on_error  # called once, from the writer thread, with the reason
         self.written = 0  # events committed
+        self.joined = 0  # RankJoined events committed: none, and the run never started
         self._db = _create(path)
         self._reserve = _reserve(path)
         self._meta = dict(meta)
@@ -133,9 +134,10 @@ class RecordingWriter:
             _free(self._reserve)
 
     def discard(self) -> None:
-        """Close and remove a recording that holds no event (a run that failed to start leaves no file)."""
+        """Close and remove a recording no rank ever joined: a run that failed to start leaves no file, even when
+        the front recorded what it saw (a rank 0 that gave up waiting for rank 1 is a `rank_lost` event)."""
         self.close()
-        if self.written == 0:
+        if self.joined == 0:
             _remove(self.path)
 
     def _run(self) -> None:
@@ -175,6 +177,7 @@ class RecordingWriter:
             self._fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return
         self.written += len(events)
+        self.joined += sum(isinstance(e, RankJoined) for _, e in events)
 
     def _fail(self, reason: str) -> None:
         """Stop recording: mark the file (a small row that usually still fits: the WAL reuses its pages after a

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
+import statistics
 import subprocess
+import sys
 import time
 
 import psutil
+import pytest
 
 from test_run_cli import DDPTOP, TINY, assert_one_line_error
 
@@ -74,6 +79,12 @@ def test_ctl_changes_a_running_job_and_stops_it(tmp_path):
     assert_one_line_error(ctl("status", env=env), 4, "no ddptop job")
 
 
+# README: `ctl` to no job answers "at once", and `ctl status` took 0.44 s median (0.20-0.71 s) at load average 10.
+# A fresh Python process is most of both; 2 s leaves 3-4x for a loaded 2-core machine (these tests run alone).
+CTL_S = 2.0
+
+
+@pytest.mark.alone
 def test_ctl_with_no_job_at_that_address_says_so(tmp_path):
     env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path)}
     from ddptop.control.store import free_port
@@ -81,8 +92,48 @@ def test_ctl_with_no_job_at_that_address_says_so(tmp_path):
     for args in (["--token", "abcdefgh1"], []):  # with a token or without: the answer is that nothing is there
         start = time.monotonic()
         result = ctl("--master", "127.0.0.1", "--port", str(free_port()), *args, "status", env=env)
+        took = time.monotonic() - start
         assert_one_line_error(result, 4, "no ddptop job on 127.0.0.1:")
-        assert len(result.stderr.strip().splitlines()) == 1 and time.monotonic() - start < 10
+        assert len(result.stderr.strip().splitlines()) == 1 and took < CTL_S, took
+
+
+@pytest.mark.alone
+def test_ctl_status_is_quick_the_job_file_private_and_the_store_on_the_master_address_only(tmp_path):
+    """README: the job file is readable only by you (0600, in a 0700 folder); the store listens on the --master
+    address only (the kernel's socket table, and a connection to another local address is refused); `ctl status`
+    against a running job answers in well under a second (no torch import)."""
+    from ddptop.control.store import free_port
+
+    jobs = tmp_path / "jobs"
+    env = {**os.environ, "DDPTOP_STATE_DIR": str(jobs)}
+    port = free_port("127.0.0.2")
+    job = subprocess.Popen(DDPTOP + ["--master", "127.0.0.2", "--rank", "0", "--world-size", "1", "--port", str(port),
+                                     "--steps", "100000", "--log-every", "1000", *TINY],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for_status(env)
+        (file,) = jobs.iterdir()
+        assert (file.stat().st_mode & 0o777, jobs.stat().st_mode & 0o777) == (0o600, 0o700)
+        listening = {c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                     and c.laddr.port == port}
+        assert listening == {("127.0.0.2", port)}, listening
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        times = []
+        for _ in range(5):
+            start = time.monotonic()
+            result = ctl("status", env=env)
+            times.append(time.monotonic() - start)
+            assert result.returncode == 0 and "running" in result.stdout, result.stderr
+        print(f"ctl status: {statistics.median(times):.2f} s median ({min(times):.2f}-{max(times):.2f} s)")
+        assert statistics.median(times) < CTL_S, times
+        assert ctl("stop", env=env).returncode == 0
+        job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0
 
 
 def test_attach_watches_a_running_job_and_detaching_leaves_it_running(tmp_path):
@@ -144,3 +195,44 @@ def test_a_sweep_reports_segment_0_everywhere_and_refuses_set(tmp_path):
     assert ", single, batch 16/rank" in first
     info = subprocess.run(DDPTOP + ["info", str(record)], capture_output=True, text=True, timeout=60)
     assert "single batch=16" in info.stdout and "ddp" not in info.stdout.split("segments")[1].splitlines()[2]
+
+
+def test_a_torchrun_job_records_every_rank_and_ctl_and_attach_find_it(tmp_path):
+    """README's torchrun line, run by torchrun itself: ranks found by torchrun, rank 0's collector records every
+    rank's steps (counted with SQL), and `ctl status` / `attach` find the job from its job file; `ctl stop` ends it."""
+    from ddptop.control.store import free_port
+
+    env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}
+    record = tmp_path / "torchrun.db"
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    job = subprocess.Popen([torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                            "-m", "ddptop", "--steps", "100000", "--log-every", "1000", "--record", str(record),
+                            *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                           start_new_session=True)  # torchrun's ranks outlive a killed torchrun: kill the group
+    try:
+        status = wait_for_status(env, deadline_s=90)
+        assert "running" in status and "ddp bucket=25MB batch=16" in status, status
+        watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "20"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env)
+        deadline, lines = time.monotonic() + 60, []
+        while time.monotonic() < deadline and sum(line.startswith("step ") for line in lines) < 2:
+            lines.append(watcher.stdout.readline())
+        watcher.send_signal(2)  # Ctrl-C: detach
+        _, err = watcher.communicate(timeout=30)
+        assert watcher.returncode == 0 and "detached; the job goes on" in err, err
+        assert sum(line.startswith("step ") for line in lines) >= 2, lines
+        assert ctl("stop", env=env).returncode == 0
+        out, err = job.communicate(timeout=90)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 0, err
+    assert "ranks found by torchrun" in err and "(stopped)" in out, (out, err)
+    import sqlite3
+
+    with sqlite3.connect(str(record)) as db:
+        per_rank = dict(db.execute("SELECT rank, count(DISTINCT step) FROM steps GROUP BY rank").fetchall())
+        finished = dict(db.execute("SELECT rank, json_extract(data, '$.steps') FROM events "
+                                   "WHERE kind = 'run_finished'").fetchall())
+    assert sorted(per_rank) == [0, 1] and per_rank == finished and min(per_rank.values()) >= 3, (per_rank, finished)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,7 +20,11 @@ from ddptop.control.token import running_jobs
 from ddptop.errors import DdptopError
 from test_run_cli import DDPTOP, TINY, ddptop
 
-BOUND_S = 90  # every surviving process must be gone this long after a fault
+BOUND_S = 90  # a hang guard: no process of a test may outlive its fault by this much
+# README, Failures: "the whole job gone ~2 s after the kill" (2.2 s here at load 4, 4.6 s at load 17); 5x, alone
+KILLED_WORKER_S = 10
+# README, Failures: workers exit "within seconds" of a killed master (1.6 s at load 4, 4.4 s at load 17); 10 s
+KILLED_MASTER_S = 10
 LONG = ["--steps", "100000", "--log-every", "1000", *TINY]
 
 
@@ -62,6 +67,7 @@ def no_traceback(*texts: str) -> None:
         assert "Traceback" not in text, text
 
 
+@pytest.mark.alone
 def test_a_killed_worker_is_reported_and_the_job_ends(tmp_path):
     record = tmp_path / "fault.db"
     front = start("--local", "2", "--record", str(record), *LONG)
@@ -70,7 +76,8 @@ def test_a_killed_worker_is_reported_and_the_job_ends(tmp_path):
     killed_at = time.time()
     ranks[1].kill()
     out, err, took = finish(front)
-    assert took < BOUND_S and front.returncode == 5, err
+    print(f"the job was gone {took:.1f} s after the kill")
+    assert took < KILLED_WORKER_S and front.returncode == 5, (took, err)
     assert "rank 1 lost after step" in out and "killed by signal 9" in out
     assert err.strip().splitlines()[-1].startswith("ddptop: the job failed: rank 1 process")
     no_traceback(out, err)
@@ -100,12 +107,14 @@ def _two_nodes(port: str, *extra: str, env1: dict | None = None):
     return master, worker
 
 
+@pytest.mark.alone
 def test_a_killed_master_stops_the_workers():
     master, worker = _two_nodes(str(free_port()))
     wait_training(master, 1)
     os.kill(master.pid, signal.SIGKILL)  # its rank-0 process dies with it (PR_SET_PDEATHSIG)
     out, err, took = finish(worker)
-    assert took < BOUND_S and worker.returncode != 0
+    print(f"the worker was gone {took:.1f} s after its master was killed")
+    assert took < KILLED_MASTER_S and worker.returncode == 5, (took, err)  # README: a peer was lost mid-run
     last = err.strip().splitlines()[-1]
     assert last.startswith("ddptop: ") and ("lost contact" in last or "lost the job's master" in last), err
     no_traceback(out, err)
@@ -128,18 +137,20 @@ def test_stopping_the_master_stops_every_rank_and_frees_the_port(sig):
     assert again.returncode == 0, again.stderr
 
 
-def test_a_wrong_token_never_reaches_the_job_and_both_sides_give_up_in_one_line():
+def test_a_wrong_token_never_reaches_the_job_and_both_sides_give_up_in_one_line(tmp_path):
     """With a token the handshake runs in the job's secret namespace: a rank with another token never sees it
-    (so a stranger cannot abort a job by answering for it) and both sides give up after --timeout."""
+    (so a stranger cannot abort a job by answering for it) and both sides give up after --timeout. The master's
+    recording, begun before the rank was missed, is not left behind to block the retry (README, Failures)."""
     port = str(free_port())
     master = start("--rank", "0", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token",
-                   "right-token-1", "--timeout", "5", *LONG)
+                   "right-token-1", "--timeout", "5", *LONG, env={"DDPTOP_RUNS_DIR": str(tmp_path / "runs")})
     worker = ddptop("--rank", "1", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token",
                     "wrong-token-2", "--timeout", "5", *LONG)
     out, err, _ = finish(master)
     assert worker.returncode == 4 and "with the same --token" in worker.stderr.strip().splitlines()[-1]
     assert master.returncode == 4 and "rank(s) 1 did not join within 5 s" in err and "same --token" in err
     no_traceback(worker.stderr, err)
+    assert "recording to " in err and not list(tmp_path.rglob("*.db*")), list(tmp_path.rglob("*"))
 
 
 def test_another_ddptop_version_is_refused_at_the_handshake(tmp_path):
@@ -154,8 +165,30 @@ def test_another_ddptop_version_is_refused_at_the_handshake(tmp_path):
                     *LONG, env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)  # `-m` would find ./ddptop first
     out, err, _ = finish(master)
     assert worker.returncode == 4 and "ddptop version 9.9-" in worker.stderr, worker.stderr
-    assert master.returncode != 0 and "ddptop version 9.9-" in err
+    assert master.returncode == 4 and "ddptop rank 0: rank 1 has ddptop version 9.9-" in err, err  # both sides: 4
+    assert re.fullmatch(r"ddptop: the job failed: rank 0 process \d+ exited with code 4 \(exit code 4\)",
+                        err.strip().splitlines()[-1]), err  # README: the reason, then the front's closing line
     no_traceback(worker.stderr, err)
+
+
+def test_an_internal_error_is_one_line_and_exit_70_and_ddptop_debug_shows_the_traceback(tmp_path):
+    """A real bug, in a damaged installation copy (a name info's renderer uses no longer exists): one line naming
+    the exception, exit 70 (README); with DDPTOP_DEBUG=1 the traceback, pointing at the broken line."""
+    root = Path(__file__).resolve().parents[2]
+    fake = tmp_path / "ddptop"
+    shutil.copytree(root / "ddptop", fake)
+    info = fake / "record" / "info.py"
+    text = info.read_text()
+    assert 'size = s["size_bytes"] / 1e6' in text
+    info.write_text(text.replace('size = s["size_bytes"] / 1e6', 'size = s["size_bytes"] / lost_in_the_copy'))
+    recording = str(root / "recordings" / "live-switch.db")
+    env = {"PYTHONPATH": str(tmp_path)}
+    plain = ddptop("info", recording, env=env, cwd=tmp_path)  # `-m` would find ./ddptop first: cwd is the copy's
+    assert plain.returncode == 70 and plain.stdout == "", plain.stderr
+    assert plain.stderr.splitlines() == ["ddptop: internal error: NameError: name 'lost_in_the_copy' is not defined "
+                                         "(DDPTOP_DEBUG=1 shows where)"]
+    debug = ddptop("info", recording, env={**env, "DDPTOP_DEBUG": "1"}, cwd=tmp_path)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and f"{info}" in debug.stderr, debug.stderr
 
 
 # -- the recording's disk fails: training goes on (or stops, with --record-required); the file says why -----------
@@ -267,21 +300,40 @@ def test_an_io_error_stops_the_job_cleanly_with_record_required(failing_disk):
     print(f"I/O error: the job ended {time.monotonic() - start_t:.1f} s after the disk failed")
 
 
-@pytest.mark.parametrize("delay", [0.3, 2.5, 5.0])
-def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(delay):
-    """Ctrl-C reaches the whole process group (the front and the ranks importing torch): before the front
-    starts the ranks it is `interrupted` (130); after, a stop (0). One line, no traceback, nothing left."""
+def rank_processes(front: subprocess.Popen) -> list[psutil.Process]:
+    return [c for c in psutil.Process(front.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+
+
+@pytest.mark.parametrize("moment", ["before the ranks", "while the ranks start", "while training"])
+def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
+    """Ctrl-C reaches the whole process group (the front and the ranks importing torch). Each moment is found by
+    watching the processes, not by a delay, and has its own outcome: before the front starts the ranks,
+    `ddptop: interrupted` (130); while they import torch, `stopped while the ranks were starting` (0); once they
+    train, a stop (0, `finished: … (stopped)`). One line, no traceback, nothing left."""
     front = start("--local", "2", *LONG)
-    time.sleep(delay)
+    if moment == "before the ranks":
+        time.sleep(0.3)  # the front is still importing ddptop: ~1 s before it starts a rank here
+        assert not rank_processes(front), "the ranks started within 0.3 s: pick an earlier moment"
+    elif moment == "while the ranks start":
+        deadline = time.monotonic() + 30
+        while len(rank_processes(front)) < 2:
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.02)
+        # now the ranks import torch (~2 s here): none trains yet
+    else:
+        wait_training(front, 2)
     kids = psutil.Process(front.pid).children(recursive=True)
     os.killpg(front.pid, signal.SIGINT)
     out, err, took = finish(front, timeout=60)
-    assert front.returncode in (0, 130) and took < 30, err
     no_traceback(out, err)
     finished = [line for line in out.splitlines() if line.startswith("finished: ")]  # the recording's lines follow
-    last = err.strip().splitlines()[-1] if front.returncode == 130 else (finished or [""])[-1]
-    assert (last == "ddptop: interrupted" if front.returncode == 130 else
-            last.endswith("(stopped)") or "stopped while the ranks were starting" in err), (out, err)
+    if moment == "before the ranks":
+        assert front.returncode == 130 and err.strip().splitlines()[-1] == "ddptop: interrupted", (out, err)
+    elif moment == "while the ranks start":
+        assert front.returncode == 0 and "ddptop: stopped while the ranks were starting" in err, (out, err)
+    else:
+        assert front.returncode == 0 and finished and finished[-1].endswith("(stopped)"), (out, err)
+    assert took < 30, took  # a hang guard; the stop itself is checked by the lines above
     time.sleep(0.5)
     assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
 

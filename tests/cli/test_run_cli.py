@@ -77,14 +77,18 @@ def test_unreachable_master_gives_up_after_the_timeout():
     assert time.monotonic() - start < 30
 
 
-def test_port_in_use_is_refused():
+def test_port_in_use_is_refused_and_leaves_no_recording(tmp_path):
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = ddptop("--local", "2", "--port", str(port), "--steps", "2", *TINY)
+        result = ddptop("--local", "2", "--port", str(port), "--steps", "2", *TINY,
+                        env={"DDPTOP_RUNS_DIR": str(tmp_path / "runs")})
     assert_one_line_error(result, 4, f"port {port}", "--port")
     assert len(result.stderr.splitlines()) == 1, result.stderr
+    # README, Failures: a start that fails leaves no recording file behind to block the retry (the default file
+    # here; a named one: test_bad_input.py::test_a_start_that_fails_leaves_no_recording)
+    assert not list(tmp_path.rglob("*.db*")), list(tmp_path.rglob("*"))
 
 
 def test_world_size_mismatch_stops_both_ranks():
@@ -95,7 +99,8 @@ def test_world_size_mismatch_stops_both_ranks():
     worker = ddptop("--rank", "1", "--world-size", "3", *common)
     _, master_err = master.communicate(timeout=60)
     assert_one_line_error(worker, 4, "world size")
-    assert master.returncode != 0 and "world size 3" in master_err and "Traceback" not in master_err
+    assert master.returncode == 4 and "ddptop rank 0: rank 1 has world size 3, rank 0 has 2" in master_err, master_err
+    assert "Traceback" not in master_err
 
 
 def test_two_machines_by_flags_train_together():
@@ -110,20 +115,6 @@ def test_two_machines_by_flags_train_together():
     assert worker.returncode == 0 and master.returncode == 0, worker.stderr + err
     assert "ranks found by flags" in err and "step 4/4 loss" in out
     assert "rank 1 finished 4 steps" in worker.stderr
-
-
-def test_torchrun_environment_is_honoured():
-    """Two processes that only see torchrun's variables (as torchrun sets them) form the job."""
-    port = str(free_port())
-    procs = []
-    for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen(DDPTOP + ["--steps", "3", "--strategy", "ddp", "--log-every", "1", *TINY],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = [p.communicate(timeout=90) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    assert "ranks found by torchrun" in outputs[0][1] and "step 3/3 loss" in outputs[0][0]
 
 
 def test_help_lists_every_command_and_profile_and_every_flag_says_what_it_does():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from ddptop import metrics
 from ddptop.events import RunStarted, SystemSample
 from ddptop.metrics import wire
 from ddptop.train.models import build_model
 from jobs import run_job, spans_of, steps_of, tiny_config
 
 EPS = 1e-6
+PARTS_EPS = 2e-5  # 20 µs
 TINY_PARAMS = [(n, p.numel() * 4) for n, p in build_model("tiny").named_parameters()]
 TINY_BYTES = sum(size for _, size in TINY_PARAMS)
 
@@ -99,13 +99,30 @@ def test_step_summary_is_consistent(jobs):
             assert done.comm_s > 0 and 0 <= done.exposed_comm_s <= done.comm_s + EPS
             assert done.compute_s <= done.iter_s + EPS
             assert done.images_per_s == pytest.approx(16 / done.iter_s)
-            # compute is the phases' time less hook time, the same on sampled and unsampled steps
-            assert done.compute_s == pytest.approx(done.fwd_s + done.bwd_s + done.opt_s)
             assert done.own_s > 0  # the boundary exchange and the marks, at least
-            parts = metrics.parts(done)
-            assert sum(parts.values()) == pytest.approx(done.iter_s, abs=1e-9) or parts["other"] == 0
+            # the measured parts, summed raw (not through `other`, which is clamped at 0), never exceed the step:
+            # a part counted twice (ddptop's bookkeeping inside an async collective's span was own AND exposed
+            # time, 0.4 ms over a 13 ms step) shows here. PARTS_EPS: float sums of a few perf_counter differences
+            measured = done.data_s + done.fwd_s + done.bwd_s + done.opt_s + done.exposed_comm_s + done.own_s
+            assert measured <= done.iter_s + PARTS_EPS, (name, done)
+        # ... and leave little unexplained: `other` (zero_grad, the loop) is ~1% of a tiny-model step in
+        # recordings/live-switch.db; under half over the job, whatever the load (a preempted step lands in `other`)
+        steps = steps_of(events)
+        other = sum(d.iter_s - d.data_s - d.compute_s - d.exposed_comm_s - d.own_s for d in steps)
+        assert other < 0.5 * sum(d.iter_s for d in steps), name
         started = [e for e in events if isinstance(e, RunStarted)]
         assert len(started) == 1 and started[0].param_bytes == TINY_BYTES
+
+
+def test_async_bookkeeping_is_not_counted_as_exposed_communication_too():
+    """allreduce async_op: the bookkeeping after each wait ran while the next collective was in flight, so it was
+    both ddptop's own time and exposed communication; 53 of 600 steps then added up to more than the step (by up to
+    3.4 ms). 60 steps × 2 ranks of the tiny model: the raw parts never exceed the step."""
+    code, events = run_job(tiny_config(strategy="allreduce", async_op=True, steps=60, span_every=1000), timeout_s=60)
+    assert code == 0
+    over = [(d.rank, d.step, d.data_s + d.compute_s + d.exposed_comm_s + d.own_s - d.iter_s) for d in steps_of(events)
+            if d.data_s + d.compute_s + d.exposed_comm_s + d.own_s > d.iter_s + PARTS_EPS]
+    assert len(steps_of(events)) == 120 and not over, over
 
 
 def test_system_samples_arrive_from_every_rank(jobs):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 
@@ -48,7 +50,8 @@ def test_info_says_what_ran_where_and_for_how_long(recorded, capsys):
     path, _ = recorded
     assert main(["info", path]) == 0
     out = capsys.readouterr().out
-    assert "tiny" in out and "2 ranks" in out and "complete" in out and "steps 0-11" in out
+    assert verdict_line(out) == f"recording  {path} ({os.path.getsize(path) / 1e6:.2f} MB, schema 2, complete)"
+    assert "tiny" in out and "2 ranks" in out and "steps 0-11" in out
     assert "allreduce batch=16" in out and "torch" in out
     assert main(["info", path, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -57,6 +60,26 @@ def test_info_says_what_ran_where_and_for_how_long(recorded, capsys):
     with Recording.open(path) as rec:
         assert rec.meta["config"]["sync"]["strategy"] == "allreduce" and rec.meta["rendezvous"]["source"] == "local"
         assert "--record" in rec.meta["argv"]
+
+
+def verdict_line(out: str) -> str:
+    """info's first line: the file, its size and schema, and `complete` or `incomplete: <reasons>`."""
+    return out.splitlines()[0]
+
+
+def test_info_names_each_ranks_missing_steps(recorded, tmp_path, capsys):
+    """Steps deleted from a real recording with SQL: info says which, per rank, in the verdict line."""
+    path, _ = recorded
+    holed = str(tmp_path / "holed.db")
+    shutil.copy(path, holed)
+    with sqlite3.connect(holed) as db:
+        db.execute("DELETE FROM steps WHERE (rank = 1 AND step BETWEEN 3 AND 5) OR (rank = 1 AND step = 8) "
+                   "OR (rank = 0 AND step >= 10)")
+    db.close()
+    assert main(["info", holed]) == 0
+    size = os.path.getsize(holed) / 1e6
+    assert verdict_line(capsys.readouterr().out) == (f"recording  {holed} ({size:.2f} MB, schema 2, incomplete: "
+                                                     "rank 0 missing steps 10-11; rank 1 missing steps 3-5, 8)")
 
 
 def test_record_refuses_an_existing_file_before_starting(recorded):
@@ -96,7 +119,7 @@ def test_bad_replay_flags(recorded, capsys):
 def test_shipped_recordings_open_export_and_replay(path, tmp_path, capsys):
     assert os.path.getsize(path) < 8e6
     assert main(["info", path]) == 0
-    assert "complete" in capsys.readouterr().out
+    assert verdict_line(capsys.readouterr().out).endswith(", complete)")
     trace = tmp_path / "t.json"
     assert main(["export", path, "--chrome-trace", str(trace), "--csv", str(tmp_path / "csv")]) == 0
     with Recording.open(path) as rec:

@@ -56,12 +56,27 @@ def test_node0_carries_twice_the_rings_bytes_under_gather_scatter():
     assert node0("gather-scatter") / node0("allreduce") == pytest.approx(2.0, rel=0.10)
 
 
-def test_the_course_order_holds_in_the_shipped_recording():
+def test_the_course_order_holds_in_the_shipped_recording_by_the_reports_figures_and_by_sql():
+    """The report's pooled step times (the slowest rank's mean, weighted by measured steps) equal what SQL computes
+    from the `steps` rows, and give the course's order: a regression in warm-up, sampling or pooling breaks the
+    first; a recording re-made with a slower strategy breaks the second."""
+    import sqlite3
+
     pooled = {}
     for s in stats("cs744-lab"):
         steps, total = pooled.get(s.config.strategy, (0, 0.0))
         pooled[s.config.strategy] = (steps + s.measured_steps, total + s.mean_step_s * s.measured_steps)
     mean = {k: total / steps for k, (steps, total) in pooled.items()}
+    with sqlite3.connect(f"file:{LAB / 'cs744-lab.db'}?mode=ro", uri=True) as db:
+        rows = db.execute("""
+            WITH per_rank AS (
+              SELECT g.segment, json_extract(g.config, '$.strategy') AS strategy, st.rank, count(*) AS n,
+                     avg(st.iter_s) AS step_s
+              FROM steps st JOIN segments g ON st.segment = g.segment
+              WHERE st.step >= g.step + 2 AND NOT st.sampled GROUP BY g.segment, st.rank),
+            slowest AS (SELECT segment, strategy, n, max(step_s) AS step_s FROM per_rank GROUP BY segment)
+            SELECT strategy, sum(n * step_s) / sum(n) FROM slowest GROUP BY strategy""").fetchall()
+    assert mean == pytest.approx(dict(rows), rel=1e-9)
     assert mean["single"] > mean["gather-scatter"] > mean["allreduce"] > mean["ddp"], mean
 
 

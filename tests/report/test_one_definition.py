@@ -64,6 +64,39 @@ def test_info_export_and_the_replayed_screen_agree_exactly(figures):
             assert _same(a, b) and _same(a, c), (segment, key, a, b, c)
 
 
+SQL = """
+WITH per_rank AS (
+  SELECT g.segment, st.rank, count(*) AS n, avg(st.iter_s) AS step_s, avg(st.compute_s) AS compute_s,
+         avg(st.comm_s) AS comm_s, avg(st.exposed_comm_s) AS exposed_comm_s, avg(st.own_s) AS own_s,
+         avg(st.tx_bytes) AS tx, sum(st.batch_size) AS images, sum(st.iter_s) AS time_s
+  FROM steps st JOIN segments g ON st.segment = g.segment
+  WHERE st.step >= g.step + ? AND NOT st.sampled
+  GROUP BY g.segment, st.rank)
+SELECT segment, max(step_s), avg(step_s), avg(compute_s), avg(comm_s), avg(exposed_comm_s), avg(own_s), avg(tx) / 1e6,
+       sum(images) / max(time_s), (SELECT n FROM per_rank p WHERE p.segment = r.segment ORDER BY step_s DESC LIMIT 1)
+FROM per_rank r GROUP BY segment ORDER BY segment
+"""
+SQL_KEYS = ("step_s_slowest", "step_s_mean", "compute_s", "comm_s", "exposed_comm_s", "ddptop_s", "sent_mb",
+            "images_per_s", "measured_steps")
+
+
+def test_the_figures_are_what_sql_computes_from_the_recordings_rows(smoke, figures):
+    """Ground truth beside the four consumers (which all call one function): the same figures from the `steps`
+    rows by SQL alone: each segment's rows from its first step + the sweep's warm-up, sampled steps left out,
+    per-rank means, the slowest rank's mean, the mean over ranks, every rank's images over the slowest one's time."""
+    import sqlite3
+
+    from smoke_run import WARMUP
+
+    with sqlite3.connect(str(smoke[0])) as db:
+        rows = db.execute(SQL, (WARMUP,)).fetchall()
+    info = figures["info"]
+    assert [row[0] for row in rows] == sorted(info) == [0, 1, 2, 3, 4]
+    for segment, *values in rows:
+        for key, want in zip(SQL_KEYS, values):
+            assert float(info[segment][key]) == pytest.approx(want, rel=1e-9, abs=1e-12), (segment, key)
+
+
 def test_the_report_prints_the_same_numbers(figures):
     info, report = figures["info"], figures["report"]
     columns = {"step_s_slowest": ("mean s/step (slowest rank)", 1), "step_s_mean": ("mean s/step (mean over ranks)", 1),

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,10 +83,14 @@ def test_several_recordings_give_a_scaling_table(smoke, tmp_path):
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
-    assert main(["report", str(tmp_path / "missing.db"), "-o", str(tmp_path / "x")]) != 0
+    missing = tmp_path / "missing.db"
+    assert main(["report", str(missing), "-o", str(tmp_path / "x")]) == 6  # README: a recording that cannot be read
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddptop: ") and str(missing) in err[0], err
+    assert not (tmp_path / "x").exists()
     assert main(["report", "-o", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err and all(line.startswith("ddptop: ") for line in err) and "Traceback" not in "\n".join(err)
+    assert len(err) == 1 and err[0].startswith("ddptop: "), err
 
 
 def test_a_report_that_cannot_be_written_is_one_line(smoke, tmp_path, capsys):
@@ -93,3 +100,23 @@ def test_a_report_that_cannot_be_written_is_one_line(smoke, tmp_path, capsys):
     assert main(["report", str(record), "-o", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ddptop: cannot write the report in "), err
+
+
+def test_make_reports_regenerates_a_shipped_report_byte_for_byte(tmp_path):
+    """scripts/make-reports.sh on one shipped recording (the smallest, live-switch: ~10 s; all of them take ~28 s)
+    writes the very report.md and figures.json that docs/reports/ holds. The one line allowed to differ is the
+    glossary link, relative only when the report is written inside the repository (this one is not)."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "recordings").mkdir()
+    (tmp_path / "docs" / "reports").mkdir(parents=True)
+    shutil.copy(root / "recordings" / "live-switch.db", tmp_path / "recordings")
+    run = subprocess.run(["sh", str(root / "scripts" / "make-reports.sh")], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
+    assert run.returncode == 0 and run.stdout.strip().splitlines()[-1] == "1 report(s) in docs/reports/", run.stderr
+    made, shipped = tmp_path / "docs" / "reports" / "live-switch", root / "docs" / "reports" / "live-switch"
+    assert (made / "figures.json").read_bytes() == (shipped / "figures.json").read_bytes()
+    ours, theirs = (made / "report.md").read_text().splitlines(), (shipped / "report.md").read_text().splitlines()
+    differ = [(a, b) for a, b in zip(ours, theirs) if a != b]
+    assert len(ours) == len(theirs) and len(differ) == 1 and "README.md#glossary" in differ[0][0], differ

@@ -81,11 +81,12 @@ def test_synthetic_test_split_has_at_least_one_image():
     assert (len(train), len(test)) == (3, 1)
 
 
+@pytest.mark.alone
 def test_synthetic_default_size_is_generated_quickly():
     start = time.perf_counter()
     train, _ = data.build_datasets(RunConfig())
     assert len(train) == 12800
-    assert time.perf_counter() - start < 2.0  # about 0.4 s on 2 cores
+    assert time.perf_counter() - start < 2.0  # about 0.4 s on 2 cores: 5x for a loaded machine (run alone)
 
 
 @pytest.fixture
