@@ -37,6 +37,7 @@ MAX_QUEUE = 4096  # items a rank queues at most: a healthy publisher drains 8000
 # only a store that is away fills it; then the oldest go (each step holds its CUDA marks until resolved)
 RETAIN = 240  # batches kept per rank: a minute at 4 batches/s
 SAFE_LAG = RETAIN - 40  # a collector further behind than this skips ahead rather than race the deletion
+CLOSE_WAIT_S = 2.0  # what a closing publisher gives a write that makes no progress (a front gone, a cut link)
 MAX_READ = 32  # batches read per rank and poll: bounds one poll's memory (32 x 4 MiB at most)
 
 
@@ -156,9 +157,23 @@ class Publisher:
                 self.seq, self._unsent = seq, None
 
     def close(self) -> None:
-        """Stop the thread and send what is queued: after the thread's flush, never beside it (the lock)."""
+        """Stop the thread and send what is queued: after the thread's flush, never beside it (the lock). A rank
+        whose link to the front went away ends within CLOSE_WAIT_S of here, not after its client's timeout (60 s: each call waits for the channel's answer):
+        a write that makes no progress for that long is cut, and the last flush waits CLOSE_WAIT_S at most."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        sent, since = self.seq, time.monotonic()
+        while self._thread.is_alive():  # a backlog that is being sent is waited for, however long
+            self._thread.join(timeout=0.2)
+            if self.seq != sent:
+                sent, since = self.seq, time.monotonic()
+            elif time.monotonic() - since > CLOSE_WAIT_S:
+                store = self.store
+                if store is not None and hasattr(store, "close"):
+                    store.close()  # the thread's blocked write fails now; what it held is lost with the link
+                self._thread.join(timeout=1)
+                break
+        if self.store is not None and hasattr(self.store, "timeout_s"):
+            self.store.timeout_s = min(self.store.timeout_s, CLOSE_WAIT_S)
         self.flush()
 
 

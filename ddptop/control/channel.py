@@ -412,6 +412,11 @@ class ChannelClient:
                         (int(v) for v in answer)))
 
     def close(self) -> None:
+        """Ends the connection; a call blocked on it in another thread returns at once with ChannelError."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
 
 

@@ -24,6 +24,7 @@ from ddptop.lab.cluster import Lab
 
 FRONT_STOP_S = 60.0  # after a stop, the front's own STOP_WAIT_S (20 s) and its closing, then it is killed
 WORKER_EXIT_S = 30.0  # after the front ends, the other hosts' ranks get this long to finish and leave
+FAILED_WORKER_EXIT_S = 5.0  # a rank whose front is gone cuts its last telemetry after 2 s (bus.CLOSE_WAIT_S)
 LOST_FRONT_S = 30.0  # every worker gone but the front still runs: it gets this long to notice, then SIGTERM
 
 
@@ -140,9 +141,9 @@ def _supervise(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen
         if stop_at is not None and time.monotonic() - stop_at > FRONT_STOP_S:
             _signal_group(front, signal.SIGKILL)
         time.sleep(0.1)
-    if front.returncode != 0:  # the job failed (or never started): the other hosts' ranks have nothing to wait for
-        return
-    deadline = time.monotonic() + WORKER_EXIT_S
+    # a failed job: the other hosts' ranks are ending too (the same lost collective), and get a moment to say why
+    # in their own line; a finished one: they send their last telemetry and leave
+    deadline = time.monotonic() + (WORKER_EXIT_S if front.returncode == 0 else FAILED_WORKER_EXIT_S)
     while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ddptop.control import store as stores
-from ddptop.control.bus import Collector, Publisher
+from ddptop.control.bus import CLOSE_WAIT_S, Collector, Publisher
 from ddptop.control.channel import ChannelClient
 from ddptop.events import LogLine, StepDone, TelemetryGap
 from jobchannel import Served, job_keys
@@ -46,6 +46,7 @@ class Cable:
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
         self._accepting: threading.Thread | None = None
+        self.frozen = threading.Event()  # set: bytes are read and dropped, nothing answers (a link gone quiet)
         self.mend()
 
     def mend(self) -> None:
@@ -80,13 +81,14 @@ class Cable:
                 with self._lock:
                     self._open += [near, far]
                 for a, b in ((near, far), (far, near)):
-                    threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+                    threading.Thread(target=_pump, args=(a, b, self.frozen), daemon=True).start()
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def _pump(src: socket.socket, dst: socket.socket, frozen: threading.Event) -> None:
     try:
         while data := src.recv(65536):
-            dst.sendall(data)
+            if not frozen.is_set():
+                dst.sendall(data)
     except OSError:
         pass
     for sock in (src, dst):
@@ -174,8 +176,10 @@ def test_close_while_the_thread_flushes_a_backlog_loses_nothing(served):
         time.sleep(0.01)
     closing = threading.Thread(target=publisher.close)
     closing.start()
-    deadline = time.monotonic() + 6  # longer than close waits for the thread (5 s) before it flushes itself
-    while gate.waiting < 2 and time.monotonic() < deadline:  # a second writer at once: two batches, one seq
+    # a second writer at once would be two batches under one seq; close waits for a thread that makes no progress
+    # CLOSE_WAIT_S (then cuts a write that hangs on a dead link): the gate stays shut for most of that
+    deadline = time.monotonic() + CLOSE_WAIT_S * 0.75
+    while gate.waiting < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     gate.opened.set()
     closing.join(timeout=30)
@@ -185,3 +189,23 @@ def test_close_while_the_thread_flushes_a_backlog_loses_nothing(served):
     assert [e.step for e in got if isinstance(e, StepDone)] == list(range(total))
     assert not [e for e in got if isinstance(e, TelemetryGap)]
     assert publisher.seq == collector.next_seq[0] - 1 == 2  # one seq per batch, none reused
+
+
+@pytest.mark.alone  # a bound on time
+def test_close_on_a_link_gone_quiet_ends_within_the_close_wait_not_the_clients_timeout(served):
+    """A rank whose collective timed out because its link is gone leaves in seconds, to say why in its own line
+    (tests/lab/test_outage.py): every channel call waits for an answer that will not come (here: 30 s)."""
+    cable = Cable(served)
+    publisher = Publisher(view(cable.port, timeout_s=30), 0, JOB, interval_s=0.05)
+    for n in range(20):
+        publisher.emit(step(n))
+    time.sleep(0.5)
+    cable.frozen.set()
+    for n in range(20, 40):
+        publisher.emit(step(n))
+    time.sleep(0.5)  # the thread's write of steps 20-39 now waits on the frozen link
+    began = time.monotonic()
+    publisher.close()
+    took = time.monotonic() - began
+    assert took < CLOSE_WAIT_S + 2, took  # before the cut: 30 s (the client's timeout), then the last flush's 30 s
+    cable.cut()
