@@ -160,6 +160,8 @@ class DdptopApp(App):
          "end": pane.scroll_end}[how](animate=False)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id != "controls":  # nobody is editing a form they have left: it shows what is in force again
+            self.query_one(ControlsPanel).discard()
         self.push(force=True)
         self.focus_panel()
 
@@ -230,6 +232,8 @@ class DdptopApp(App):
         if message.op == "set":
             panel = self.query_one(ControlsPanel)
             panel.status = message.text
+            if message.segment is not None:
+                panel.status_segment = message.segment
             panel.status_kind = {"invalid": "error", "error": "error", "applied": "ok"}.get(message.state, "")
         elif message.op != "stop" or message.state == "error":
             self.query_one(StatusHeader).action = message.text
