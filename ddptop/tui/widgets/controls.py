@@ -25,10 +25,9 @@ from ddptop.tui.render.units import fmt_bytes, safe
 from ddptop.tui.widgets.number_input import NumberInput
 
 FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "apply")
-INTRO = ("Change the running job; every rank switches at the same step. The fields show the config in force until you "
-         "change one. tab / ↑↓ move between fields; enter opens the strategy list, space or enter flips a switch, enter "
-         "in a number field or on Apply applies; digits type into a number field (1-7 switch panels outside it); esc "
-         "discards your edits.")
+INTRO = ("Change the running job; every rank switches at the same step. The fields show the config in force "
+         "until you edit them; esc discards your edits. tab / ↑↓ move between fields; digits go into number fields "
+         "(1-7 switch panels elsewhere); enter opens the strategy list, applies from a number field or Apply.")
 
 
 def _number(text: str, kind: type, what: str) -> Any:
