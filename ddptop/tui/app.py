@@ -176,7 +176,10 @@ class DdptopApp(App):
 
     # -- keys --------------------------------------------------------------------------------------------------
     def action_panel(self, pid: str) -> None:
-        self.query_one(TabbedContent).active = pid
+        tabs = self.query_one(TabbedContent)
+        if tabs.active == pid:  # no TabActivated: focus it here (7 after esc goes back into the form)
+            self.focus_panel()
+        tabs.active = pid
 
     def action_cycle(self, delta: int) -> None:
         """Next/previous panel; inside the controls form, tab walks its fields first."""

@@ -291,6 +291,8 @@ async def test_a_number_field_takes_digits_esc_discards_and_the_footer_says_so(r
         await pilot.pause()
         assert batch.value == "16" and app.focused is None
         assert "nothing to change" in str(app.query_one("#preview").render())
+        await pilot.press("7")  # the panel shown: back into its form
+        assert app.focused.id == "strategy"
         await pilot.press("1")
         assert _active(app) == "overview"
         await pilot.press("7", "tab", "tab", "tab", "1", *["tab"] * 4)  # 1 again; lr, scale_lr, Apply, out
