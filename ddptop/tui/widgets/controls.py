@@ -159,7 +159,7 @@ class ControlsPanel(VerticalScroll, can_focus=False):
 
     def show_config(self, snap: Snapshot) -> None:
         """Follow the config in force when a new segment starts: every field the user has not edited takes its value,
-        and the status line says what changed unless it already speaks of that segment."""
+        and (live) the status line says what changed unless it already speaks of that segment."""
         self.snapshot = snap
         config = snap.config
         self.current = dict(config)
@@ -168,7 +168,7 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         first = self._shown_segment is None
         self._shown_segment = snap.segment
         self._fill(config, keep_edits=True)
-        if not first and snap.segments and snap.segment != self.status_segment:
+        if self.enabled and not first and snap.segments and snap.segment != self.status_segment:
             seg = snap.segments[-1]
             self.status, self.status_kind = (f"now in force from step {seg.step}: {seg.label()} (segment {seg.index}, "
                                               f"asked by {seg.who})"), ""
@@ -177,16 +177,14 @@ class ControlsPanel(VerticalScroll, can_focus=False):
 
     def _fill(self, config: Mapping, keep_edits: bool) -> None:
         """Show `config` in the fields; with keep_edits, a field whose value differs from what it last showed for the
-        config in force (the user changed it) keeps it. scale_lr is a request, not a setting: off unless kept."""
-        edited = False
-        for key, value in form_text(config).items():
+        config in force (the user changed it) keeps it. scale_lr is a request, not a setting: off once no edit is left."""
+        shown = form_text(config)
+        for key, value in shown.items():
             field = self.query_one(f"#{key}")
-            if keep_edits and key in self._shown and field.value != self._shown[key]:
-                edited = True
-                continue
-            field.value = value
-        self._shown = form_text(config)
-        if not (keep_edits and edited):
+            if not (keep_edits and key in self._shown and field.value != self._shown[key]):
+                field.value = value
+        self._shown = shown
+        if all(self.query_one(f"#{key}").value == value for key, value in shown.items()):  # no edit left
             self.query_one("#scale", Switch).value = False
 
     def discard(self) -> None:
