@@ -69,8 +69,8 @@ def form_text(config: Mapping) -> dict[str, Any]:
 
 
 class StrategySelect(Select, inherit_bindings=False):
-    """Select without its ↑↓/space bindings (they reopened the list): ↑↓ move between fields as the panel says, space
-    is the app's pause, enter opens the list."""
+    """Select without its ↑↓/space bindings (they reopened the list): ↑↓ move between fields as the panel says,
+    space is the app's pause, enter opens the list."""
 
     BINDINGS = [Binding("enter", "show_overlay", "Strategy list", show=False)]
 
@@ -177,7 +177,8 @@ class ControlsPanel(VerticalScroll, can_focus=False):
 
     def _fill(self, config: Mapping, keep_edits: bool) -> None:
         """Show `config` in the fields; with keep_edits, a field whose value differs from what it last showed for the
-        config in force (the user changed it) keeps it. scale_lr is a request, not a setting: off once no edit is left."""
+        config in force (the user changed it) keeps it. scale_lr is a request, not a setting: off once no edit is
+        left."""
         shown = form_text(config)
         for key, value in shown.items():
             field = self.query_one(f"#{key}")
