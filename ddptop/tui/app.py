@@ -160,6 +160,8 @@ class DdptopApp(App):
          "end": pane.scroll_end}[how](animate=False)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id != "controls":  # nobody is editing a form they have left: it shows what is in force again
+            self.query_one(ControlsPanel).discard()
         self.push(force=True)
         self.focus_panel()
 
@@ -174,7 +176,10 @@ class DdptopApp(App):
 
     # -- keys --------------------------------------------------------------------------------------------------
     def action_panel(self, pid: str) -> None:
-        self.query_one(TabbedContent).active = pid
+        tabs = self.query_one(TabbedContent)
+        if tabs.active == pid:  # no TabActivated: focus it here (7 after esc goes back into the form)
+            self.focus_panel()
+        tabs.active = pid
 
     def action_cycle(self, delta: int) -> None:
         """Next/previous panel; inside the controls form, tab walks its fields first."""
@@ -230,6 +235,8 @@ class DdptopApp(App):
         if message.op == "set":
             panel = self.query_one(ControlsPanel)
             panel.status = message.text
+            if message.segment is not None:
+                panel.status_segment = message.segment
             panel.status_kind = {"invalid": "error", "error": "error", "applied": "ok"}.get(message.state, "")
         elif message.op != "stop" or message.state == "error":
             self.query_one(StatusHeader).action = message.text

@@ -47,7 +47,7 @@ def send_set(connect: Callable[[], ControlClient], changes: dict, post: Post) ->
         post(ControlUpdate("set", "invalid", f"refused by rank 0: {answer.get('error')}"))
     elif answer.get("state") == "applied":
         post(ControlUpdate("set", "applied", f"applied at step {answer['step']} (segment {answer['segment']}) "
-                                             "on every rank"))
+                                             "on every rank", answer["segment"]))
     else:
         post(ControlUpdate("set", "error", f"accepted but not applied within {APPLY_TIMEOUT_S:g} s"))
 

@@ -16,7 +16,8 @@ PANEL_KEYS = (
     ("ranks", "↑ ↓ pick a rank · enter: its timeline"),
     ("network", "↑ ↓ node · ← → interface"),
     ("timeline", "← → previous / next sampled step · ↑ ↓ rank · < / >: first / latest sampled step"),
-    ("controls", "↑ ↓ or tab between fields; typing goes to the field, esc leaves it · enter applies (live only)"),
+    ("controls", "↑ ↓ or tab between fields; digits go into number fields · esc discards edits · enter applies "
+                 "(live only)"),
 )
 REPLAY_KEYS = (
     ("space", "play / pause"),

@@ -15,6 +15,7 @@ class ControlUpdate(Message):
     op: str
     state: str
     text: str
+    segment: int | None = None  # applied: the segment it started
 
 
 @dataclass

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from textual.widgets import Input, Select, TabbedContent
+from textual.widgets import Input, Select, Switch, TabbedContent
 
 from ddptop.front.pipeline import compose
 from ddptop.tui.app import DdptopApp
 from ddptop.tui.keys import GLOBAL_KEYS, REPLAY_KEYS
-from ddptop.tui.messages import ApplyRequested
+from ddptop.tui.messages import ApplyRequested, ControlUpdate
 from ddptop.tui.widgets.controls import ControlsPanel
 from ddptop.tui.widgets.header import StatusHeader
 from ddptop.tui.widgets.help import HelpScreen
@@ -261,8 +261,88 @@ async def test_typed_characters_go_to_the_focused_field(replay_at_end):
         assert lr.value == "0.01" and _active(app) == "controls"
         await pilot.pause()
         assert "lr=0.01" in str(app.query_one("#preview").render())
-        await pilot.press("escape", "1")  # out of the field, digits switch panels again
-        assert _active(app) == "overview" and lr.value == "0.01"
+        await pilot.press("escape", "1")  # out of the field, the edit discarded; digits switch panels again
+        assert _active(app) == "overview" and lr.value == "0.05"  # the fixture's lr in force
+
+
+def _footer(app) -> str:
+    return screen_text(app).split("\n")[-1]
+
+
+async def test_a_number_field_takes_digits_esc_discards_and_the_footer_says_so(replay_at_end):
+    """Issue 26: `1` and space typed in the batch field made `641`, esc left it ready to send. Rule: digits are a
+    number field's (the footer drops `1-7 Panels` and shows esc while one has focus); space is never typed into it;
+    esc puts back what is in force (batch 16 in the fixture) and nothing is sent."""
+    connect, posted = _NoJob(), []
+    app = DdptopApp(compose(replay_at_end), mode="live", connect=connect)
+    async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
+        await pilot.press("7")
+        await pilot.pause()
+        assert "1-7 Panels" in _footer(app)  # on the strategy list digits still switch panels
+        await pilot.press("tab", "tab", "tab")
+        batch = app.query_one("#batch", Input)
+        assert app.focused is batch and batch.value == "16"
+        await pilot.pause()
+        footer = _footer(app)
+        assert "1-7" not in footer and "esc Discard edits" in footer, footer
+        await pilot.press("1", "space")  # tab selected the field's text: the digit types over it
+        assert batch.value == "1" and _active(app) == "controls"  # the digit is an edit; space is not typed
+        await pilot.press("escape")
+        await pilot.pause()
+        assert batch.value == "16" and app.focused is None
+        assert "nothing to change" in str(app.query_one("#preview").render())
+        await pilot.press("7")  # the panel shown: back into its form
+        assert app.focused.id == "strategy"
+        await pilot.press("1")
+        assert _active(app) == "overview"
+        await pilot.press("7", "tab", "tab", "tab", "1", *["tab"] * 4)  # 1 again; lr, scale_lr, Apply, out
+        assert _active(app) == "overview" and batch.value == "16"  # left the form: nobody is editing it
+        await pilot.press("7")
+        await pilot.click("#apply")
+        await pilot.pause()
+        assert not [m for m in posted if isinstance(m, ApplyRequested)] and connect.calls == 0
+
+
+async def test_the_strategy_field_moves_on_with_arrows_and_opens_its_list_on_enter(replay_at_end):
+    app = DdptopApp(compose(replay_at_end), mode="live", connect=_NoJob())
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("7")
+        strategy = app.query_one("#strategy", Select)
+        assert app.focused is strategy
+        await pilot.press("space")  # the app's key (pause; no job here), not the list
+        assert not strategy.expanded and app.focused is strategy
+        await pilot.press("down")
+        assert not strategy.expanded and app.focused.id == "bucket"
+        await pilot.press("up")
+        assert app.focused is strategy
+        await pilot.press("enter")
+        assert strategy.expanded
+        await pilot.press("escape")
+        assert not strategy.expanded and strategy.value == "allreduce"
+
+
+async def test_the_form_follows_a_change_made_elsewhere_but_keeps_an_edit(events):
+    """`ctl` moves the job on (here: the rest of the fixture arrives: segment 3, allreduce async, asked by a
+    client that is not this screen): unedited fields and the status line follow; the field being edited keeps
+    the user's text."""
+    source = FixedReplaySource(events, clock=lambda: 0.0)
+    source.seek_step(250)  # segment 2: gather-scatter from step 212
+    app = DdptopApp(compose(source), mode="live", connect=_NoJob())
+    async with app.run_test(size=BIG) as pilot:
+        await pilot.press("7")
+        await pilot.pause()
+        strategy, lr = app.query_one("#strategy", Select), app.query_one("#lr", Input)
+        assert strategy.value == "gather-scatter"
+        panel = app.query_one(ControlsPanel)
+        app.post_message(ControlUpdate("set", "applied", "applied at step 212 (segment 2) on every rank"))
+        await pilot.press("tab", "tab", "tab", "tab", "ctrl+a", "ctrl+k", *"0.2")  # lr: an edit in progress
+        source.cursor = source.t_end  # the rest of the run arrives: segment 3 from step 308
+        await pilot.pause(0.6)
+        assert app.state.snapshot().segment == 3
+        assert strategy.value == "allreduce" and app.query_one("#async", Switch).value is True
+        assert lr.value == "0.2" and app.focused is lr
+        assert "segment 3" in panel.status and "segment 2" not in panel.status, panel.status
+        assert "Apply sends {'lr': 0.2}" in str(app.query_one("#preview").render())
 
 
 async def test_space_in_a_live_session_sends_pause(replay_at_end):

@@ -1,5 +1,8 @@
 """Provides the controls panel: strategy, bucket MB, async_op, batch size, lr, scale_lr and Apply; every request is
-checked here as rank 0 will check it (SyncConfig.changed), refusals inline; a preview of DDP's bucket layout."""
+checked here as rank 0 will check it (SyncConfig.changed), refusals inline; a preview of DDP's bucket layout.
+
+The fields show the config in force; a field the user has changed keeps the user's text (an edit) until Apply, esc or
+leaving the panel; a field nobody touched follows every change, from this screen or from `ddptop ctl`."""
 
 from __future__ import annotations
 
@@ -22,6 +25,9 @@ from ddptop.tui.render.units import fmt_bytes, safe
 from ddptop.tui.widgets.number_input import NumberInput
 
 FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "apply")
+INTRO = ("Change the running job; every rank switches at the same step. The fields show the config in force "
+         "until you edit them; esc discards your edits. tab / ↑↓ move between fields; digits go into number fields "
+         "(1-7 switch panels elsewhere); enter opens the strategy list, applies from a number field or Apply.")
 
 
 def _number(text: str, kind: type, what: str) -> Any:
@@ -53,6 +59,20 @@ def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: 
     except (DdptopError, TypeError):
         base = SyncConfig()
     return changes, apply_changes(base, changes)
+
+
+def form_text(config: Mapping) -> dict[str, Any]:
+    """What each field shows for `config` (the config in force): field id → the widget's value."""
+    return {"strategy": config.get("strategy", "ddp"), "bucket": f"{config.get('bucket_mb', 25):g}",
+            "async": bool(config.get("async_op")), "batch": str(config.get("batch_size", 64)),
+            "lr": f"{config.get('lr', 0.1):g}"}
+
+
+class StrategySelect(Select, inherit_bindings=False):
+    """Select without its ↑↓/space bindings (they reopened the list): ↑↓ move between fields as the panel says,
+    space is the app's pause, enter opens the list."""
+
+    BINDINGS = [Binding("enter", "show_overlay", "Strategy list", show=False)]
 
 
 def bucket_preview(snap: Snapshot | None, bucket_mb: float) -> Text:
@@ -98,10 +118,10 @@ class ControlsPanel(VerticalScroll, can_focus=False):
     """
     BINDINGS = [Binding("up", "app.focus_previous", "Previous field", show=False),
                 Binding("down", "app.focus_next", "Next field", show=False),
-                Binding("escape", "leave", "Leave the field", show=False)]
+                Binding("escape", "leave", "Discard edits", key_display="esc")]
 
     status: reactive[str] = reactive("")
-    """Inline outcome: an error, pending, or applied at step k."""
+    """Inline outcome: an error, pending, applied at step k, or the segment now in force."""
     status_kind: reactive[str] = reactive("")
     """`error`, `ok` or empty: the status line's colour."""
 
@@ -111,15 +131,15 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         self.current: dict[str, Any] = {}
         self.snapshot: Snapshot | None = None
         self._shown_segment: int | None = None
+        self._shown: dict[str, Any] = {}  # field id → what it showed for the config in force (unedited)
+        self.status_segment: int | None = None  # the segment the status line speaks of (an `applied` answer)
 
     def compose(self) -> ComposeResult:
         disabled = not self.enabled
-        yield Static("Replay: the controls are disabled; they act on a live job." if disabled else
-                     "Change the running job; every rank switches at the same step. tab / ↑↓ move between fields, "
-                     "enter applies; what you type goes to the highlighted field (esc leaves it).", id="intro")
+        yield Static("Replay: the controls are disabled; they act on a live job." if disabled else INTRO, id="intro")
         yield Static("", id="status")  # above the form: the outcome stays in sight at 80×24
-        rows = (("strategy", Select([(s, s) for s in STRATEGIES], allow_blank=False, value="ddp", id="strategy",
-                                    disabled=disabled, compact=True), ""),
+        rows = (("strategy", StrategySelect([(s, s) for s in STRATEGIES], allow_blank=False, value="ddp",
+                                            id="strategy", disabled=disabled, compact=True), ""),
                 ("bucket MB", NumberInput("25", id="bucket", disabled=disabled, compact=True), "ddp only"),
                 ("async_op", Switch(False, id="async", disabled=disabled, animate=False), "allreduce only"),
                 ("batch size", NumberInput("64", id="batch", disabled=disabled, compact=True), "per rank"),
@@ -138,18 +158,43 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         yield Static("", id="buckets")
 
     def show_config(self, snap: Snapshot) -> None:
-        """Fill the form with the config in force when a new segment starts (not while the user edits)."""
+        """Follow the config in force when a new segment starts: every field the user has not edited takes its value,
+        and (live) the status line says what changed unless it already speaks of that segment."""
         self.snapshot = snap
         config = snap.config
         self.current = dict(config)
         if snap.segment == self._shown_segment or not config:
             return
+        first = self._shown_segment is None
         self._shown_segment = snap.segment
-        self.query_one("#strategy", Select).value = config.get("strategy", "ddp")
-        self.query_one("#bucket", Input).value = f"{config.get('bucket_mb', 25):g}"
-        self.query_one("#async", Switch).value = bool(config.get("async_op"))
-        self.query_one("#batch", Input).value = str(config.get("batch_size", 64))
-        self.query_one("#lr", Input).value = f"{config.get('lr', 0.1):g}"
+        self._fill(config, keep_edits=True)
+        if self.enabled and not first and snap.segments and snap.segment != self.status_segment:
+            seg = snap.segments[-1]
+            self.status, self.status_kind = (f"now in force from step {seg.step}: {seg.label()} (segment {seg.index}, "
+                                              f"asked by {seg.who})"), ""
+            self.status_segment = seg.index
+        self.refresh_preview()
+
+    def _fill(self, config: Mapping, keep_edits: bool) -> None:
+        """Show `config` in the fields; with keep_edits, a field whose value differs from what it last showed for the
+        config in force (the user changed it) keeps it. scale_lr is a request, not a setting: off once no edit is
+        left."""
+        shown = form_text(config)
+        for key, value in shown.items():
+            field = self.query_one(f"#{key}")
+            if not (keep_edits and key in self._shown and field.value != self._shown[key]):
+                field.value = value
+        self._shown = shown
+        if all(self.query_one(f"#{key}").value == value for key, value in shown.items()):  # no edit left
+            self.query_one("#scale", Switch).value = False
+
+    def discard(self) -> None:
+        """Drop every edit: the fields show the config in force again (an error about the edit goes with it)."""
+        if not self.enabled or not self.current:
+            return
+        self._fill(self.current, keep_edits=False)
+        if self.status_kind == "error":
+            self.status, self.status_kind = "", ""
         self.refresh_preview()
 
     def read(self, current: Mapping) -> tuple[dict[str, Any], SyncConfig]:
@@ -177,7 +222,8 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         buckets.update(bucket_preview(self.snapshot, bucket_mb) if strategy == "ddp" and bucket_mb > 0 else "")
 
     def action_leave(self) -> None:
-        """Out of the form: digits switch panels again."""
+        """Out of the form, edits discarded: the fields show what is in force, digits switch panels again."""
+        self.discard()
         self.app.set_focus(None)
 
     def watch_status(self, text: str) -> None:

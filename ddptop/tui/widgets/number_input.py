@@ -16,5 +16,9 @@ class NumberInput(Input):
 
     async def _on_key(self, event: events.Key) -> None:
         if event.is_printable and event.character not in NUMBER_CHARS:
-            return  # bubbles up to the app: q quits, ? helps, space pauses
+            # Textual runs every class's _on_key down the MRO: without prevent_default Input's would still type the
+            # key (issue 26: a space went into the batch field). It bubbles up to the app: q quits, ? helps, space
+            # pauses.
+            event.prevent_default()
+            return
         await super()._on_key(event)
