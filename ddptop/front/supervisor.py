@@ -3,6 +3,7 @@ watches them (LocalJob)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
 import sys
@@ -201,10 +202,23 @@ def _watch(consumer: Callable, feed: Feed, job: "LocalJob") -> None:
         consumer(feed, job)
     except KeyboardInterrupt:
         job.stop()
-        _stop_gracefully(job)
-        consumer.finish(feed, job)
+        with _interrupts_ignored():  # a second Ctrl-C 0.2 s later cut the closing lines in two (issue 26)
+            _stop_gracefully(job)
+            consumer.finish(feed, job)
     finally:
         feed.stop()  # idempotent: the consumer's finish has usually stopped it already
+
+
+@contextlib.contextmanager
+def _interrupts_ignored():
+    """While the stop is under way (at most STOP_WAIT_S, then the ranks are terminated) and its closing lines and
+    the recording's end are written, more Ctrl-Cs or SIGTERMs change nothing: the stop is already the answer."""
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _raise_interrupt(signum, frame):
