@@ -1,9 +1,10 @@
-"""Two Ctrl-Cs 0.2 s apart on a headless run in a terminal (issue 26): one summary, one `finished … (stopped)`
-line, and no progress bar left after them.
+"""Ctrl-C at awkward moments (issue 26): twice 0.2 s apart on a headless run in a terminal gives one summary, one
+`finished … (stopped)` line and no progress bar left after them; once before any step leaves a recording that
+`info` does not call complete.
 
-A real job (2 gloo ranks, the tiny model) in tmux, so the rich progress bar is on as for a user, and Ctrl-C is the
-terminal's own (tmux send-keys C-c: SIGINT to the foreground process group). What the terminal shows at the end
-is the ground truth.
+Real jobs (2 gloo ranks, the tiny model). The first runs in tmux, so the rich progress bar is on as for a user and
+Ctrl-C is the terminal's own (tmux send-keys C-c: SIGINT to the foreground process group); what the terminal shows
+at the end is the ground truth. The second's ground truth is the file's own steps table, read with sqlite3.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -62,3 +65,25 @@ def test_two_ctrl_cs_print_the_closing_lines_once_and_no_bar_after_them(tmp_path
     after = lines[finished[0] + 1:]
     assert not any("training" in line or "s/it" in line for line in after), shown  # no bar nor step line after
     assert status.read_text().strip() == "0", shown
+
+
+def test_a_ctrl_c_before_any_step_leaves_a_recording_info_does_not_call_complete(tmp_path):
+    record = tmp_path / "run.db"
+    proc = subprocess.Popen([sys.executable, "-m", "ddptop", "--local", "2", "--backend", "gloo", "--model", "tiny",
+                             "--headless", "--steps", "100000", "--no-eval", "--record", str(record)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        joined = proc.stdout.readline()  # the first rank's hello: before its model, data and first step
+        assert joined.startswith("rank "), joined
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: to the whole group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    with sqlite3.connect(record) as db:
+        assert db.execute("SELECT count(*) FROM steps").fetchone() == (0,)
+    info = subprocess.run([sys.executable, "-m", "ddptop", "info", str(record)], capture_output=True, text=True)
+    first = info.stdout.splitlines()[0]
+    assert "incomplete: stopped before any step" in first, first
