@@ -90,9 +90,11 @@ def verdict(rec: Recording, gone: dict[int, int] | None = None) -> list[str]:
 
 
 def _stopped(rec: Recording) -> bool:
-    return any(isinstance(e, RunFinished) and e.reason == "stopped"
-               for (blob,) in rec.query("SELECT data FROM events WHERE kind = 'run_finished'")
-               for e in [_decode(rec, blob)])
+    """Closed by the front with no rank failing: a stop (the ranks said `stopped`, or were ended while starting)."""
+    events = [_decode(rec, blob) for (blob,) in rec.query("SELECT data FROM events WHERE kind IN ('run_finished', "
+                                                          "'log')")]
+    return rec.complete and not any((isinstance(e, RunFinished) and e.reason.startswith("error"))
+                                    or (isinstance(e, LogLine) and e.level == "error") for e in events)
 
 
 def lost_ranks(rec: Recording) -> dict[int, int]:
