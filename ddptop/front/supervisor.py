@@ -202,7 +202,7 @@ def _watch(consumer: Callable, feed: Feed, job: "LocalJob") -> None:
         consumer(feed, job)
     except KeyboardInterrupt:
         job.stop()
-        with _interrupts_ignored():  # a second Ctrl-C 0.2 s later cut the closing lines in two (issue 26)
+        with _ctrl_c_ignored():  # a second Ctrl-C 0.2 s later cut the closing lines in two (issue 26)
             _stop_gracefully(job)
             consumer.finish(feed, job)
     finally:
@@ -210,15 +210,15 @@ def _watch(consumer: Callable, feed: Feed, job: "LocalJob") -> None:
 
 
 @contextlib.contextmanager
-def _interrupts_ignored():
+def _ctrl_c_ignored():
     """While the stop is under way (at most STOP_WAIT_S, then the ranks are terminated) and its closing lines and
-    the recording's end are written, more Ctrl-Cs or SIGTERMs change nothing: the stop is already the answer."""
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    the recording's end are written, more Ctrl-Cs change nothing: the stop is already the answer. SIGTERM still
+    interrupts, as before: a supervisor's way out of a stop that hangs."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        signal.signal(signal.SIGINT, previous)
 
 
 def _raise_interrupt(signum, frame):
