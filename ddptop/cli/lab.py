@@ -9,11 +9,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from ddptop.cli import lab_tools
 from ddptop.cli.parser import Parser
 from ddptop.cli.run import config_from_args, parse_run_args
 from ddptop.errors import UsageError
@@ -27,8 +29,10 @@ OWN_FLAGS = ("local", "master", "rank", "world_size", "iface")  # the lab sets w
 
 def lab_parser() -> Parser:
     p = Parser(prog="ddptop lab", allow_abbrev=False,
-                description="Run a ddptop job on N emulated hosts (network namespaces, shaped links, CPU quotas) "
-                            "on this machine; every other flag is a run flag (see ddptop --help).")
+               usage="ddptop lab [lab flags] [run flags]  |  ddptop lab exec | list | clean ... (see below)",
+               description="Run a ddptop job on N emulated hosts (network namespaces, shaped links, CPU quotas) "
+                           "on this machine;\nevery other flag is a run flag (see ddptop --help).",
+               epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, metavar="N", help="hosts, one rank each (default: the profile's, else 2)")
     p.add_argument("--link", metavar="RATE", help="each host's link, both ways: 100mbit, 1gbit, 2.5gbit, 10gbit, "
                                                   "unlimited (default: the profile's, else 1gbit)")
@@ -39,6 +43,11 @@ def lab_parser() -> Parser:
                                                        "DIR/report/ from them")
     p.add_argument("--check", action="store_true", help="measure the links and CPU quotas, then leave")
     return p
+
+
+def _epilog() -> str:
+    return "\n".join(["commands (ddptop lab COMMAND --help for each):",
+                      *(f"  {name:<6} {what}" for name, what in lab_tools.COMMANDS.items())])
 
 
 @dataclass(frozen=True)
@@ -52,10 +61,8 @@ class Plan:
 
 def cmd_lab(argv: Sequence[str]) -> int:
     argv = list(argv)
-    if argv and argv[0] in ("exec", "list", "clean"):
-        from ddptop.cli import lab_tools as tools
-
-        return getattr(tools, f"cmd_{argv[0]}")(argv[1:])
+    if argv and argv[0] in lab_tools.COMMANDS:
+        return getattr(lab_tools, f"cmd_{argv[0]}")(argv[1:])
     args, run_argv = lab_parser().parse_known_args(argv)
     plan = make_plan(args, run_argv)
     from ddptop.lab.launch import Signals

@@ -19,6 +19,13 @@ from ddptop.errors import LabUnavailable, UsageError
 from ddptop.lab import netns, state
 
 
+COMMANDS = {
+    "exec": "run a command on a running lab's host: ddptop lab exec ddptop ctl status",
+    "list": "the labs running on this machine",
+    "clean": "remove labs whose ddptop lab process is gone (namespaces, links, cgroups)",
+}
+
+
 def running() -> list[state.LabRecord]:
     return [r for r in state.records() if r.owner_alive()]
 
@@ -60,7 +67,10 @@ def _pick(tag: str | None) -> state.LabRecord:
 
 def cmd_list(argv: Sequence[str]) -> int:
     Parser(prog="ddptop lab list", description="Labs running on this machine.").parse_args(argv)
-    for r in running():
+    labs = running()
+    if not labs:
+        print("no lab is running on this machine")
+    for r in labs:
         started = time.strftime("%H:%M:%S", time.localtime(r.created))
         print(f"{r.tag}  {r.nodes} nodes  link {r.link}  cpus {r.cpus}  pid {r.owner_pid}  since {started}")
     return 0

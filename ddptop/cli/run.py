@@ -70,7 +70,8 @@ def run_parser() -> argparse.ArgumentParser:
                       help="VGG-11 as in the course (9.23M parameters), ResNet-18, or a 21k-parameter CNN (vgg11)")
     what.add_argument("--dataset", choices=DATASETS, default="synthetic",
                       help="a learnable set generated from the seed, or the real sets from --data-dir (synthetic)")
-    what.add_argument("--data-dir", default="./data", help="where cifar10 / mnist files are (./data)")
+    what.add_argument("--data-dir", help="the existing folder that holds the cifar10 / mnist files (./data); "
+                                         "refused with the synthetic set, which reads no files")
     what.add_argument("--batch-size", type=int, default=64, help="per rank (64)")
     what.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (0.1)")
     what.add_argument("--epochs", type=int, default=1, help="passes over the training set (1)")
@@ -127,10 +128,16 @@ def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> R
     if bucket_given and args.strategy != "ddp" and not any(s.strategy == "ddp" for s in sweep):
         raise UsageError(f"--bucket-mb applies only to ddp, not to {args.strategy}")
     sync = sweep[0] if sweep else sync  # what runs first is what every report of the start says
+    if args.data_dir is not None and args.dataset == "synthetic":
+        # refused, not warned: a run on the synthetic set that the user meant to run on their files wastes the
+        # run, and a warning line is gone as soon as the screen takes the terminal
+        raise UsageError("--data-dir is for --dataset cifar10 or mnist; the synthetic set reads no files "
+                         "(add --dataset cifar10|mnist, or drop --data-dir)")
     extra = {"sweep": sweep, "sweep_warmup": profile["warmup"], "sweep_measure": profile["measure"],
              "sweep_until_oom": profile["until_oom"], "profile": profile["name"]} if profile else {}
-    return RunConfig(**extra, model=args.model, dataset=args.dataset, data_dir=os.path.abspath(args.data_dir),
-                     sync=sync, epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend,
+    data_dir = os.path.abspath(args.data_dir or "./data")
+    return RunConfig(**extra, model=args.model, dataset=args.dataset, data_dir=data_dir, sync=sync,
+                     epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend,
                      device=args.device, workers=args.workers, probes=args.probes,
                      span_every=args.span_every, iface=args.iface, threads=args.threads,
                      synthetic_size=args.synthetic_size, eval=not args.no_eval, save=_save_path(args.save))

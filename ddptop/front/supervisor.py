@@ -3,6 +3,7 @@ watches them (LocalJob)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
 import sys
@@ -201,10 +202,23 @@ def _watch(consumer: Callable, feed: Feed, job: "LocalJob") -> None:
         consumer(feed, job)
     except KeyboardInterrupt:
         job.stop()
-        _stop_gracefully(job)
-        consumer.finish(feed, job)
+        with _ctrl_c_ignored():  # a second Ctrl-C 0.2 s later cut the closing lines in two (issue 26)
+            _stop_gracefully(job)
+            consumer.finish(feed, job)
     finally:
         feed.stop()  # idempotent: the consumer's finish has usually stopped it already
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored():
+    """While the stop is under way (at most STOP_WAIT_S, then the ranks are terminated) and its closing lines and
+    the recording's end are written, more Ctrl-Cs change nothing: the stop is already the answer. SIGTERM still
+    interrupts, as before: a supervisor's way out of a stop that hangs."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _raise_interrupt(signum, frame):

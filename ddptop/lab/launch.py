@@ -118,11 +118,10 @@ def run_job(lab: Lab, nodes: int, run_argv: list[str], record: str | None, signa
     finally:
         signals.job_running = False
         terminal.restore()
-        for proc in [front, *workers]:
-            _end(proc)
+        ended = [_end(proc) for proc in [front, *workers]]
         for log in logs:
             log.close()
-    return _exit_code(lab, front, workers)
+    return _exit_code(lab, front, workers, ended[1:])
 
 
 def _supervise(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen], signals: Signals) -> None:
@@ -174,23 +173,38 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
         pass
 
 
-def _end(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 5 s: whatever is still running when its job is over."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _end(proc: subprocess.Popen) -> bool:
+    """SIGTERM, then SIGKILL after 5 s: whatever is still running when its job is over. True: it had to be ended."""
+    if proc.poll() is not None:
+        return False
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return True
 
 
-def _exit_code(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen]) -> int:
-    codes = [p.returncode for p in [front, *workers]]
-    for r, (code, proc) in enumerate(zip(codes[1:], workers), start=1):
-        if code:
-            print(f"ddptop lab: node {r} exited with {_how(code)}; its last lines:", file=sys.stderr)
-            print(_tail(os.path.join(lab.folder, f"node{r}.log")), file=sys.stderr)
+def _exit_code(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen], ended: list[bool]) -> int:
+    """The front's exit code, else the first host's that failed; one line (and its log) per such host.
+
+    When the front ended well (0: done or stopped) or was interrupted (130), a host that did not is no crash but the
+    stop reaching it: Ctrl-C while the ranks start leaves it waiting for a rank 0 that is gone (its handshake fails,
+    exit 4, or our own SIGTERM ends it: `exited with signal 15` with an empty log read as a crash, issue 26). A
+    failed host makes the front fail too (5: a peer lost), which keeps its line and log."""
+    stopped = front.returncode in (0, 130)
+    codes = [front.returncode]
+    for r, (proc, ours) in enumerate(zip(workers, ended), start=1):
+        if proc.returncode == 0:
+            continue
+        if ours or stopped:
+            print(f"ddptop lab: node {r} stopped with the job", file=sys.stderr)
+            continue
+        tail = _tail(os.path.join(lab.folder, f"node{r}.log"))
+        print(f"ddptop lab: node {r} exited with {_how(proc.returncode)}"
+              + (f"; its last lines:\n{tail}" if tail else " (its log is empty)"), file=sys.stderr)
+        codes.append(proc.returncode)
     code = next((c for c in codes if c), 0)
     return 128 - code if code < 0 else code
 
@@ -202,6 +216,6 @@ def _how(code: int) -> str:
 def _tail(path: str, lines: int = 5) -> str:
     try:
         with open(path, errors="replace") as f:
-            return "".join("  " + line for line in f.readlines()[-lines:]).rstrip()
+            return "".join("  " + line for line in f.readlines()[-lines:] if line.strip()).rstrip()
     except OSError:
         return "  (no log)"

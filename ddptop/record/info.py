@@ -69,6 +69,8 @@ def check_all(rec: Recording) -> None:
 def verdict(rec: Recording, gone: dict[int, int] | None = None) -> list[str]:
     """Why the recording is incomplete ([] when it is complete): the same words for info, export and replay."""
     reasons = []
+    if rec.first_step is None:  # closed cleanly after a Ctrl-C at start-up, yet it holds no run (issue 26)
+        reasons.append(f"{'stopped before any step' if _stopped(rec) else 'no step recorded'} (no training step here)")
     if rec.recorder_error:
         reasons.append(f"the recording stopped ({rec.recorder_error}); it holds what came before")
     elif not rec.complete:
@@ -85,6 +87,14 @@ def verdict(rec: Recording, gone: dict[int, int] | None = None) -> list[str]:
     for rank, step in sorted((lost_ranks(rec) if gone is None else gone).items()):
         reasons.append(f"rank {rank} lost after step {step}: what it ran after its last report is not here")
     return reasons
+
+
+def _stopped(rec: Recording) -> bool:
+    """Closed by the front with no rank failing: a stop (the ranks said `stopped`, or were ended while starting)."""
+    events = [_decode(rec, blob) for (blob,) in rec.query("SELECT data FROM events WHERE kind IN ('run_finished', "
+                                                          "'log')")]
+    return rec.complete and not any((isinstance(e, RunFinished) and e.reason.startswith("error"))
+                                    or (isinstance(e, LogLine) and e.level == "error") for e in events)
 
 
 def lost_ranks(rec: Recording) -> dict[int, int]:

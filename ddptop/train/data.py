@@ -8,6 +8,7 @@ import os
 import pickle
 import shutil
 import socket
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,22 +63,45 @@ class LabelledImages(TensorDataset):
 
 
 def ensure_dataset(cfg: RunConfig) -> None:
-    """Check the data set named by cfg.dataset is usable, downloading cifar10/mnist when absent."""
+    """Check the data set named by cfg.dataset is usable, downloading cifar10/mnist into an existing --data-dir.
+
+    Nothing is created that the user did not ask for (issue 26): a --data-dir that does not exist is an error, not
+    a folder made on the spot (a typo would otherwise leave /nonexistent/dir behind), and a download goes to a
+    temporary folder inside it whose files move into place only once all of them are there."""
     if cfg.dataset == "synthetic":
         return
     files, root = _FILES[cfg.dataset], _root(cfg)
+    if not os.path.isdir(root):
+        problem = "is not a directory" if os.path.exists(root) else "does not exist"
+        raise DataError(f"--data-dir {root} {problem}: pass the folder that holds {files.name} "
+                        f"({files.folder}{os.sep}); ddptop creates no data folder")
+    files.prepare(root)
     if not files.missing(root):
         if cfg.dataset == "cifar10":  # read them here, once: a bad file is one line, not one per rank
             check_cifar(root)
         return
     try:
         with _socket_timeout(DOWNLOAD_TIMEOUT_S):
-            files.fetch(root)
+            _download(files, root)
     except Exception as exc:  # network, disk or archive: any of them leaves the set unusable
         raise DataError(f"{files.not_found(root)} and it could not be downloaded: {_one_line(exc)}; "
                         "put the files there or pass --data-dir") from None
     if files.missing(root):
         raise DataError(f"{files.not_found(root)} even after downloading; put the files there or pass --data-dir")
+
+
+def _download(files: _Files, root: str) -> None:
+    """Fetch into a temporary folder in root, then move the missing files into place; a failure leaves nothing."""
+    staging = tempfile.mkdtemp(prefix=".ddptop-download-", dir=root)
+    try:
+        files.fetch(staging)
+        if files.missing(staging):
+            return  # the caller names what is still missing
+        os.makedirs(os.path.join(root, files.folder), exist_ok=True)
+        for name in files.missing(root):
+            os.replace(os.path.join(staging, files.folder, name), os.path.join(root, files.folder, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def build_datasets(cfg: RunConfig) -> tuple[Dataset, Dataset]:
@@ -172,6 +196,7 @@ class _Files:
     names: tuple[str, ...]
     fetch: Callable[[str], None]
     load: Callable[[str], tuple[Dataset, Dataset]]
+    prepare: Callable[[str], None] = lambda root: None  # what can be made from files already there
 
     def missing(self, root: str) -> list[str]:
         return [name for name in self.names if not os.path.isfile(os.path.join(root, self.folder, name))]
@@ -325,14 +350,13 @@ def _text(value: object) -> str:
 
 
 def _fetch_mnist(root: str) -> None:
-    _gunzip_present(os.path.join(root, MNIST_FOLDER))
-    if _FILES["mnist"].missing(root):
-        from torchvision.datasets import MNIST
+    from torchvision.datasets import MNIST
 
-        MNIST(root, train=True, download=True)
+    MNIST(root, train=True, download=True)
 
 
-def _gunzip_present(folder: str) -> None:
+def _gunzip_present(root: str) -> None:
+    folder = os.path.join(root, MNIST_FOLDER)
     for name in MNIST_FILES:
         path = os.path.join(folder, name)
         if not os.path.isfile(path) and os.path.isfile(path + ".gz"):
@@ -365,5 +389,5 @@ def _grey_to_rgb(image: torch.Tensor) -> torch.Tensor:
 _FILES = {
     "cifar10": _Files("CIFAR-10", CIFAR_FOLDER, CIFAR_TRAIN_FILES + CIFAR_TEST_FILES + (CIFAR_META_FILE,),
                       _fetch_cifar, _load_cifar),
-    "mnist": _Files("MNIST", MNIST_FOLDER, MNIST_FILES, _fetch_mnist, _load_mnist),
+    "mnist": _Files("MNIST", MNIST_FOLDER, MNIST_FILES, _fetch_mnist, _load_mnist, _gunzip_present),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import pickle
 import socket
@@ -9,6 +10,7 @@ import struct
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -368,19 +370,47 @@ def test_mnist_labels_out_of_range_are_a_data_error(tmp_path):
 
 @pytest.mark.parametrize("dataset, name, folder", [("cifar10", "CIFAR-10", "cifar-10-batches-py"),
                                                    ("mnist", "MNIST", "MNIST")])
-def test_missing_files_offline_is_a_quick_one_line_error(tmp_path, offline, dataset, name, folder):
+def test_missing_files_offline_is_a_quick_one_line_error_that_leaves_nothing(tmp_path, offline, dataset, name,
+                                                                            folder):
     root = tmp_path / "no data here"
+    root.mkdir()
     cfg = RunConfig(dataset=dataset, data_dir=str(root))
     start = time.perf_counter()
     with pytest.raises(DataError) as caught:
         data.ensure_dataset(cfg)
     message = str(caught.value)
     assert time.perf_counter() - start < 5
-    assert offline, "a download was attempted"
+    assert offline, "no download was attempted"
     assert "\n" not in message
     assert message.startswith(f"{name} not found in {root} (expected {folder}")
     assert "could not be downloaded" in message and "--data-dir" in message
     assert socket.getdefaulttimeout() is None
+    assert list(root.iterdir()) == []  # torchvision's MNIST/raw or cifar folder is gone with the failed download
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "mnist"])
+def test_a_data_dir_that_does_not_exist_is_not_created(tmp_path, offline, dataset):
+    root = tmp_path / "nonexistent" / "dir"
+    with pytest.raises(DataError, match=f"--data-dir {root} does not exist"):
+        data.ensure_dataset(RunConfig(dataset=dataset, data_dir=str(root)))
+    assert offline == [] and not (tmp_path / "nonexistent").exists()
+
+
+def test_a_download_moves_in_only_the_missing_files(tmp_path, monkeypatch):
+    """A fetch that succeeds (files written as the real download would) lands them in place, with no staging left."""
+    (tmp_path / "MNIST" / "raw").mkdir(parents=True)
+    kept = tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    kept.write_bytes(idx_labels([i % 10 for i in range(5)]))  # what write_mnist writes there too
+    inode = kept.stat().st_ino
+
+    def fetch(root):
+        write_mnist(Path(root))
+
+    monkeypatch.setitem(data._FILES, "mnist", dataclasses.replace(data._FILES["mnist"], fetch=fetch))
+    data.ensure_dataset(RunConfig(dataset="mnist", data_dir=str(tmp_path)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["MNIST"]
+    assert kept.stat().st_ino == inode  # the user's file is left alone, not replaced by the download's
+    assert data.build_datasets(RunConfig(dataset="mnist", data_dir=str(tmp_path)))  # the moved files read
 
 
 def test_a_partial_copy_names_the_missing_files(tmp_path, offline):

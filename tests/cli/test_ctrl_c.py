@@ -1,0 +1,89 @@
+"""Ctrl-C at awkward moments (issue 26): twice 0.2 s apart on a headless run in a terminal gives one summary, one
+`finished … (stopped)` line and no progress bar left after them; once before any step leaves a recording that
+`info` does not call complete.
+
+Real jobs (2 gloo ranks, the tiny model). The first runs in tmux, so the rich progress bar is on as for a user and
+Ctrl-C is the terminal's own (tmux send-keys C-c: SIGINT to the foreground process group); what the terminal shows
+at the end is the ground truth. The second's ground truth is the file's own steps table, read with sqlite3.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+def screen(name: str) -> str:
+    return tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", name)
+
+
+def wait_for(done, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if done():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_two_ctrl_cs_print_the_closing_lines_once_and_no_bar_after_them(tmp_path):
+    name, status = f"ddptop-ctrlc-{os.getpid()}", tmp_path / "exit"
+    command = (f"cd {tmp_path} && PYTHONPATH={shlex.quote(os.environ.get('PYTHONPATH', REPO))} {sys.executable} "
+               "-m ddptop --local 2 --backend gloo --model tiny --headless --steps 100000 --synthetic-size 640 "
+               f"--batch-size 16 --no-eval --log-every 1 --record run.db; echo $? > {status}; sleep 30")
+    tmux("new-session", "-d", "-s", name, "-x", "200", "-y", "50", f"sleep 1; {command}")  # once it has its size
+    subprocess.run(["tmux", "set-option", "-t", name, "window-size", "manual"], capture_output=True)
+    subprocess.run(["tmux", "resize-window", "-t", name, "-x", "200", "-y", "50"], capture_output=True)
+    try:
+        assert wait_for(lambda: "step 2/" in screen(name), 90), screen(name)
+        tmux("send-keys", "-t", name, "C-c")
+        time.sleep(0.2)
+        tmux("send-keys", "-t", name, "C-c")
+        assert wait_for(status.exists, 60), screen(name)
+        time.sleep(0.5)  # anything drawn after the exit (a bar's last refresh) is on the screen too
+        shown = screen(name)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    lines = [line.rstrip() for line in shown.splitlines() if line.strip()]
+    finished = [i for i, line in enumerate(lines) if line.startswith("finished: ")]
+    assert len(finished) == 1 and lines[finished[0]].endswith("(stopped)"), shown
+    after = lines[finished[0] + 1:]
+    assert not any("training" in line or "s/it" in line for line in after), shown  # no bar nor step line after
+    assert status.read_text().strip() == "0", shown
+
+
+def test_a_ctrl_c_before_any_step_leaves_a_recording_info_does_not_call_complete(tmp_path):
+    record = tmp_path / "run.db"
+    proc = subprocess.Popen([sys.executable, "-m", "ddptop", "--local", "2", "--backend", "gloo", "--model", "tiny",
+                             "--headless", "--steps", "100000", "--no-eval", "--record", str(record)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        joined = proc.stdout.readline()  # the first rank's hello: before its model, data and first step
+        assert joined.startswith("rank "), joined
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: to the whole group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    with sqlite3.connect(record) as db:
+        assert db.execute("SELECT count(*) FROM steps").fetchone() == (0,)
+    info = subprocess.run([sys.executable, "-m", "ddptop", "info", str(record)], capture_output=True, text=True)
+    first = info.stdout.splitlines()[0]
+    assert "incomplete: stopped before any step" in first, first
