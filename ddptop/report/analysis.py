@@ -105,7 +105,7 @@ def segment_stats(events: Iterable[Event], label: str = "", warmup: int | None =
 
     `steps`: the run's StepDone in recorded order, read once as they come (default: those among `events`, the
     rest of the run). Memory is a few sums per segment and rank, one float per measured step (medians, p10–p90)
-    and the steps the NIC check can tell apart (`_Wire`), never every step: 10^6 steps fit in ~100 MB."""
+    and the steps the NIC check can tell apart (`_Wire`), never every step: 10^6 step rows take ~70 MB."""
     warmup = metrics.warmup_for(run_config) if warmup is None else warmup
     events = events if isinstance(events, list) else list(events)
     started = next((e for e in events if isinstance(e, RunStarted)), None)
