@@ -170,12 +170,12 @@ class _Measured:
 class _Wire:
     """The steps after the warm-up that metrics.traffic.measured_vs_expected can tell apart, given that the
     rank's NIC was read between times lo and hi: those that ended in [lo, hi], the last to end before lo and the
-    first two after hi (a reading between them falls in one of their steps: its `between_steps` test), and the
-    first and last steps (the span a reading must fall in to count). It sorts by end time and looks up starts in
-    that order, so with starts in order (one rank's steps follow one another) the rest change nothing it computes.
-    Memory: the steps between the rank's first and last NIC reading."""
+    first two after hi (a reading between them falls in one of their steps: its `between_steps` test; and they
+    keep the span a reading must fall in to count). It sorts by end time and looks up starts in that order, so
+    with starts in order (one rank's steps follow one another) the others change nothing it computes
+    (test_report_memory checks). Memory: the steps between the rank's first and last NIC reading."""
 
-    __slots__ = ("lo", "hi", "n", "inside", "before", "after", "first", "last")
+    __slots__ = ("lo", "hi", "n", "inside", "before", "after")
 
     def __init__(self, span: tuple[float, float] | None) -> None:
         self.lo, self.hi = span or (math.inf, -math.inf)
@@ -183,16 +183,10 @@ class _Wire:
         self.inside: list[tuple[int, StepDone]] = []
         self.before: list[tuple[int, StepDone]] = []  # the latest end below lo, ties kept
         self.after: list[tuple[int, StepDone]] = []  # the two earliest ends above hi, ties kept
-        self.first: tuple[int, StepDone] | None = None
-        self.last: tuple[int, StepDone] | None = None
 
     def add(self, d: StepDone) -> None:
         item = (self.n, d)
         self.n += 1
-        if self.first is None or d.t < self.first[1].t:
-            self.first = item
-        if self.last is None or d.t >= self.last[1].t:
-            self.last = item
         if self.lo <= d.t <= self.hi:
             self.inside.append(item)
         elif d.t < self.lo:
@@ -207,8 +201,7 @@ class _Wire:
                 self.after = [e for e in self.after if e[1].t <= ends[-1]]
 
     def steps(self) -> list[StepDone]:
-        kept = {n: d for n, d in (*self.before, *self.inside, *self.after, *filter(None, (self.first, self.last)))}
-        return [kept[n] for n in sorted(kept)]
+        return [d for _, d in sorted((*self.before, *self.inside, *self.after), key=lambda item: item[0])]
 
 
 class _Rank:
