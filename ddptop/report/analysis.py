@@ -7,6 +7,7 @@ memory and NIC bytes, GPU readings, test accuracy and the ring all-reduce bus ba
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import statistics
@@ -19,6 +20,7 @@ from ddptop.config import SyncConfig
 from ddptop.errors import RecordingError, UsageError
 from ddptop.events import ConfigApplied, EpochDone, Event, RankJoined, RunStarted, StepDone, SystemSample
 from ddptop.metrics import wire
+from ddptop.metrics.traffic import StepRun
 from ddptop.report.readings import GpuRow, LinkStats, RankStats, gpus, links, quantile, rank_stats
 
 # metrics.parts' keys, and "compute" for steps recorded before compute was split into forward, backward, optimizer
@@ -105,7 +107,7 @@ def segment_stats(events: Iterable[Event], label: str = "", warmup: int | None =
 
     `steps`: the run's StepDone in recorded order, read once as they come (default: those among `events`, the
     rest of the run). Memory is a few sums per segment and rank, one float per measured step (medians, p10–p90)
-    and the steps the NIC check can tell apart (`_Wire`), never every step: 10^6 step rows take ~70 MB."""
+    and a few steps per NIC reading (`_Wire`), never every step: 10^6 step rows take ~70 MB."""
     warmup = metrics.warmup_for(run_config) if warmup is None else warmup
     events = events if isinstance(events, list) else list(events)
     started = next((e for e in events if isinstance(e, RunStarted)), None)
@@ -114,14 +116,14 @@ def segment_stats(events: Iterable[Event], label: str = "", warmup: int | None =
     evals = test_accuracy(events)
     # switches first, as `info` reads a file: a segment's first step is known before its steps arrive
     table = metrics.SegmentTable.of((e for e in events if isinstance(e, ConfigApplied)), warmup)
-    nic_span = _nic_spans(samples)
+    readings = _nic_readings(samples)
     segments: dict[int, _Segment] = {}
     ranks: set[int] = set()
     for d in (e for e in events if isinstance(e, StepDone)) if steps is None else steps:
         table.apply(d)
         ranks.add(d.rank)
         seg = segments.get(d.segment) or segments.setdefault(d.segment, _Segment())
-        seg.add(d, table.first_step(d.segment) + warmup, nic_span)
+        seg.add(d, table.first_step(d.segment) + warmup, readings)
     world = started.world_size if started else len(ranks) or 1
     param_bytes = started.param_bytes if started else 0
     out = []
@@ -140,14 +142,13 @@ def pooled(same: list[SegmentStats], name: str) -> float:
     return sum(getattr(s, name) * w for s, w in zip(same, weights)) / sum(weights)
 
 
-def _nic_spans(samples: list[SystemSample]) -> dict[int, tuple[float, float]]:
-    """Per rank, the first and last time its job interface was read."""
-    out: dict[int, tuple[float, float]] = {}
+def _nic_readings(samples: list[SystemSample]) -> dict[int, list[float]]:
+    """Per rank, when its job interface was read, in time order."""
+    out: dict[int, list[float]] = {}
     for s in samples:
         if s.nic() is not None:
-            lo, hi = out.get(s.rank, (s.t, s.t))
-            out[s.rank] = (min(lo, s.t), max(hi, s.t))
-    return out
+            out.setdefault(s.rank, []).append(s.t)
+    return {rank: sorted(times) for rank, times in out.items()}
 
 
 class _Measured:
@@ -168,47 +169,60 @@ class _Measured:
 
 
 class _Wire:
-    """The steps after the warm-up that metrics.traffic.measured_vs_expected can tell apart, given that the
-    rank's NIC was read between times lo and hi: those that ended in [lo, hi], the last to end before lo and the
-    first two after hi (a reading between them falls in one of their steps: its `between_steps` test; and they
-    keep the span a reading must fall in to count). It sorts by end time and looks up starts in that order, so
-    with starts in order (one rank's steps follow one another) the others change nothing it computes
-    (test_report_memory checks). Memory: the steps between the rank's first and last NIC reading."""
+    """A rank's steps after the warm-up as metrics.traffic.measured_vs_expected needs them, given when the rank's
+    NIC was read: whole where a reading falls in a step (its `between_steps` test reads the step) and the last one
+    before each reading (a reading between two steps finds that one); every other run of steps between two
+    readings as one StepRun (its end, count and bytes: all the check reads of them). The result is the same as on
+    every step (test_report_memory checks) and memory is a few items per reading, not per step."""
 
-    __slots__ = ("lo", "hi", "n", "inside", "before", "after")
+    __slots__ = ("readings", "items", "run", "last")
 
-    def __init__(self, span: tuple[float, float] | None) -> None:
-        self.lo, self.hi = span or (math.inf, -math.inf)
-        self.n = 0
-        self.inside: list[tuple[int, StepDone]] = []
-        self.before: list[tuple[int, StepDone]] = []  # the latest end below lo, ties kept
-        self.after: list[tuple[int, StepDone]] = []  # the two earliest ends above hi, ties kept
+    def __init__(self, readings: list[float]) -> None:
+        self.readings = readings
+        self.items: list[StepDone | StepRun] = []
+        self.run: list | None = None  # [rank, first start, last end, steps, tx bytes, rx bytes]
+        self.last: tuple[int, StepDone] | None = None  # (readings before its end, step): the newest, whole
 
     def add(self, d: StepDone) -> None:
-        item = (self.n, d)
-        self.n += 1
-        if self.lo <= d.t <= self.hi:
-            self.inside.append(item)
-        elif d.t < self.lo:
-            if not self.before or d.t > self.before[0][1].t:
-                self.before = [item]
-            elif d.t == self.before[0][1].t:
-                self.before.append(item)
-        elif d.t > self.hi:
-            self.after.append(item)
-            if len(self.after) > 8:
-                ends = sorted({e.t for _, e in self.after})[:2]
-                self.after = [e for e in self.after if e[1].t <= ends[-1]]
+        start = metrics.step_start(d)
+        ahead = bisect.bisect_right(self.readings, d.t)
+        free = bisect.bisect_left(self.readings, start) == ahead  # no reading from its start to its end
+        if free and self.last is not None and self.last[0] == ahead and d.t >= self.last[1].t:
+            self._join(self.last[1])
+            self.last = (ahead, d)
+            return
+        self._close()
+        if free:
+            self.last = (ahead, d)
+        else:
+            self.items.append(d)
 
-    def steps(self) -> list[StepDone]:
-        return [d for _, d in sorted((*self.before, *self.inside, *self.after), key=lambda item: item[0])]
+    def _join(self, d: StepDone) -> None:
+        if self.run is None:
+            self.run = [d.rank, metrics.step_start(d), d.t, 1, d.tx_bytes, d.rx_bytes]
+        else:
+            run = self.run
+            run[2], run[3], run[4], run[5] = d.t, run[3] + 1, run[4] + d.tx_bytes, run[5] + d.rx_bytes
+
+    def _close(self) -> None:
+        if self.run is not None:
+            rank, start, end, count, tx, rx = self.run
+            self.items.append(StepRun(rank=rank, t=end, iter_s=end - start, count=count, tx_bytes=tx, rx_bytes=rx))
+            self.run = None
+        if self.last is not None:
+            self.items.append(self.last[1])
+            self.last = None
+
+    def steps(self) -> list[StepDone | StepRun]:
+        self._close()
+        return self.items
 
 
 class _Rank:
     __slots__ = ("counted", "sampled", "wire")
 
-    def __init__(self, span: tuple[float, float] | None) -> None:
-        self.counted, self.sampled, self.wire = _Measured(), _Measured(), _Wire(span)
+    def __init__(self, readings: list[float]) -> None:
+        self.counted, self.sampled, self.wire = _Measured(), _Measured(), _Wire(readings)
 
     @property
     def measured(self) -> _Measured:
@@ -228,7 +242,7 @@ class _Segment:
         self.high: tuple[int, list[float]] | None = None
         self.ranks: dict[int, _Rank] = {}
 
-    def add(self, d: StepDone, measured_from: int, nic_span: dict) -> None:
+    def add(self, d: StepDone, measured_from: int, readings: dict[int, list[float]]) -> None:
         self.t1 = max(self.t1, d.t)
         self.start = min(self.start, metrics.step_start(d))
         self.own = self.own or d.own_s > 0
@@ -240,7 +254,7 @@ class _Segment:
             self.high = (d.step, [d.loss])
         elif d.step == self.high[0]:
             self.high[1].append(d.loss)
-        rank = self.ranks.get(d.rank) or self.ranks.setdefault(d.rank, _Rank(nic_span.get(d.rank)))
+        rank = self.ranks.get(d.rank) or self.ranks.setdefault(d.rank, _Rank(readings.get(d.rank, [])))
         if d.step >= measured_from:
             (rank.sampled if d.sampled else rank.counted).add(d)
             rank.wire.add(d)

@@ -90,11 +90,12 @@ def test_shipped_reports_keep_their_tables(tmp_path, name):
 
 
 def test_the_nic_check_reads_the_same_from_the_steps_the_report_keeps():
-    """The report keeps, per rank, only the steps near its NIC readings (analysis._Wire); the NIC check on those
-    equals the check on every step (ddptop.metrics.traffic itself is the truth here), for readings over a part of
-    each segment, so that steps before and after them are left out."""
+    """The report keeps, per rank, a few steps per NIC reading and runs of steps between readings as one
+    (analysis._Wire); the NIC check on those equals the check on every step (ddptop.metrics.traffic on the
+    recording's steps is the truth here), for readings over all or part of each segment, the report's own
+    (all of the rank's readings) or just those."""
     from ddptop.events import StepDone, SystemSample
-    from ddptop.metrics.traffic import measured_vs_expected
+    from ddptop.metrics.traffic import StepRun, measured_vs_expected
     from ddptop.record.reader import Recording
     from ddptop.report.analysis import _Wire
 
@@ -102,21 +103,24 @@ def test_the_nic_check_reads_the_same_from_the_steps_the_report_keeps():
         events = list(rec.events())
     samples = [e for e in events if isinstance(e, SystemSample)]
     steps = [e for e in events if isinstance(e, StepDone)]
-    checked = dropped = 0
+    checked = runs = 0
     for (segment, rank) in sorted({(d.segment, d.rank) for d in steps}):
         mine = [d for d in steps if d.segment == segment and d.rank == rank]
+        every = sorted(s.t for s in samples if s.rank == rank)
         lo, hi = min(d.t for d in mine), max(d.t for d in mine)
         for a, b in ((0.2, 0.6), (0.5, 0.9), (0.0, 1.0)):
             readings = [s for s in samples if s.rank == rank and lo + a * (hi - lo) <= s.t <= lo + b * (hi - lo)]
             if len(readings) < 2:
                 continue
-            wire = _Wire((min(s.t for s in readings), max(s.t for s in readings)))
-            for d in mine:
-                wire.add(d)
-            kept = wire.steps()
-            dropped += len(mine) - len(kept)
-            for overlapped in (True, False):
-                truth = measured_vs_expected(readings, mine, overlapped)
-                assert truth is not None and measured_vs_expected(readings, kept, overlapped) == truth
-                checked += 1
-    assert checked >= 20 and dropped > 1000
+            for known in (sorted(s.t for s in readings), every):
+                wire = _Wire(known)
+                for d in mine:
+                    wire.add(d)
+                kept = wire.steps()
+                assert len(kept) < len(mine) / 3 and sum(d.count for d in kept if isinstance(d, StepRun)) > 0
+                runs += sum(isinstance(d, StepRun) for d in kept)
+                for overlapped in (True, False):
+                    truth = measured_vs_expected(readings, mine, overlapped)
+                    assert truth is not None and measured_vs_expected(readings, kept, overlapped) == truth
+                    checked += 1
+    assert checked >= 40 and runs > 100
