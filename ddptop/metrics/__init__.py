@@ -260,6 +260,11 @@ class SegmentTable:
             return
         (self._sampled if d.sampled else self._counted).setdefault(key, _Sums()).add(d)
 
+    def first_step(self, seg: int) -> int | None:
+        """The step a segment began at: its switch's, else the first step seen of it (None: nothing yet)."""
+        start = self._starts.get(seg)
+        return start[0] if start is not None else self._first_seen.get(seg)
+
     def segments(self) -> list[SegmentFigures]:
         out = []
         for seg in sorted(set(self._starts) | set(self._last)):

@@ -31,6 +31,24 @@ class Traffic:
                 f"{self.expected_tx / 1e6:.1f} MB by the formulas ({self.tx_error:+.0%}) over {self.steps} steps")
 
 
+@dataclass(frozen=True)
+class StepRun:
+    """Consecutive steps of one rank with no NIC reading from the first one's start to the last one's end, as one
+    item among `measured_vs_expected`'s steps: a reading never falls in it, so only its end, its step count and
+    its bytes matter there (a report of 10^6 steps keeps O(readings) of these, not the steps)."""
+
+    rank: int
+    t: float  # the last step's end
+    iter_s: float  # from the first step's start
+    count: int
+    tx_bytes: int
+    rx_bytes: int
+    aside_s: float = 0.0
+    data_s: float = 0.0
+    fwd_s: float = 0.0  # no forward mark: `between_steps` never splits inside one
+    bwd_s: float = 0.0
+
+
 WINDOW_STEPS = 10  # steps a window without clean ends must hold: one step's bytes off at most, 10%
 
 
@@ -54,7 +72,7 @@ def between_steps(steps: list[StepDone], overlapped: bool = True):
     return test
 
 
-def measured_vs_expected(samples: Iterable[SystemSample], steps: Iterable[StepDone],
+def measured_vs_expected(samples: Iterable[SystemSample], steps: Iterable[StepDone | StepRun],
                          overlapped: bool = True) -> Traffic | None:
     """Compare between two system samples taken while this rank trained: the steps that ended between them against
     the bytes its interface counted between them. None when fewer than two samples fall inside training.
@@ -80,10 +98,11 @@ def measured_vs_expected(samples: Iterable[SystemSample], steps: Iterable[StepDo
     bounded = len(clean) >= 2 and any(clean[0].t < d.t <= clean[-1].t for d in steps)
     a, b = (clean[0], clean[-1]) if bounded else (inside[0], inside[-1])
     counted = [d for d in steps if a.t < d.t <= b.t]
-    if not bounded and len(counted) < WINDOW_STEPS:
+    n = sum(d.count if isinstance(d, StepRun) else 1 for d in counted)
+    if not bounded and n < WINDOW_STEPS:
         return None
     na, nb = a.nic(), b.nic()
-    return Traffic(rank=steps[0].rank, iface=a.job_iface, window_s=b.t - a.t, steps=len(counted),
+    return Traffic(rank=steps[0].rank, iface=a.job_iface, window_s=b.t - a.t, steps=n,
                    nic_tx=nb.tx_bytes - na.tx_bytes, nic_rx=nb.rx_bytes - na.rx_bytes,
                    expected_tx=sum(d.tx_bytes for d in counted), expected_rx=sum(d.rx_bytes for d in counted))
 

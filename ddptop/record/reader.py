@@ -206,9 +206,9 @@ class Recording:
         rows = self.query(sql, args)
         return rows[0] if rows else (None,)
 
-    def events(self) -> Iterator[Event]:
-        """Every event in the order it was recorded."""
-        streams = [self._stream(table, f"{self.select[table]} ORDER BY seq") for table in schema.TABLES]
+    def events(self, tables: tuple[str, ...] = schema.TABLES) -> Iterator[Event]:
+        """Every event in the order it was recorded (of `tables` only: e.g. all but steps and spans, the bulk)."""
+        streams = [self._stream(table, f"{self.select[table]} ORDER BY seq") for table in tables]
         for _seq, table, row in heapq.merge(*streams):
             event = self._decode(table, row)
             if event is not None:
@@ -247,6 +247,16 @@ class Recording:
         lo, hi = -(1 << 62) if first is None else first, (1 << 62) if stop is None else stop
         sql = f"{self.select[table]} WHERE step >= ? AND step < ? ORDER BY seq"
         return _kept(self._decode(table, row) for _seq, table, row in self._stream(table, sql, (lo, hi)))
+
+    def step_losses(self) -> Iterator[tuple[int, int, float, float]]:
+        """(step, segment, t, loss) of every StepDone, by step and then in recorded order, checked as whole rows
+        are: a loss series read without decoding every row (the steps_step index keeps it in order, no sort)."""
+        names = ("step", "segment", "t", "loss")
+        for _seq, _table, row in self._stream("steps", f"SELECT seq, {', '.join(names)} FROM steps ORDER BY step, seq"):
+            try:
+                yield tuple(schema.decode_step_columns(names, row[1:]))
+            except DAMAGE as exc:
+                raise damaged(self.path, exc) from None
 
     def system_events(self, first: int | None = None, stop: int | None = None) -> Iterator[Event]:
         """System samples, all or those taken while steps first ≤ step < stop ran."""

@@ -171,6 +171,14 @@ def decode_step(row: tuple) -> StepDone:
     return StepDone(*_typed(_STEP_CHECKS, row))
 
 
+_STEP_COLUMNS = dict(zip(STEP_FIELDS, _STEP_CHECKS))
+
+
+def decode_step_columns(names: tuple[str, ...], row: tuple) -> list:
+    """Some columns of a step row (`names`, in that order), each checked as decode_step checks it."""
+    return [_STEP_COLUMNS[name](value) for name, value in zip(names, row)]
+
+
 def decode_spans(row: tuple) -> StepSpans:
     rank, step, segment, t0, blob = row
     items = _json(blob)

@@ -7,16 +7,20 @@ memory and NIC bytes, GPU readings, test accuracy and the ring all-reduce bus ba
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import statistics
+from array import array
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from ddptop import metrics
 from ddptop.config import SyncConfig
 from ddptop.errors import RecordingError, UsageError
 from ddptop.events import ConfigApplied, EpochDone, Event, RankJoined, RunStarted, StepDone, SystemSample
 from ddptop.metrics import wire
+from ddptop.metrics.traffic import StepRun
 from ddptop.report.readings import GpuRow, LinkStats, RankStats, gpus, links, quantile, rank_stats
 
 # metrics.parts' keys, and "compute" for steps recorded before compute was split into forward, backward, optimizer
@@ -48,7 +52,7 @@ class SegmentStats:
     rss_mb: float | None
     final_loss: float
     allreduce_gbps: float | None  # ring all-reduce bus bandwidth: 2(N−1)/N·S / comm time (HPML Lab 4 Q3.2)
-    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss over ranks), all steps
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss over ranks): first, last step
     mean_rank_step_s: float = 0.0  # the mean over ranks of their mean step time (mean_step_s: the slowest rank's)
     own_s: float = 0.0  # ddptop's own time per step
     other_s: float = 0.0
@@ -95,30 +99,39 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else 0.0
 
 
-def segment_stats(events: list[Event], label: str = "", warmup: int | None = None,
-                  run_config: dict | None = None, buckets: dict | None = None) -> list[SegmentStats]:
+def segment_stats(events: Iterable[Event], label: str = "", warmup: int | None = None,
+                  run_config: dict | None = None, buckets: dict | None = None,
+                  steps: Iterable[StepDone] | None = None) -> list[SegmentStats]:
     """Statistics of every segment with at least one step: the figures of ddptop.metrics plus what only a report
-    adds. `warmup` steps at each segment's start are not measured (default: metrics.warmup_for the run)."""
+    adds. `warmup` steps at each segment's start are not measured (default: metrics.warmup_for the run).
+
+    `steps`: the run's StepDone in recorded order, read once as they come (default: those among `events`, the
+    rest of the run). Memory is a few sums per segment and rank, one float per measured step (medians, p10–p90)
+    and a few steps per NIC reading (`_Wire`), never every step: 10^6 step rows take ~70 MB."""
     warmup = metrics.warmup_for(run_config) if warmup is None else warmup
+    events = events if isinstance(events, list) else list(events)
     started = next((e for e in events if isinstance(e, RunStarted)), None)
-    steps = [e for e in events if isinstance(e, StepDone)]
-    world = started.world_size if started else len({d.rank for d in steps}) or 1
-    param_bytes = started.param_bytes if started else 0
     hosts = {e.rank: e.host for e in events if isinstance(e, RankJoined)}
     samples = [e for e in events if isinstance(e, SystemSample)]
     evals = test_accuracy(events)
-    table = metrics.SegmentTable.of((e for e in events if isinstance(e, (ConfigApplied, StepDone))), warmup)
-    by_segment: dict[int, list[StepDone]] = {}
-    for d in steps:
-        by_segment.setdefault(d.segment, []).append(d)
+    # switches first, as `info` reads a file: a segment's first step is known before its steps arrive
+    table = metrics.SegmentTable.of((e for e in events if isinstance(e, ConfigApplied)), warmup)
+    readings = _nic_readings(samples)
+    segments: dict[int, _Segment] = {}
+    ranks: set[int] = set()
+    for d in (e for e in events if isinstance(e, StepDone)) if steps is None else steps:
+        table.apply(d)
+        ranks.add(d.rank)
+        seg = segments.get(d.segment) or segments.setdefault(d.segment, _Segment())
+        seg.add(d, table.first_step(d.segment) + warmup, readings)
+    world = started.world_size if started else len(ranks) or 1
+    param_bytes = started.param_bytes if started else 0
     out = []
     for fig in table.segments():
         if not fig.slowest.steps:
             continue
-        seg_steps = by_segment[fig.index]
-        measured = {r: _measured(seg_steps, r, fig.first_step + warmup) for r in fig.ranks}
         context = _Context(world, param_bytes, hosts, samples, evals, (buckets or {}).get(str(fig.index)))
-        out.append(_stats(label, fig, measured, seg_steps, context))
+        out.append(_stats(label, fig, segments[fig.index], context))
     return out
 
 
@@ -129,10 +142,126 @@ def pooled(same: list[SegmentStats], name: str) -> float:
     return sum(getattr(s, name) * w for s, w in zip(same, weights)) / sum(weights)
 
 
-def _measured(seg_steps: list[StepDone], rank: int, first: int) -> list[StepDone]:
-    """The steps metrics counts for a rank: after the warm-up, sampled steps left out unless nothing else is."""
-    mine = [d for d in seg_steps if d.rank == rank and d.step >= first]
-    return [d for d in mine if not d.sampled] or mine
+def _nic_readings(samples: list[SystemSample]) -> dict[int, list[float]]:
+    """Per rank, when its job interface was read, in time order."""
+    out: dict[int, list[float]] = {}
+    for s in samples:
+        if s.nic() is not None:
+            out.setdefault(s.rank, []).append(s.t)
+    return {rank: sorted(times) for rank, times in out.items()}
+
+
+class _Measured:
+    """The steps metrics counts for one rank in one segment, as sums: how many, the earliest start, the parts
+    (summed in recorded order) and every step time (p10–p90)."""
+
+    __slots__ = ("n", "start", "parts", "times")
+
+    def __init__(self) -> None:
+        self.n, self.start, self.parts, self.times = 0, math.inf, dict.fromkeys(PARTS, 0.0), array("d")
+
+    def add(self, d: StepDone) -> None:
+        self.n += 1
+        self.start = min(self.start, metrics.step_start(d))
+        for name, value in _split(d).items():
+            self.parts[name] += value
+        self.times.append(d.iter_s)
+
+
+class _Wire:
+    """A rank's steps after the warm-up as metrics.traffic.measured_vs_expected needs them, given when the rank's
+    NIC was read: whole where a reading falls in a step (its `between_steps` test reads the step) and the last one
+    before each reading (a reading between two steps finds that one); every other run of steps between two
+    readings as one StepRun (its end, count and bytes: all the check reads of them). The result is the same as on
+    every step (test_report_memory checks) and memory is a few items per reading, not per step."""
+
+    __slots__ = ("readings", "items", "run", "last")
+
+    def __init__(self, readings: list[float]) -> None:
+        self.readings = readings
+        self.items: list[StepDone | StepRun] = []
+        self.run: list | None = None  # [rank, first start, last end, steps, tx bytes, rx bytes]
+        self.last: tuple[int, StepDone] | None = None  # (readings before its end, step): the newest, whole
+
+    def add(self, d: StepDone) -> None:
+        start = metrics.step_start(d)
+        ahead = bisect.bisect_right(self.readings, d.t)
+        free = bisect.bisect_left(self.readings, start) == ahead  # no reading from its start to its end
+        if free and self.last is not None and self.last[0] == ahead and d.t >= self.last[1].t:
+            self._join(self.last[1])
+            self.last = (ahead, d)
+            return
+        self._close()
+        if free:
+            self.last = (ahead, d)
+        else:
+            self.items.append(d)
+
+    def _join(self, d: StepDone) -> None:
+        if self.run is None:
+            self.run = [d.rank, metrics.step_start(d), d.t, 1, d.tx_bytes, d.rx_bytes]
+        else:
+            run = self.run
+            run[2], run[3], run[4], run[5] = d.t, run[3] + 1, run[4] + d.tx_bytes, run[5] + d.rx_bytes
+
+    def _close(self) -> None:
+        if self.run is not None:
+            rank, start, end, count, tx, rx = self.run
+            self.items.append(StepRun(rank=rank, t=end, iter_s=end - start, count=count, tx_bytes=tx, rx_bytes=rx))
+            self.run = None
+        if self.last is not None:
+            self.items.append(self.last[1])
+            self.last = None
+
+    def steps(self) -> list[StepDone | StepRun]:
+        self._close()
+        return self.items
+
+
+class _Rank:
+    __slots__ = ("counted", "sampled", "wire")
+
+    def __init__(self, readings: list[float]) -> None:
+        self.counted, self.sampled, self.wire = _Measured(), _Measured(), _Wire(readings)
+
+    @property
+    def measured(self) -> _Measured:
+        """After the warm-up, sampled steps left out unless nothing else is (as metrics counts)."""
+        return self.counted if self.counted.n else self.sampled
+
+
+class _Segment:
+    """One segment's steps as they arrive: its ranks' sums, its time span and the losses at its first and last
+    step."""
+
+    __slots__ = ("t1", "start", "own", "low", "high", "ranks")
+
+    def __init__(self) -> None:
+        self.t1, self.start, self.own = -math.inf, math.inf, False
+        self.low: tuple[int, list[float]] | None = None
+        self.high: tuple[int, list[float]] | None = None
+        self.ranks: dict[int, _Rank] = {}
+
+    def add(self, d: StepDone, measured_from: int, readings: dict[int, list[float]]) -> None:
+        self.t1 = max(self.t1, d.t)
+        self.start = min(self.start, metrics.step_start(d))
+        self.own = self.own or d.own_s > 0
+        if self.low is None or d.step < self.low[0]:
+            self.low = (d.step, [d.loss])
+        elif d.step == self.low[0]:
+            self.low[1].append(d.loss)
+        if self.high is None or d.step > self.high[0]:
+            self.high = (d.step, [d.loss])
+        elif d.step == self.high[0]:
+            self.high[1].append(d.loss)
+        rank = self.ranks.get(d.rank) or self.ranks.setdefault(d.rank, _Rank(readings.get(d.rank, [])))
+        if d.step >= measured_from:
+            (rank.sampled if d.sampled else rank.counted).add(d)
+            rank.wire.add(d)
+
+    def losses(self) -> list[tuple[int, float]]:
+        ends = [self.low, self.high] if self.high[0] != self.low[0] else [self.low]
+        return [(step, _mean(values)) for step, values in ends]
 
 
 @dataclass(frozen=True)
@@ -145,15 +274,14 @@ class _Context:
     buckets: list | None
 
 
-def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[StepDone]], seg_steps: list[StepDone],
-           ctx: _Context) -> SegmentStats:
+def _stats(label: str, fig: metrics.SegmentFigures, seg: _Segment, ctx: _Context) -> SegmentStats:
     config = sync_config(fig.config)
-    counted = [d for ds in measured.values() for d in ds]
-    t0 = min(metrics.step_start(d) for d in counted)
-    t1 = max(d.t for d in seg_steps)
+    measured = {r: seg.ranks[r].measured for r in fig.ranks}
+    t0 = min(m.start for m in measured.values() if m.n)
+    t1 = seg.t1
     window = [s for s in ctx.samples if t0 <= s.t <= t1]
     # NIC counters see every step's bytes, sampled steps' too: bytes per step count every step after the warm-up
-    wire_steps = {r: [d for d in seg_steps if d.rank == r and d.step >= fig.first_step + fig.warmup] for r in measured}
+    wire_steps = {r: seg.ranks[r].wire.steps() for r in measured}
     overlapped = config.strategy == "ddp"  # the others sync after the backward pass (ddptop.metrics.traffic)
     ranks = tuple(rank_stats(r, fig.ranks[r], wire_steps[r], window, ctx.hosts, overlapped) for r in sorted(measured))
     nic_ok = ranks and all(r.nic_sent_mb is not None for r in ranks)
@@ -161,10 +289,7 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
     ring_bytes = wire.ring_allreduce(ctx.param_bytes, ctx.world)[0]
     gbps = (ring_bytes / mean.comm_s / 1e9 if mean.comm_s > 0 and config.strategy in ("allreduce", "ddp")
             and ctx.world > 1 else None)
-    by_step: dict[int, list[float]] = {}
-    for d in seg_steps:
-        by_step.setdefault(d.step, []).append(d.loss)
-    slow = [d.iter_s for d in measured.get(fig.slowest_rank, [])]
+    slow = list(measured[fig.slowest_rank].times) if fig.slowest_rank in measured else []
     cpus = [s.proc_cpu_percent for s in window]
     return SegmentStats(
         label=label, index=fig.index, config=config, world_size=ctx.world, first_step=fig.first_step,
@@ -176,24 +301,20 @@ def _stats(label: str, fig: metrics.SegmentFigures, measured: dict[int, list[Ste
         nic_recv_mb_per_step=_mean([r.nic_recv_mb for r in ranks]) if nic_ok else None,
         cpu_percent=_mean(cpus) if cpus else None,
         rss_mb=_mean([s.proc_rss_bytes for s in window]) / 1e6 if window else None,
-        final_loss=fig.final_loss, allreduce_gbps=gbps, losses=sorted((s, _mean(v)) for s, v in by_step.items()),
+        final_loss=fig.final_loss, allreduce_gbps=gbps, losses=seg.losses(),
         mean_rank_step_s=mean.step_s, own_s=mean.own_s, other_s=mean.other_s, last_step=fig.last_step,
         warmup=fig.warmup, slowest_rank=fig.slowest_rank, step_p10=quantile(slow, 0.1), step_p90=quantile(slow, 0.9),
-        parts=_parts(measured), ranks=ranks, t0=t0, t1=t1, seg_t0=min(metrics.step_start(d) for d in seg_steps),
+        parts=_parts(measured), ranks=ranks, t0=t0, t1=t1, seg_t0=seg.start,
         gpus=gpus(window, ctx.hosts),
         evals=tuple(e for e in ctx.evals if fig.first_step < e[0] <= fig.last_step + 1),
         links=links(wire_steps, window, ranks, overlapped),
         buckets_mb=tuple(_bucket_mb(ctx.buckets)), param_bytes=ctx.param_bytes,
-        own_recorded=any(d.own_s > 0 for d in seg_steps))
+        own_recorded=seg.own)
 
 
-def _parts(measured: dict[int, list[StepDone]]) -> dict[str, float]:
+def _parts(measured: dict[int, _Measured]) -> dict[str, float]:
     """metrics.parts of every measured step: the mean per rank, then the mean over ranks (as metrics does)."""
-    per_rank = []
-    for steps in measured.values():
-        if steps:
-            split = [_split(d) for d in steps]
-            per_rank.append({k: _mean([p.get(k, 0.0) for p in split]) for k in PARTS})
+    per_rank = [{k: v / m.n for k, v in m.parts.items()} for m in measured.values() if m.n]
     return {k: _mean([p[k] for p in per_rank]) for k in PARTS}
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
+import itertools
 import os
 import shlex
 import sys
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.errors import RecordingError, UsageError
-from ddptop.events import FRONT, LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, StepDone, SystemSample
+from ddptop.events import FRONT, LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, SystemSample
 from ddptop.record.sqlite import redact
 from ddptop.report.markdown import untrusted
 from ddptop.report.analysis import SegmentStats, segment_stats, test_accuracy
@@ -61,30 +63,37 @@ class RunData:
 
 
 def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
+    """One recording, its steps streamed (memory: the segments' sums and the run's other events, never every step:
+    a file of 10^6 steps reports in under 200 MB, see README's Recordings)."""
     from ddptop.record.info import note_incomplete
     from ddptop.record.info import verdict
     from ddptop.record.reader import DAMAGE, Recording, damaged
 
     with Recording.open(path) as rec:
         try:
-            events = list(rec.events())
+            events = [_slim(e) for e in rec.events(tables=("events", "system"))]  # not the steps and spans
             config, meta, start, duration = rec.config, rec.meta, rec.start, rec.duration
             incomplete = verdict(rec)
+            steps = rec.query("SELECT count(DISTINCT step) FROM steps")[0][0]
             rec.segments()  # the switches' rows: what the reader leaves out of them is said with the rest
         except DAMAGE as exc:
             raise damaged(path, exc) from None
         note_incomplete(rec)
-        left_out = rec.left_out_line()
+        used = metrics.warmup_for(config) if warmup is None else warmup
+        buckets = meta.get("ddp_buckets") if isinstance(meta.get("ddp_buckets"), dict) else {}
+        try:
+            stats = segment_stats(events, label=label, warmup=used, run_config=config, buckets=buckets,
+                                  steps=rec.step_events())
+        except RecordingError:
+            raise
+        except (UsageError, ValueError, OverflowError) as exc:  # values no ddptop wrote (checked where decoded)
+            raise RecordingError(f"{path} cannot be reported on: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+        points = _points(rec.step_losses(), steps) if stats else []
+        left_out = rec.left_out_line()  # once every row was read
         if left_out:
             print(f"ddptop report: {path}: {left_out}", file=sys.stderr)
             incomplete.append(left_out + "; the figures and tables leave them out")
-    used = metrics.warmup_for(config) if warmup is None else warmup
-    buckets = meta.get("ddp_buckets") if isinstance(meta.get("ddp_buckets"), dict) else {}
-    try:
-        stats = segment_stats(events, label=label, warmup=used, run_config=config, buckets=buckets)
-    except (UsageError, ValueError, OverflowError) as exc:  # values no ddptop wrote (checked where decoded)
-        raise RecordingError(f"{path} cannot be reported on: {str(exc).splitlines()[0] if str(exc) else exc!r}"
-                             ) from None
     if not stats:
         raise RecordingError(f"{path} holds no training steps to report on")
     started = next((e for e in events if isinstance(e, RunStarted)), None)
@@ -93,13 +102,21 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         path=path, label=label, sha256=_sha256(path), size_bytes=os.path.getsize(path),
         model=str(config.get("model", started.model if started else "?")),
         dataset=str(config.get("dataset", started.dataset if started else "?")), world_size=world, warmup=used,
-        start=start, duration=duration, segments=stats, points=_points(events),
+        start=start, duration=duration, segments=stats, points=points,
         samples=[e for e in events if isinstance(e, SystemSample)], evals=test_accuracy(events),
         provenance=provenance(meta, config, start, duration),
         warnings=[f"**Incomplete:** {untrusted(reason)}" for reason in incomplete] + _warnings(events),
         pauses=_pauses(events, start + duration),
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
         epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0)
+
+
+def _slim(event):
+    """A system sample with only its job interface's NIC, all a report reads of its NICs (s.nic()): a run of 10^6
+    steps has ~50,000 samples, each of ~5 interfaces, ~4 KB in all (200 MB)."""
+    if isinstance(event, SystemSample) and len(event.nics) > 1:
+        return dataclasses.replace(event, nics=tuple(n for n in event.nics if n.iface == event.job_iface))
+    return event
 
 
 def _sha256(path: str) -> str:
@@ -110,18 +127,39 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _points(events) -> list[StepPoint]:
-    by_step: dict[int, list[StepDone]] = {}
-    for e in events:
-        if isinstance(e, StepDone):
-            by_step.setdefault(e.step, []).append(e)
-    out = []
-    for step in sorted(by_step):
-        ds = by_step[step]
-        losses = [d.loss for d in ds]
-        out.append(StepPoint(step, ds[0].segment, max(d.t for d in ds), sum(losses) / len(losses), min(losses),
-                             max(losses)))
-    return out
+# A loss series keeps every step up to SERIES_POINTS steps (every shipped recording: ≤ 1500); a longer one is
+# drawn in ~SERIES_BUCKETS buckets of consecutive steps (mean, lowest, highest), its first and last step whole:
+# 10^6 steps would be 500,000 points for a 10-inch figure, and ~100 MB
+SERIES_POINTS = 4000
+SERIES_BUCKETS = 2000
+
+
+def _points(rows, steps: int) -> list[StepPoint]:
+    """The loss per step over every rank, from (step, segment, t, loss) rows by step."""
+    per = -(-steps // SERIES_BUCKETS) if steps > SERIES_POINTS else 1
+    out: list[StepPoint] = []
+    bucket: list[StepPoint] = []
+    for step, group in itertools.groupby(rows, key=lambda row: row[0]):
+        ds = list(group)
+        losses = [d[3] for d in ds]
+        point = StepPoint(step, ds[0][1], max(d[2] for d in ds), sum(losses) / len(losses), min(losses),
+                          max(losses))
+        if per == 1 or not out:
+            out.append(point)
+            continue
+        if bucket and (len(bucket) == per or bucket[0].segment != point.segment):
+            out.append(_bucket(bucket))
+            bucket = []
+        bucket.append(point)
+    last = bucket.pop() if bucket else None
+    return out + ([_bucket(bucket)] if bucket else []) + ([last] if last else [])
+
+
+def _bucket(points: list[StepPoint]) -> StepPoint:
+    """Consecutive steps of one segment as one point, at their middle step."""
+    losses = [p.loss for p in points]
+    return StepPoint(points[len(points) // 2].step, points[0].segment, max(p.t for p in points),
+                     sum(losses) / len(losses), min(p.lo for p in points), max(p.hi for p in points))
 
 
 def _pauses(events, end: float) -> list[tuple[float, float]]:
