@@ -252,9 +252,11 @@ class Recording:
         """(step, segment, t, loss) of every StepDone, by step and then in recorded order, checked as whole rows
         are: a loss series read without decoding every row (the steps_step index keeps it in order, no sort)."""
         names = ("step", "segment", "t", "loss")
-        for _seq, _table, row in self._stream("steps", f"SELECT seq, {', '.join(names)} FROM steps ORDER BY step, seq"):
+        for seq, _table, row in self._stream("steps", f"SELECT seq, {', '.join(names)} FROM steps ORDER BY step, seq"):
             try:
                 yield tuple(schema.decode_step_columns(names, row[1:]))
+            except schema.BadNumber:  # a NULL, NaN or infinite number: the row is left out (and said), as _decode does
+                self.left_out.add(("steps", seq))
             except DAMAGE as exc:
                 raise damaged(self.path, exc) from None
 
