@@ -33,6 +33,7 @@ from ddptop.control.commands import Replays, apply_changes, open_json, read_requ
 from ddptop.errors import DdptopError, PeerLost, UsageError
 from ddptop.events import ControlRefused, Event, RunState
 
+CLOSE_WAIT_S = 2.0  # what close gives the control thread before cutting its client (a link gone quiet)
 POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
 STATUS_EVERY_S = 0.5
 HEARTBEAT_EVERY_S = 1.0
@@ -89,6 +90,7 @@ class ControlAgent:
         self._was_paused = False
         self._halt = threading.Event()
         self.master_lost = ""  # set by the control thread when the store stops answering
+        self._client = None  # the control thread's channel client: closed by `close` if it hangs on a dead link
         self._thread = threading.Thread(target=self._run, args=(connect,), name=f"ddptop-control-{rank}",
                                         daemon=True)
         self._thread.start()
@@ -221,7 +223,11 @@ class ControlAgent:
 
     def close(self) -> None:
         self._halt.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=CLOSE_WAIT_S)
+        client = self._client
+        if self._thread.is_alive() and client is not None and hasattr(client, "close"):
+            client.close()  # a heartbeat blocked on a link gone quiet fails now: the rank leaves to say why
+            self._thread.join(timeout=1)
         if self.group is not None:
             if self._inflight is not None:
                 try:  # every rank launched the same broadcasts: the last one completes unless a peer is gone
@@ -233,7 +239,7 @@ class ControlAgent:
     # -- control thread ---------------------------------------------------------------------------------
     def _run(self, connect: Callable[[], dist.Store]) -> None:
         try:
-            store = connect()
+            store = self._client = connect()
         except DdptopError as exc:
             self.master_lost = str(exc)
             return
@@ -257,7 +263,7 @@ class ControlAgent:
                         store.set(keys.STATUS, seal_json(self.keys.control, keys.CTX_STATUS, self._status()))
                     next_status = now + STATUS_EVERY_S
             except Exception as exc:  # the store (on the master) went away: the next step boundary stops this rank
-                store = self._reconnect(connect, exc)
+                store = self._client = self._reconnect(connect, exc)
                 if store is None:
                     return
 

@@ -24,7 +24,7 @@ from ddptop.lab.cluster import Lab
 
 FRONT_STOP_S = 60.0  # after a stop, the front's own STOP_WAIT_S (20 s) and its closing, then it is killed
 WORKER_EXIT_S = 30.0  # after the front ends, the other hosts' ranks get this long to finish and leave
-FAILED_WORKER_EXIT_S = 5.0  # a rank whose front is gone cuts its last telemetry after 2 s (bus.CLOSE_WAIT_S)
+FAILED_WORKER_EXIT_S = 10.0  # a rank whose link is gone cuts its heartbeat and last telemetry after 2 s each
 LOST_FRONT_S = 30.0  # every worker gone but the front still runs: it gets this long to notice, then SIGTERM
 
 
