@@ -19,16 +19,6 @@ import pytest
 STEPS = 40
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MB tmpfs of this test's own (unmounted afterwards, whatever happens)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", f"ddptop-count-{os.getpid()}", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def fill(folder) -> None:
     with open(folder / "filler", "wb", buffering=0) as f:
         try:

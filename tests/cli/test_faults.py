@@ -193,16 +193,6 @@ def test_an_internal_error_is_one_line_and_exit_70_and_ddptop_debug_shows_the_tr
 
 # -- the recording's disk fails: training goes on (or stops, with --record-required); the file says why -----------
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MB tmpfs of this test's own (unmounted afterwards, whatever happens)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", f"ddptop-test-{os.getpid()}", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def fill(folder: Path) -> Path:
     filler = folder / "filler"
     f = open(filler, "wb", buffering=0)
