@@ -41,6 +41,7 @@ def status(**changes) -> dict:
             **changes}
 
 
+@pytest.mark.alone  # a bound on time: run after the rest, one at a time
 @pytest.mark.parametrize("value, words", [
     (b"{not json", "not signed"),
     (seal(b"another-token-here", "status", json.dumps(status()).encode()), "bad MAC"),
@@ -60,6 +61,7 @@ def test_a_status_that_does_not_check_out_is_one_line_quickly(served, value, wor
     assert words in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.alone  # a bound on time: run after the rest, one at a time
 def test_a_bad_status_is_retried_for_two_seconds_then_given_up(served):
     view(served).set(keys.STATUS, b"{not json")
     start = time.monotonic()
@@ -82,6 +84,7 @@ def step(rank: int, n: int) -> StepDone:
     return StepDone(rank, n, 0, 0, time.time(), 0.1, 0.0, 0.05, 0.01, 0.0, 0.0, 16, 2.3, 0, 0, 0, False)
 
 
+@pytest.mark.alone  # a bound on time: run after the rest, one at a time
 def test_lost_or_altered_telemetry_is_a_gap_and_the_rest_still_arrives(served):
     publisher = Publisher(view(served), 0, JOB, interval_s=3600)  # flushed by hand: one batch per step
     collector = Collector(view(served), 1, JOB)
