@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import threading
 import time
 
@@ -66,3 +68,14 @@ def connect(port: int, token: str, timeout_s: float = 60.0) -> ControlClient:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def killed_if_left(proc: subprocess.Popen):
+    """A job a test drives: whatever happens in the block (a failed assert, a timeout), it is not left running."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from jobs import killed_if_left
 from test_run_cli import DDPTOP, TINY
 
 # each change, and what the segment it starts must run (start: ddp, 25 MB buckets, batch 16, lr 0.1)
@@ -62,7 +63,7 @@ def driven(tmp_path_factory):
                                      "--span-every", "1", "--record", str(record), *TINY],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     applied, paused = [], {}
-    try:
+    with killed_if_left(job):
         wait_until(env, lambda step, held: step >= 2, "trained")
         for args, _ in CHANGES:
             result = ctl("set", *args, env=env)
@@ -81,10 +82,6 @@ def driven(tmp_path_factory):
         wait_until(env, lambda step, held: step >= paused["step"] + 3, "resumed")
         assert ctl("stop", env=env).returncode == 0
         out, err = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
     assert job.returncode == 0, err
     db = sqlite3.connect(f"file:{record}?mode=ro", uri=True)
     yield db, applied, paused

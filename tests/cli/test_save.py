@@ -19,6 +19,8 @@ import time
 
 import pytest
 
+from jobs import killed_if_left
+
 DDPTOP = [sys.executable, "-m", "ddptop"]
 TINY = ["--headless", "--local", "2", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval",
         "--backend", "gloo"]
@@ -94,17 +96,13 @@ def test_a_link_planted_at_the_file_during_the_run_is_replaced_not_written_throu
     job = subprocess.Popen([*DDPTOP, *TINY, "--steps", "8", "--log-every", "1", "--save", str(saved), "--record",
                             str(record)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, "DDPTOP_TEST_MODEL": "sleep-ms=150"})
-    try:
+    with killed_if_left(job):
         for line in job.stdout:  # the first step line: the ranks train, the name was checked long ago
             if line.startswith("step 1/"):
                 break
         os.symlink(victim, saved)
         planted = time.monotonic()
         out, err = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     assert job.returncode == 0, err
     assert time.monotonic() - planted > 0.5  # planted well before the end (7 steps of ≥ 150 ms were left)
     assert victim.read_bytes() == b"precious bytes\n"

@@ -12,6 +12,7 @@ import pytest
 from ddptop.cli import main
 from ddptop.control.client import ControlClient
 from ddptop.control.store import free_port
+from jobs import killed_if_left
 from smoke_run import record_smoke
 
 TOKEN = "report-test-token"
@@ -40,17 +41,13 @@ def switched(tmp_path_factory):
                             "--span-every", "5", "--port", str(port), "--token", TOKEN, "--record", str(record)],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     answers = []
-    try:
+    with killed_if_left(job):
         client = _connect(port, job)
         while client.status().get("step", 0) < 14:
             time.sleep(0.1)
         for changes in ({"strategy": "gather-scatter"}, {"strategy": "ddp"}):
             answers.append((changes, client.send("set", changes, timeout_s=60)))
         out, err = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     assert job.returncode == 0, err
     return record, answers
 
