@@ -13,6 +13,12 @@ class UsageError(DdptopError):
     exit_code = 2
 
 
+class JobStopped(DdptopError):
+    """`ddptop ctl stop` reached a user's own loop (ddptop/api.py) that entered another step anyway."""
+
+    exit_code = 0
+
+
 class DataError(DdptopError):
     """A data set that cannot be found or read."""
 

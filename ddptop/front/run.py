@@ -35,15 +35,7 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
     if record and not records_here(rdv):
         print(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank", file=sys.stderr)
         record = None
-    token_value, given = resolve_token(token)
-    options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local",
-                            lost_after_s=lost_after_s, pg_timeout_s=collective_timeout_s)
-    if given and rdv.rank == 0 and len(token_bytes(token_value)) < STRONG_TOKEN_BYTES:
-        print(f"ddptop: the job token is {len(token_bytes(token_value))} bytes: one of {STRONG_TOKEN_BYTES} or more "
-              "random bytes resists offline guessing (README: trust model)", file=sys.stderr)
-    if not options.check_token and rdv.world_size > 1 and rdv.rank == 0:  # said where the job's store lives
-        print(f"ddptop: no job token (--token or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join this "
-              "job or disturb its start; give every rank the same --token", file=sys.stderr)
+    options = rank_options(rdv, token, timeout_s, lost_after_s, collective_timeout_s)
     if not (rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)):
         from ddptop.record.paths import check_new
         from ddptop.train.direct import run_direct
@@ -73,6 +65,22 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
         lost = "; ".join(f"rank {e.rank} {e.reason}" for e in printer.lost.values()) if printer else ""
         print(f"ddptop: the job failed{': ' + lost if lost else ''} (exit code {code})", file=sys.stderr)
     return code
+
+
+def rank_options(rdv: Rendezvous, token: str | None, timeout_s: float, lost_after_s: float,
+                 collective_timeout_s: float) -> WorkerOptions:
+    """The job token (typed, DDPTOP_TOKEN, or a new one) and the ranks' options; rank 0 says when the token is
+    weak or missing (the user's own loop, ddptop/api.py, starts its job here too)."""
+    token_value, given = resolve_token(token)
+    options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local",
+                            lost_after_s=lost_after_s, pg_timeout_s=collective_timeout_s)
+    if given and rdv.rank == 0 and len(token_bytes(token_value)) < STRONG_TOKEN_BYTES:
+        print(f"ddptop: the job token is {len(token_bytes(token_value))} bytes: one of {STRONG_TOKEN_BYTES} or more "
+              "random bytes resists offline guessing (README: trust model)", file=sys.stderr)
+    if not options.check_token and rdv.world_size > 1 and rdv.rank == 0:  # said where the job's store lives
+        print(f"ddptop: no job token (--token or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join this "
+              "job or disturb its start; give every rank the same --token", file=sys.stderr)
+    return options
 
 
 def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_every: int, state: SharedState,

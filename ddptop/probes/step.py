@@ -126,6 +126,16 @@ class StepProbe:
             self.layers.attach()  # after the batch arrived: a step that never starts leaves no hooks behind
         self.own.since(began)
 
+    def mark_through(self, phase: str) -> None:
+        """Mark `phase` and every phase before it not marked yet, in order: the user's own loop (ddptop/api.py)
+        marks from hooks, and a step may skip one (a backward that did not start from the model's output)."""
+        cur = self._cur
+        if cur is None:
+            return
+        for name in PHASES[1:PHASES.index(phase) + 1]:
+            if name not in cur.marks and (self.detail or name == "ready"):
+                self.mark(name)
+
     def finish(self, loss: Any, epoch: int, batch_size: int) -> None:
         """The step's training work is done; it ends at the next boundary (or `close`)."""
         began = now()

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 from ddptop.config import RunConfig
 from ddptop.rendezvous import Rendezvous
@@ -23,11 +24,23 @@ START_S = 120.0  # the collector process may need a while to import torch on a b
 def run_direct(cfg: RunConfig, rdv: Rendezvous, options, log_every: int, record: str | None,
                record_required: bool = False) -> int:
     """Train as one rank; rank 0 also hosts the store (unless torchrun's agent does) and the collector process."""
+    from ddptop.train.worker import run_rank
+
+    with hosting(cfg.to_dict(), rdv, options, log_every, record, record_required) as options:
+        steps = run_rank(cfg, rdv, options)
+    print(f"ddptop: rank {rdv.rank} finished {steps} steps", file=sys.stderr)
+    return 0
+
+
+@contextmanager
+def hosting(config: dict, rdv: Rendezvous, options, log_every: int, record: str | None,
+            record_required: bool = False):
+    """For the block (this rank's training): rank 0 hosts the store (unless torchrun's agent does) and the
+    collector process, which records `config` as the run's; yields the options this rank trains with."""
     from dataclasses import replace
 
     from ddptop.control.auth import new_job_id, new_salt
     from ddptop.control.token import remove_job_file, write_job_file
-    from ddptop.train.worker import run_rank
 
     if rdv.rank != 0 or rdv.agent_store:  # an unreachable master is the one line this run prints
         wait_for_master(rdv.master, rdv.port, options.timeout_s, rdv.source)
@@ -46,17 +59,15 @@ def run_direct(cfg: RunConfig, rdv: Rendezvous, options, log_every: int, record:
                                       "job_id": options.job_id, "salt": options.salt.hex(),
                                       "lost_after_s": options.lost_after_s,
                                       "log_every": log_every, "record": record, "record_required": record_required,
-                                      "config": cfg.to_dict()})
+                                      "config": config})
         write_job_file(rdv.master, rdv.port, options.token, rdv.world_size, rdv.key_prefix)
     try:
-        steps = run_rank(cfg, rdv, options)
+        yield options
     finally:
         if collector is not None:
             collector.done()
             remove_job_file(rdv.master, rdv.port)
         del server
-    print(f"ddptop: rank {rdv.rank} finished {steps} steps", file=sys.stderr)
-    return 0
 
 
 def wait_for_master(host: str, port: int, timeout_s: float, source: str) -> None:

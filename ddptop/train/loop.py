@@ -71,19 +71,12 @@ class Trainer:
             self.strategy.teardown()
         if previous is None:
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=sync.lr, momentum=0.9, weight_decay=1e-4)
-        sync_bytes = 0
-        if (previous is not None and previous.strategy == "single" and sync.strategy != "single"
-                and self.world_size > 1):
-            sync_bytes += broadcast_state(self.model, self.optimizer, with_model=sync.strategy != "ddp")
-        if sync.strategy == "ddp" and self.world_size > 1:
-            sync_bytes += model_bytes(self.model)  # DDP broadcasts rank 0's parameters and buffers when built
+        sync_bytes = resync(self.model, self.optimizer, previous, sync, self.world_size)
         self.sync = sync
         self.segment += 1
         self.segment_start = self.step
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.strategy = build_strategy(sync, self.rank, self.world_size, self.probe.comm, device_ids)
-        self.forward_module = self.strategy.prepare(self.model)
-        self.probe.watch(self.model, overlapped_backward=sync.strategy == "ddp")
+        self.strategy, self.forward_module = build_for(self.model, sync, self.rank, self.world_size, self.device,
+                                                       self.probe)
         if previous is None or previous.batch_size != sync.batch_size:
             # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)
             self.loader, self.sampler = make_loader(self.train_set, sync.batch_size, self.rank, self.world_size,
@@ -154,10 +147,7 @@ class Trainer:
             self.start_segment(sweep, agent)
         if agent is None:
             return True
-        began = now()
-        boundary = agent.boundary(self.step)
-        self.probe.own.add(now() - began - boundary.waited_s)
-        self.probe.aside(boundary.waited_s)
+        boundary = exchange(agent, self.probe, self.step)
         if boundary.stop:
             self.stop_reason = "stopped"
             return False
@@ -288,13 +278,53 @@ class Trainer:
                                 time.time()))
 
     def _run_started(self) -> RunStarted:
-        params = [p for p in self.model.parameters() if p.requires_grad]
         sync = self.sync  # the configuration segment 0 runs
         return RunStarted(
             model=self.cfg.model, dataset=self.cfg.dataset, world_size=self.world_size, strategy=sync.strategy,
             bucket_mb=sync.bucket_mb, async_op=sync.async_op, batch_size=sync.batch_size, lr=sync.lr,
-            param_count=sum(p.numel() for p in params), param_bytes=sum(p.numel() * p.element_size() for p in params),
-            param_tensors=len(params), layers=layer_param_counts(self.model), steps_per_epoch=len(self.loader),
-            t=time.time(), total_steps=self.total_steps(), sweep_segments=len(self.cfg.sweep),
+            **model_layout(self.model), steps_per_epoch=len(self.loader), t=time.time(),
+            total_steps=self.total_steps(), sweep_segments=len(self.cfg.sweep),
             warmup=metrics.warmup_for(self.cfg.to_dict()),
         )
+
+
+# -- what a segment's start and the run's start need, shared with the user's own loop (ddptop/api.py) ----------
+def resync(model: nn.Module, optimizer: torch.optim.Optimizer, previous: SyncConfig | None, sync: SyncConfig,
+           world_size: int) -> int:
+    """Bring every rank to one model before `sync` runs; returns the bytes that costs (ConfigApplied.sync_bytes).
+
+    After `single` the ranks drifted apart: rank 0's parameters, buffers and optimizer state go to every rank
+    (DDP broadcasts parameters and buffers itself when built, so only the optimizer state then)."""
+    sync_bytes = 0
+    if previous is not None and previous.strategy == "single" and sync.strategy != "single" and world_size > 1:
+        sync_bytes += broadcast_state(model, optimizer, with_model=sync.strategy != "ddp")
+    if sync.strategy == "ddp" and world_size > 1:
+        sync_bytes += model_bytes(model)  # DDP broadcasts rank 0's parameters and buffers when built
+    return sync_bytes
+
+
+def exchange(agent, probe: Any, step: int):
+    """The control exchange at a step boundary (control/agent.py): ddptop's cost, a pause set aside."""
+    began = now()
+    boundary = agent.boundary(step)
+    probe.own.add(now() - began - boundary.waited_s)
+    probe.aside(boundary.waited_s)
+    return boundary
+
+
+def build_for(model: nn.Module, sync: SyncConfig, rank: int, world_size: int, device: torch.device,
+              probe: Any) -> tuple[Strategy, nn.Module]:
+    """The strategy for `sync` on `model`, and the module to run forward on; the probe watches the plain model."""
+    device_ids = [device.index] if device.type == "cuda" else None
+    strategy = build_strategy(sync, rank, world_size, probe.comm, device_ids)
+    forward_module = strategy.prepare(model)
+    probe.watch(model, overlapped_backward=sync.strategy == "ddp")
+    return strategy, forward_module
+
+
+def model_layout(model: nn.Module) -> dict[str, Any]:
+    """RunStarted's description of the trained parameters (those that receive gradients)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return {"param_count": sum(p.numel() for p in params),
+            "param_bytes": sum(p.numel() * p.element_size() for p in params), "param_tensors": len(params),
+            "layers": layer_param_counts(model)}

@@ -8,8 +8,10 @@ import signal
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -75,6 +77,30 @@ def hello(cfg: RunConfig, rdv: Rendezvous, device: torch.device, backend: str, t
 
 def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     """Train as one rank. Raises DdptopError for anything the user can act on."""
+    with joined(cfg, rdv, options) as rank:
+        trainer = Trainer(cfg, rdv.rank, rdv.world_size, rank.device, rank.emit,
+                          make_probe(cfg, rdv.rank, rank.device, rank.emit), local_ranks=rdv.local_world_size)
+        rank.agent = ControlAgent(rdv.rank, rdv.world_size, rank.job, rank.connect, rank.emit, trainer.check,
+                                  cfg.first_sync, group=rank.group, sweep_segments=len(cfg.sweep))
+        return trainer.run(rank.agent)
+
+
+@dataclass
+class Joined:
+    """What a rank that joined its job trains with (ddptop's loop, or the user's own through ddptop/api.py)."""
+
+    device: torch.device
+    group: Any  # the control group (None for one rank)
+    job: JobKeys
+    connect: Callable[[], Any]  # a new channel client, as the control agent's thread needs one
+    emit: Callable[[Any], None]
+    agent: ControlAgent | None = None  # set by the trainer once it exists: closed on the way out
+
+
+@contextmanager
+def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions):
+    """Join the job (handshake, process groups, the job's channel, system samples) for the block; on the way out
+    a peer's failure becomes PeerLost (one line), and the agent, sampler, publisher and process groups close."""
     threads = thread_count(cfg, rdv)
     torch.set_num_threads(threads)
     device, backend = pick_device(cfg, rdv)
@@ -103,20 +129,15 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
                               torch_version=torch.__version__, ddptop_version=ddptop.__version__,
                               rank_source=rdv.source, t=time.time(), gloo_ifname=bound["GLOO_SOCKET_IFNAME"],
                               nccl_ifname=bound["NCCL_SOCKET_IFNAME"]))
-    emit = publisher.emit
     sampler = None
     if cfg.probes != "off":
         gpus = [device.index] if device.type == "cuda" else []
         sampler = SystemSampler(rdv.rank, me["host"], iface, publisher.emit, gpu_indices=gpus,
                                 gpu_uuids=[cuda_uuid(i) for i in gpus])
         sampler.start()
-    agent = None
+    rank = Joined(device, group, job, connect, publisher.emit)
     try:
-        trainer = Trainer(cfg, rdv.rank, rdv.world_size, device, emit, make_probe(cfg, rdv.rank, device, emit),
-                          local_ranks=rdv.local_world_size)
-        agent = ControlAgent(rdv.rank, rdv.world_size, job, connect, emit, trainer.check, cfg.first_sync, group=group,
-                             sweep_segments=len(cfg.sweep))
-        return trainer.run(agent)
+        yield rank
     except RuntimeError as exc:
         reason = _peer_failure(exc)
         if reason == "timed out":  # gloo's own wait, bounded by the process groups' timeout
@@ -125,8 +146,8 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
             raise PeerLost(f"lost contact with another rank ({reason}); stopping") from None
         raise
     finally:
-        if agent is not None:
-            agent.close()
+        if rank.agent is not None:
+            rank.agent.close()
         if sampler is not None:
             sampler.stop()
         publisher.close()

@@ -19,6 +19,7 @@ BASE = {"ddptop", "errors", "safe", "config", "profiles", "rendezvous", "events"
 # itself and the base. Everything else is an arrow from a lower layer up.
 ALLOWED = {
     "__main__": {"cli"},
+    "api": {"front", "record", "control", "train", "probes", "metrics"},  # the user's own loop (ddptop/api.py)
     "cli": {"front", "tui", "report", "lab", "record", "state", "control", "train", "probes", "sources", "metrics"},
     "front": {"tui", "report", "record", "state", "control", "train", "metrics"},
     "tui": {"state", "control", "record", "metrics"},

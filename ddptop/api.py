@@ -1,0 +1,361 @@
+"""The user's own training loop, profiled and switched live by ddptop (README: "Your own training loop").
+
+    from ddptop.api import join
+    job = join()                                       # under torchrun or Slurm, as the script already runs
+    model, optimizer = job.prepare(model, optimizer)   # the job starts here; ddptop owns gradient sync from now on
+    for inputs, targets in loader:
+        with job.step(batch_size=len(inputs)):         # a step boundary on each side: switches land there
+            loss = loss_fn(model(inputs), targets); loss.backward(); optimizer.step(); optimizer.zero_grad()
+            job.log(loss=loss)
+
+The loop, data, optimizer, scheduler and mixed precision stay the user's. `prepare` returns the user's optimizer
+and a thin module (OwnModel) whose `inner` is the strategy's module (the plain model, or DDP around it): a switch
+replaces `inner` between two steps, and the parameters stay the same tensors, so the optimizer never notices.
+Everything else is ddptop's own machinery, shared with its loop: train/direct.py's `hosting` (rank 0's store and
+collector), train/worker.py's `joined` (handshake, groups, channel, system samples), train/loop.py's `resync`,
+`build_for` and `exchange`, control/agent.py's agreement on the switch step, probes/step.py's phases.
+
+Phases: `data` ends where the step is entered (the user's loader ran since the last boundary); `fwd` where
+backward reaches the model's output (a hook on it); `bwd` and `sync` at the end of backward (autograd's final
+callbacks, after DDP's own: a non-DDP strategy syncs there, so every rank's GradScaler sees the same gradients);
+`opt` when `optimizer.step` returns (torch.optim's step post-hook).
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import sys
+import time
+from contextlib import ExitStack
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ddptop import metrics, rendezvous
+from ddptop.config import MAX_BATCH_SIZE, RunConfig, SyncConfig
+from ddptop.control.agent import ControlAgent, Decision
+from ddptop.errors import DdptopError, JobStopped, UsageError
+from ddptop.events import ConfigApplied, RunFinished, RunStarted
+from ddptop.probes.own import now
+from ddptop.train.loop import build_for, exchange, model_layout, resync
+from ddptop.train.sync_state import broadcast_state, fingerprint
+
+LOST_AFTER_S = 10.0  # the front marks a rank lost after this long without a heartbeat (ddptop's own default)
+_joined: list["Job"] = []  # one job per process: torch has one default process group
+
+
+def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = False, record: str | None = None,
+         no_record: bool = False, log_every: int = 10, probes: str = "all", span_every: int = 10,
+         token: str | None = None, master: str | None = None, port: int | None = None, rank: int | None = None,
+         world_size: int | None = None, backend: str = "auto", device: str = "auto", timeout_s: float = 60.0,
+         collective_timeout_s: float = 300.0) -> "Job":
+    """This process's rank of a job: from torchrun's or Slurm's environment, else master/rank/world_size. Nothing
+    starts until `prepare`; flags are checked now (a bad one: UsageError, exit 2)."""
+    _one_line_errors()
+    if _joined:
+        raise UsageError("ddptop.api.join() was called twice in one process: keep the job it returned")
+    rdv = rendezvous.resolve(master, port, rank, world_size, None)
+    if rdv.source == "local":
+        raise UsageError("ddptop.api.join() is one rank of a job: run the script under torchrun "
+                         "(torchrun --nproc-per-node 2 train.py) or Slurm (srun), or give master=, rank=, "
+                         "world_size=")
+    cfg = RunConfig(sync=SyncConfig(strategy=strategy, bucket_mb=bucket_mb, async_op=async_op), backend=backend,
+                    device=device, probes=probes, span_every=span_every, eval=False)
+    if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
+        raise UsageError(f"log_every must be a whole number ≥ 1, got {log_every!r}")
+    from ddptop.front.run import records_here
+
+    if record and not records_here(rdv):
+        record = None  # rank 0 records every rank
+    elif records_here(rdv):
+        from ddptop.record.paths import check_new, choose
+
+        record = choose(record, no_record, "own")
+        if record:
+            check_new(record)
+    job = Job(cfg, rdv, (token, timeout_s, collective_timeout_s), log_every, record)
+    _joined.append(job)
+    return job
+
+
+class OwnModel(nn.Module):
+    """What `prepare` hands back: forward runs `inner`, the strategy's module for the current segment."""
+
+    def __init__(self, model: nn.Module, on_output: Callable[[Any], None] | None = None):
+        super().__init__()
+        self.inner = model
+        self._plain = [model, on_output]  # in a list: neither is a second submodule
+
+    @property
+    def module(self) -> nn.Module:
+        """The user's model itself (as DDP's `.module`)."""
+        return self._plain[0]
+
+    def forward(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        if self._plain[1] is not None:
+            self._plain[1](out)
+        return out
+
+    def state_dict(self, *args, **kwargs):
+        """The user's model's own keys, whatever the strategy (no `inner.` or DDP's `module.` prefix)."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self.module.load_state_dict(*args, **kwargs)
+
+
+class Job:
+    """One rank of a job whose loop is the user's. Made by `join`."""
+
+    def __init__(self, cfg: RunConfig, rdv, options: tuple, log_every: int, record: str | None):
+        self.cfg, self.rdv, self._options, self.log_every, self.record = cfg, rdv, options, log_every, record
+        self.rank, self.world_size = rdv.rank, rdv.world_size
+        self.device: torch.device | None = None  # this rank's device, once prepared (batches go there)
+        self.model: nn.Module | None = None  # the plain model
+        self.stopped = False  # `ctl stop` arrived: end the loop (the next `step` raises JobStopped, exit 0)
+        self.step_count = 0
+        self._stack: ExitStack | None = None
+        self._rank = self._probe = self._agent = self.strategy = self.sync = None
+        self._segment, self._segment_start, self._in_step = -1, 0, False
+        self._loss: Any = None
+        self._synced = self._closed = False
+
+    # -- the user's calls ---------------------------------------------------------------------------------
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Join the job, make every rank's model and optimizer state rank 0's, and hand back the model to train
+        (an OwnModel) and the same optimizer. The first strategy is built at the first step."""
+        if self._stack is not None:
+            raise UsageError("job.prepare was called twice: one model and optimizer per job")
+        if not isinstance(model, nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
+            raise UsageError(f"job.prepare takes an nn.Module and a torch.optim.Optimizer, got "
+                             f"{type(model).__name__} and {type(optimizer).__name__}")
+        params = {id(p) for p in model.parameters()}
+        if any(id(p) not in params for group in optimizer.param_groups for p in group["params"]):
+            raise UsageError("the optimizer holds tensors that are not the model's parameters: build it from "
+                             "model.parameters() before job.prepare")
+        from ddptop.front.run import rank_options
+        from ddptop.train.direct import hosting
+        from ddptop.train.worker import joined, make_probe
+
+        self._stack = ExitStack()
+        atexit.register(self.finish)
+        token, timeout_s, collective_timeout_s = self._options
+        options = rank_options(self.rdv, token, timeout_s, LOST_AFTER_S, collective_timeout_s)
+        config = {**self.cfg.to_dict(), "model": f"own:{type(model).__name__}", "dataset": "own"}
+        options = self._stack.enter_context(hosting(config, self.rdv, options, self.log_every, self.record))
+        self._rank = self._stack.enter_context(joined(self.cfg, self.rdv, options))
+        self.device = self._rank.device
+        self.model, self.optimizer = model.to(self.device), optimizer  # .to keeps the same Parameter objects
+        self._probe = make_probe(self.cfg, self.rank, self.device, self._rank.emit)
+        # ranks that built their models apart start from rank 0's (DDP would; the other strategies do not)
+        self._start_bytes = broadcast_state(model, optimizer) if self.world_size > 1 else 0
+        self.wrapper = OwnModel(model, self._forward_done)
+        optimizer.register_step_pre_hook(self._before_optimizer)
+        optimizer.register_step_post_hook(self._after_optimizer)
+        return self.wrapper, optimizer
+
+    def step(self, batch_size: int, epoch: int = 0) -> "_Step":
+        """`with job.step(batch_size=len(inputs)):` around one training step (forward, backward, optimizer)."""
+        if self._stack is None:
+            raise UsageError("job.step before job.prepare: prepare the model and optimizer first")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise UsageError(f"job.step's batch_size must be a whole number ≥ 1, got {batch_size!r}")
+        return _Step(self, batch_size, epoch)
+
+    def log(self, loss: Any) -> None:
+        """The step's loss (a number or a 0-d tensor: read off the training thread, never synchronizing)."""
+        self._loss = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+
+    def finish(self) -> None:
+        """The run's end (also at exit): the last step's record, the final fingerprint, every rank leaves."""
+        if self._closed or self._stack is None:
+            return
+        self._closed = True
+        if self._probe is not None:
+            self._probe.close()
+            reason = "stopped" if self.stopped else "done"
+            self._rank.emit(RunFinished(self.rank, self.step_count, reason, time.time(),
+                                        fingerprint=fingerprint(self.model)))
+        self._stack.close()
+        print(f"ddptop: rank {self.rank} finished {self.step_count} steps", file=sys.stderr)
+
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.finish()
+
+    # -- step boundaries ------------------------------------------------------------------------------------
+    def _enter(self, batch_size: int, epoch: int) -> None:
+        if self.stopped:
+            raise JobStopped(f"stopped by ctl at step {self.step_count}")
+        if self._in_step:
+            raise UsageError("job.step inside job.step: one step at a time")
+        if self.sync is None:  # the first step: segment 0 (it gives the batch size), then the first boundary
+            self._first_segment(batch_size)
+            self._boundary()
+        if self.stopped:
+            raise JobStopped(f"stopped by ctl at step {self.step_count}")
+        self._in_step, self._synced, self._loss = True, False, None
+        self._batch, self._epoch = batch_size, epoch
+        self._mark("data")
+
+    def _exit(self) -> None:
+        self._in_step = False
+        self._mark("opt")
+        loss = self._loss if self._loss is not None else torch.tensor(math.nan)  # no job.log: shown as nan
+        self._probe.finish(loss, epoch=self._epoch, batch_size=self._batch)
+        self.step_count += 1
+        self._boundary()  # the next step's start: a switch or a stop lands before the user's next batch
+
+    def _boundary(self) -> None:
+        self._probe.begin()
+        boundary = exchange(self._agent, self._probe, self.step_count)
+        if boundary.stop:
+            self.stopped = True
+            return
+        if boundary.decision is not None:
+            self._start_segment(boundary.decision)
+        self._probe.ready(self.step_count, self._segment, self._segment_start)
+
+    def _first_segment(self, batch_size: int) -> None:
+        """Segment 0 at the first step, which gives the batch size; lr is what the optimizer holds now."""
+        lr = self.optimizer.param_groups[0].get("lr")
+        lr = float(lr) if isinstance(lr, (int, float, torch.Tensor)) and 0 < float(lr) <= 100 else SyncConfig.lr
+        first = self.cfg.sync.replace(batch_size=min(batch_size, MAX_BATCH_SIZE), lr=lr)
+        rank = self._rank
+        self._agent = rank.agent = ControlAgent(self.rank, self.world_size, rank.job, rank.connect, rank.emit,
+                                                self._check, first, group=rank.group)
+        self._start_segment(Decision(0, first, "start"))
+        if self.rank == 0:
+            rank.emit(RunStarted(model=f"own:{type(self.model).__name__}", dataset="own",
+                                 world_size=self.world_size, strategy=first.strategy, bucket_mb=first.bucket_mb,
+                                 async_op=first.async_op, batch_size=first.batch_size, lr=first.lr,
+                                 **model_layout(self.model), steps_per_epoch=0, t=time.time(),
+                                 warmup=metrics.warmup_for(self.cfg.to_dict())))
+
+    def _start_segment(self, decision: Decision) -> None:
+        """As Trainer.start_segment, for the user's loop: same resync, strategy, fingerprint and event."""
+        began = now()
+        sync, previous = decision.config, self.sync
+        if self.strategy is not None:
+            self.strategy.teardown()
+        sync_bytes = resync(self.model, self.optimizer, previous, sync, self.world_size)
+        if previous is None:
+            sync_bytes += self._start_bytes
+        self.sync, self._segment, self._segment_start = sync, self._segment + 1, self.step_count
+        self.strategy, self.wrapper.inner = build_for(self.model, sync, self.rank, self.world_size, self.device,
+                                                      self._probe)
+        print_ = fingerprint(self.model)
+        self._agent.applied(decision, self.step_count, self._segment)
+        switch_s = now() - began
+        self._probe.aside(switch_s)
+        self._rank.emit(ConfigApplied(self.rank, self.step_count, self._segment, sync.to_dict(),
+                                      decision.request_id, decision.who, time.time(), fingerprint=print_,
+                                      sync_bytes=sync_bytes, switch_s=switch_s))
+
+    def _check(self, sync: SyncConfig) -> None:
+        """Rank 0 refuses what the user's loop owns before any rank sees it."""
+        if sync.batch_size != self.sync.batch_size:
+            raise UsageError("batch_size belongs to this loop's own DataLoader: ddptop cannot change it "
+                             "(strategy, bucket_mb and async_op can be set)")
+        if sync.lr != self.sync.lr:
+            raise UsageError("lr belongs to this loop's own optimizer and scheduler: ddptop cannot change it "
+                             "(strategy, bucket_mb and async_op can be set)")
+
+    # -- phases, from hooks ---------------------------------------------------------------------------------
+    def _mark(self, phase: str) -> None:
+        self._probe.mark_through(phase)
+
+    def _forward_done(self, out: Any) -> None:
+        """Backward reaching this output ends the forward phase (the loss included) and starts backward."""
+        if not (self._in_step and torch.is_grad_enabled()):
+            return
+        tensor = _first_tensor(out)
+        if tensor is not None and tensor.requires_grad:
+            tensor.register_hook(self._backward_began)
+
+    def _backward_began(self, grad):
+        self._mark("fwd")
+        _engine().queue_callback(lambda: _engine().queue_callback(self._backward_done))  # after DDP's own
+        return None
+
+    def _backward_done(self) -> None:
+        self._mark("bwd")
+        self.strategy.after_backward()
+        self.strategy.before_step()
+        self._synced = True
+        self._mark("sync")
+
+    def _before_optimizer(self, optimizer, args, kwargs) -> None:
+        if self._in_step and not self._synced:  # backward did not start from the model's output in this step
+            self._backward_done()
+
+    def _after_optimizer(self, optimizer, args, kwargs) -> None:
+        if self._in_step:
+            self._mark("opt")
+
+
+class _Step:
+    def __init__(self, job: Job, batch_size: int, epoch: int):
+        self.job, self.batch_size, self.epoch = job, batch_size, epoch
+
+    def __enter__(self) -> "_Step":
+        self.job._enter(self.batch_size, self.epoch)
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if kind is None:
+            self.job._exit()
+        else:
+            self.job._in_step = False
+
+
+def _first_tensor(out: Any) -> torch.Tensor | None:
+    """The first tensor in a model's output: a tensor, a tuple or list, or a dict (HuggingFace's ModelOutput)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    return next((t for t in map(_first_tensor, items) if t is not None), None)
+
+
+def _engine():
+    from torch.autograd import Variable
+
+    return Variable._execution_engine
+
+
+def _one_line_errors() -> None:
+    """A DdptopError the user's script does not catch is one line and its exit code (README), never a traceback
+    (DDPTOP_DEBUG=1 shows it); any other exception is the user's own and keeps its traceback. Either way the job
+    closes first: a peer's failure (a RuntimeError from gloo) becomes PeerLost on the way out."""
+    previous = sys.excepthook
+    if getattr(previous, "ddptop", False):
+        return
+
+    def hook(kind, value, tb):
+        job = _joined[0] if _joined else None
+        if job is not None and isinstance(value, JobStopped):
+            job.finish()  # a stop is a clean end: the run's last record says "stopped"
+        elif job is not None and not job._closed and job._stack is not None:
+            job._closed = True
+            try:
+                job._stack.__exit__(kind, value, tb)
+            except DdptopError as exc:
+                kind, value = type(exc), exc
+            except Exception:
+                pass
+        if not isinstance(value, DdptopError) or os.environ.get("DDPTOP_DEBUG"):
+            return previous(kind, value, tb)
+        where = f"ddptop rank {job.rank}" if job is not None else "ddptop"
+        print(f"{where}: {value}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(value.exit_code)
+
+    hook.ddptop = True
+    sys.excepthook = hook

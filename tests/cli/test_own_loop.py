@@ -1,0 +1,130 @@
+"""The user's own training loop through ddptop.api under torchrun: switched live by `ctl`, recorded in full.
+
+Ground truth comes from the user's script itself: the losses it computed and the steps it ran (a JSON file per
+rank), its final parameters (torch.save, hashed here), and ranks seeded apart (so equal fingerprints at segment 0
+mean rank 0's model really reached rank 1)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import torch
+
+from test_ctl_cli import ctl, wait_for_status
+from test_run_cli import assert_one_line_error
+
+SCRIPT = '''
+import json, sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+from ddptop.api import join
+
+out, record = sys.argv[1], sys.argv[2]
+job = join(record=record, log_every=1000, span_every=2)
+torch.manual_seed(job.rank)  # each rank builds other weights: prepare makes them rank 0's
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+model, optimizer = job.prepare(model, optimizer)
+x = torch.randn(512, 8, generator=torch.Generator().manual_seed(0))
+data = TensorDataset(x, x.sum(1, keepdim=True))
+sampler = DistributedSampler(data, job.world_size, job.rank)
+loader = DataLoader(data, batch_size=16, sampler=sampler)
+losses, epoch = [], 0
+while not job.stopped:
+    sampler.set_epoch(epoch)
+    for inputs, targets in loader:
+        if job.stopped:
+            break
+        with job.step(batch_size=len(inputs), epoch=epoch):
+            loss = nn.functional.mse_loss(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            job.log(loss=loss)
+        losses.append(loss.item())
+    epoch += 1
+torch.save(model.state_dict(), f"{out}/rank{job.rank}.pt")
+json.dump(losses, open(f"{out}/rank{job.rank}.json", "w"))
+'''
+SWITCHES = ["allreduce", "single", "gather-scatter"]
+
+
+def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by_step(tmp_path):
+    from ddptop.control.store import free_port
+
+    env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}
+    (tmp_path / "train.py").write_text(SCRIPT)
+    record = tmp_path / "own.db"
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port",
+                            str(free_port()), str(tmp_path / "train.py"), str(tmp_path), str(record)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                           start_new_session=True)  # torchrun's ranks outlive a killed torchrun: kill the group
+    applied = []
+    try:
+        assert "ddp bucket=25MB batch=16" in wait_for_status(env, deadline_s=90)
+        for strategy in SWITCHES:
+            result = ctl("set", f"strategy={strategy}", env=env)
+            assert result.returncode == 0 and result.stdout.startswith("applied at step "), result.stderr
+            applied.append(int(result.stdout.split()[3].rstrip(",:")))
+        # the loader and the optimizer are the script's: rank 0 refuses to change them, in one line (exit 1)
+        assert_one_line_error(ctl("set", "batch_size=8", env=env), 1, "batch_size belongs to this loop's own")
+        assert ctl("stop", env=env).returncode == 0
+        out, err = job.communicate(timeout=90)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 0 and "Traceback" not in err, err
+    losses = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    with sqlite3.connect(str(record)) as db:
+        segments = db.execute("SELECT rank, step, json_extract(data, '$.segment'), json_extract(data, '$.fingerprint'), "
+                              "json_extract(data, '$.config.strategy') FROM events WHERE kind = 'config_applied' "
+                              "ORDER BY rank, step").fetchall()
+        steps = {rank: db.execute("SELECT step, loss, segment, fwd_s, bwd_s, comm_bytes FROM steps WHERE rank = ? "
+                                  "ORDER BY step", (rank,)).fetchall() for rank in (0, 1)}
+        spans = dict(db.execute("SELECT rank, count(*) FROM spans GROUP BY rank").fetchall())
+        samples = db.execute("SELECT count(*) FROM system").fetchone()[0]
+        finished = {r: (reason, print_) for r, reason, print_ in db.execute(
+            "SELECT rank, json_extract(data, '$.reason'), json_extract(data, '$.fingerprint') FROM events "
+            "WHERE kind = 'run_finished'")}
+    # the switch: at the step ctl was told, the same on both ranks, every rank's model identical as it starts
+    per_rank = {rank: [(step, seg, fp, strat) for r, step, seg, fp, strat in segments if r == rank] for rank in (0, 1)}
+    assert [s[3] for s in per_rank[0]] == ["ddp", *SWITCHES], segments
+    assert [s[:3] for s in per_rank[0]] == [s[:3] for s in per_rank[1]], segments
+    assert [s[0] for s in per_rank[0][1:]] == applied, (segments, applied)
+    # every step the script ran, with the loss it computed itself
+    for rank in (0, 1):
+        assert [row[0] for row in steps[rank]] == list(range(len(losses[rank]))), (rank, len(losses[rank]))
+        assert all(abs(row[1] - loss) <= 1e-6 * max(1.0, abs(loss)) for row, loss in zip(steps[rank], losses[rank]))
+    assert len(losses[0]) == len(losses[1]) and sum(losses[0][-10:]) < sum(losses[0][:10]) / 4, losses[0]
+    # phases and collectives as for ddptop's own loop: allreduce sends bytes, single none
+    by_segment = {seg: [row for row in steps[0] if row[2] == seg] for seg in range(4)}
+    assert all(row[5] > 0 for row in by_segment[1]) and all(row[5] == 0 for row in by_segment[2]), by_segment
+    for seg, rows in by_segment.items():  # forward (hooks on the output) and backward (autograd's callbacks)
+        assert sorted(r[3] for r in rows)[len(rows) // 2] > 0 and sorted(r[4] for r in rows)[len(rows) // 2] > 0, \
+            (seg, [r[3:5] for r in rows if not (r[3] > 0 and r[4] > 0)], len(rows))
+    assert spans.get(0, 0) > 0 and spans.get(1, 0) > 0 and samples > 0, (spans, samples)
+    # the end: stopped, and the final fingerprint is that of the parameters the script saved (hashed here)
+    for rank in (0, 1):
+        state = torch.load(tmp_path / f"rank{rank}.pt")
+        digest = hashlib.sha256(b"".join(t.contiguous().view(torch.uint8).numpy().tobytes()
+                                         for t in state.values())).hexdigest()
+        assert finished[rank] == ("stopped", digest), (finished, digest)
+    assert finished[0][1] == finished[1][1]
+
+
+def test_join_outside_torchrun_is_one_line_and_exit_2(tmp_path):
+    script = tmp_path / "alone.py"
+    script.write_text("from ddptop.api import join\njoin()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE"))}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert_one_line_error(result, 2, "one rank of a job: run the script under torchrun")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
