@@ -17,7 +17,7 @@ from ddptop.api import join
 
 STEPS = int(os.environ.get("OWN_LOOP_STEPS", "300"))
 
-job = join(strategy="ddp", log_every=20)
+job = join(strategy="ddp", log_every=20)  # torchrun or Slurm environment
 torch.manual_seed(0)
 features = torch.randn(4096, 32)
 targets = features @ torch.randn(32, 1) + 0.1 * torch.randn(4096, 1)  # a regression set a model can learn

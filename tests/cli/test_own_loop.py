@@ -28,7 +28,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ddptop.api import join
 
 out, record = sys.argv[1], sys.argv[2]
-job = join(record=record, log_every=1000, span_every=2)
+job = join(strategy="allreduce", record=record, log_every=1000, span_every=2)
 torch.manual_seed(job.rank)  # each rank builds other weights: prepare makes them rank 0's
 model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -51,10 +51,14 @@ while not job.stopped:
             job.log(loss=loss)
         losses.append(loss.item())
     epoch += 1
+try:
+    job.prepare(model, optimizer)
+except Exception as exc:
+    twice = f"{type(exc).__name__}: {exc}"
 torch.save(model.state_dict(), f"{out}/rank{job.rank}.pt")
-json.dump(losses, open(f"{out}/rank{job.rank}.json", "w"))
+json.dump({"losses": losses, "twice": twice}, open(f"{out}/rank{job.rank}.json", "w"))
 '''
-SWITCHES = ["allreduce", "single", "gather-scatter"]
+SWITCHES = ["single", "gather-scatter", "ddp"]
 
 
 def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by_step(tmp_path):
@@ -69,7 +73,7 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
                            start_new_session=True)  # torchrun's ranks outlive a killed torchrun: kill the group
     applied = []
     try:
-        assert "ddp bucket=25MB batch=16" in wait_for_status(env, deadline_s=90)
+        assert "allreduce batch=16" in wait_for_status(env, deadline_s=90)
         for strategy in SWITCHES:
             result = ctl("set", f"strategy={strategy}", env=env)
             assert result.returncode == 0 and result.stdout.startswith("applied at step "), result.stderr
@@ -83,7 +87,9 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     assert job.returncode == 0 and "Traceback" not in err, err
-    losses = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    mine = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    losses = {rank: mine[rank]["losses"] for rank in (0, 1)}
+    assert mine[0]["twice"].startswith("UsageError: job.prepare was called twice"), mine[0]
     with sqlite3.connect(str(record)) as db:
         segments = db.execute("SELECT rank, step, json_extract(data, '$.segment'), json_extract(data, '$.fingerprint'), "
                               "json_extract(data, '$.config.strategy') FROM events WHERE kind = 'config_applied' "
@@ -96,8 +102,9 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
             "SELECT rank, json_extract(data, '$.reason'), json_extract(data, '$.fingerprint') FROM events "
             "WHERE kind = 'run_finished'")}
     # the switch: at the step ctl was told, the same on both ranks, every rank's model identical as it starts
+    # (segment 0 too: allreduce broadcasts nothing itself, so that is prepare's doing)
     per_rank = {rank: [(step, seg, fp, strat) for r, step, seg, fp, strat in segments if r == rank] for rank in (0, 1)}
-    assert [s[3] for s in per_rank[0]] == ["ddp", *SWITCHES], segments
+    assert [s[3] for s in per_rank[0]] == ["allreduce", *SWITCHES], segments
     assert [s[:3] for s in per_rank[0]] == [s[:3] for s in per_rank[1]], segments
     assert [s[0] for s in per_rank[0][1:]] == applied, (segments, applied)
     # every step the script ran, with the loss it computed itself
@@ -107,7 +114,7 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
     assert len(losses[0]) == len(losses[1]) and sum(losses[0][-10:]) < sum(losses[0][:10]) / 4, losses[0]
     # phases and collectives as for ddptop's own loop: allreduce sends bytes, single none
     by_segment = {seg: [row for row in steps[0] if row[2] == seg] for seg in range(4)}
-    assert all(row[5] > 0 for row in by_segment[1]) and all(row[5] == 0 for row in by_segment[2]), by_segment
+    assert all(row[5] > 0 for row in by_segment[0]) and all(row[5] == 0 for row in by_segment[1]), by_segment
     for seg, rows in by_segment.items():  # forward (hooks on the output) and backward (autograd's callbacks)
         assert sorted(r[3] for r in rows)[len(rows) // 2] > 0 and sorted(r[4] for r in rows)[len(rows) // 2] > 0, \
             (seg, [r[3:5] for r in rows if not (r[3] > 0 and r[4] > 0)], len(rows))
