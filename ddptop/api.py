@@ -213,6 +213,13 @@ class Job:
         self.step_count += 1
         self._boundary()  # the next step's start: a switch or a stop lands before the user's next batch
 
+    def _abort(self) -> None:
+        """The step raised and the script caught it: the next step starts afresh here, without a boundary
+        exchange (only this rank may have failed; every rank must exchange as often as the others)."""
+        self._in_step = False
+        self._probe.begin()  # the failed step is dropped, never recorded
+        self._probe.ready(self.step_count, self._segment, self._segment_start)
+
     def _boundary(self) -> None:
         self._probe.begin()
         boundary = exchange(self._agent, self._probe, self.step_count)
@@ -228,6 +235,7 @@ class Job:
         lr = self.optimizer.param_groups[0].get("lr")
         lr = float(lr) if isinstance(lr, (int, float, torch.Tensor)) and 0 < float(lr) <= 100 else SyncConfig.lr
         first = self.cfg.sync.replace(batch_size=min(batch_size, MAX_BATCH_SIZE), lr=lr)
+        self._owned = first  # before the agent's thread can check a request against it
         rank = self._rank
         self._agent = rank.agent = ControlAgent(self.rank, self.world_size, rank.job, rank.connect, rank.emit,
                                                 self._check, first, group=rank.group)
@@ -261,10 +269,10 @@ class Job:
 
     def _check(self, sync: SyncConfig) -> None:
         """Rank 0 refuses what the user's loop owns before any rank sees it."""
-        if sync.batch_size != self.sync.batch_size:
+        if sync.batch_size != self._owned.batch_size:
             raise UsageError("batch_size belongs to this loop's own DataLoader: ddptop cannot change it "
                              "(strategy, bucket_mb and async_op can be set)")
-        if sync.lr != self.sync.lr:
+        if sync.lr != self._owned.lr:
             raise UsageError("lr belongs to this loop's own optimizer and scheduler: ddptop cannot change it "
                              "(strategy, bucket_mb and async_op can be set)")
 
@@ -313,7 +321,7 @@ class _Step:
         if kind is None:
             self.job._exit()
         else:
-            self.job._in_step = False
+            self.job._abort()
 
 
 def _first_tensor(out: Any) -> torch.Tensor | None:

@@ -94,10 +94,12 @@ class HeadlessPrinter:
                             f"{event.backend}, {event.threads} threads, ranks found by {event.rank_source})")
             elif isinstance(event, RunStarted):
                 self.total = event.total_steps or self.total  # the trainer's own count
+                # 0 steps per epoch: unknown (a user's own loop, whose loader is its own)
+                per_epoch = f", {event.steps_per_epoch} steps/epoch" if event.steps_per_epoch else ""
                 self._print(f"training {event.model} ({event.param_count / 1e6:.2f}M parameters in "
                             f"{event.param_tensors} tensors, {event.param_bytes / MB:.1f} MB of gradients) on "
                             f"{event.dataset}, {event.world_size} ranks, {event.strategy}, batch {event.batch_size}"
-                            f"/rank, {event.steps_per_epoch} steps/epoch")
+                            f"/rank{per_epoch}")
             elif isinstance(event, RunFinished):
                 self.finished[event.rank] = event
             else:

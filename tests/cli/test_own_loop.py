@@ -87,6 +87,7 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     assert job.returncode == 0 and "Traceback" not in err, err
+    assert "training own:Sequential (" in out and "(stopped)" in out, out  # rank 0's headless lines
     mine = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
     losses = {rank: mine[rank]["losses"] for rank in (0, 1)}
     assert mine[0]["twice"].startswith("UsageError: job.prepare was called twice"), mine[0]
