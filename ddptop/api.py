@@ -146,7 +146,8 @@ class Job:
         token, timeout_s, collective_timeout_s = self._options
         options = rank_options(self.rdv, token, timeout_s, LOST_AFTER_S, collective_timeout_s)
         config = {**self.cfg.to_dict(), "model": f"own:{type(model).__name__}", "dataset": "own"}
-        options = self._stack.enter_context(hosting(config, self.rdv, options, self.log_every, self.record))
+        options = self._stack.enter_context(hosting(config, self.rdv, options, self.log_every, self.record,
+                                                     own_store=True))
         self._rank = self._stack.enter_context(joined(self.cfg, self.rdv, options))
         self.device = self._rank.device
         self.model, self.optimizer = model.to(self.device), optimizer  # .to keeps the same Parameter objects
@@ -361,7 +362,8 @@ def _one_line_errors() -> None:
         if not isinstance(value, DdptopError) or os.environ.get("DDPTOP_DEBUG"):
             return previous(kind, value, tb)
         where = f"ddptop rank {job.rank}" if job is not None else "ddptop"
-        print(f"{where}: {value}", file=sys.stderr, flush=True)
+        # the process's own stderr: torch.distributed wraps this hook and buffers sys.stderr to prefix "[rankN]:"
+        print(f"{where}: {value}", file=sys.__stderr__, flush=True)
         sys.stdout.flush()
         os._exit(value.exit_code)
 

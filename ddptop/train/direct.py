@@ -34,9 +34,11 @@ def run_direct(cfg: RunConfig, rdv: Rendezvous, options, log_every: int, record:
 
 @contextmanager
 def hosting(config: dict, rdv: Rendezvous, options, log_every: int, record: str | None,
-            record_required: bool = False):
-    """For the block (this rank's training): rank 0 hosts the store (unless torchrun's agent does) and the
-    collector process, which records `config` as the run's; yields the options this rank trains with."""
+            record_required: bool = False, own_store: bool = False):
+    """For the block (this rank's training): rank 0 hosts the store (unless torchrun's agent does, or, with
+    --master flags, ddptop's front) and the collector process, which records `config` as the run's; yields the
+    options this rank trains with. `own_store`: rank 0 hosts the store with flags too (a user's own loop has no
+    front process to host it)."""
     from dataclasses import replace
 
     from ddptop.control.auth import new_job_id, new_salt
@@ -47,7 +49,7 @@ def hosting(config: dict, rdv: Rendezvous, options, log_every: int, record: str 
     print(f"ddptop: rank {rdv.rank} of {rdv.world_size}, master {rdv.master}:{rdv.port} "
           f"(ranks found by {rdv.source})", file=sys.stderr)
     server = collector = None
-    if rdv.rank == 0 and rdv.source != "flags" and not rdv.agent_store:
+    if rdv.rank == 0 and (rdv.source != "flags" or own_store) and not rdv.agent_store:
         from ddptop.control import store as stores
 
         server = stores.serve(rdv.port, rdv.master)  # kept until the collector has every rank's last events

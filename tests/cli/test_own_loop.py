@@ -38,12 +38,25 @@ data = TensorDataset(x, x.sum(1, keepdim=True))
 sampler = DistributedSampler(data, job.world_size, job.rank)
 loader = DataLoader(data, batch_size=16, sampler=sampler)
 losses, epoch = [], 0
-while not job.stopped:
+
+
+def save():
+    try:
+        job.prepare(model, optimizer)
+    except Exception as exc:
+        twice = f"{type(exc).__name__}: {exc}"
+    torch.save(model.state_dict(), f"{out}/rank{job.rank}.pt")
+    json.dump({"losses": losses, "twice": twice}, open(f"{out}/rank{job.rank}.json", "w"))
+
+
+while True:
     sampler.set_epoch(epoch)
     for inputs, targets in loader:
         if job.stopped:
-            break
-        with job.step(batch_size=len(inputs), epoch=epoch):
+            save()
+            if job.rank == 1:
+                sys.exit(0)  # the job ends at exit
+        with job.step(batch_size=len(inputs), epoch=epoch):  # rank 0 goes on as if it never looked: one line
             loss = nn.functional.mse_loss(model(inputs), targets)
             loss.backward()
             optimizer.step()
@@ -51,12 +64,6 @@ while not job.stopped:
             job.log(loss=loss)
         losses.append(loss.item())
     epoch += 1
-try:
-    job.prepare(model, optimizer)
-except Exception as exc:
-    twice = f"{type(exc).__name__}: {exc}"
-torch.save(model.state_dict(), f"{out}/rank{job.rank}.pt")
-json.dump({"losses": losses, "twice": twice}, open(f"{out}/rank{job.rank}.json", "w"))
 '''
 SWITCHES = ["single", "gather-scatter", "ddp"]
 
@@ -88,6 +95,9 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
             job.wait()
     assert job.returncode == 0 and "Traceback" not in err, err
     assert "training own:Sequential (" in out and "(stopped)" in out, out  # rank 0's headless lines
+    # rank 0 entered a step after the stop: one line (not lost in torch's "[rank0]:" wrapping of stderr), exit 0
+    assert f"ddptop rank 0: stopped by ctl at step {len(json.loads((tmp_path / 'rank0.json').read_text())['losses'])}" \
+        in err, err
     mine = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
     losses = {rank: mine[rank]["losses"] for rank in (0, 1)}
     assert mine[0]["twice"].startswith("UsageError: job.prepare was called twice"), mine[0]
