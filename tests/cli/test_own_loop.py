@@ -87,6 +87,7 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
             applied.append(int(result.stdout.split()[3].rstrip(",:")))
         # the loader and the optimizer are the script's: rank 0 refuses to change them, in one line (exit 1)
         assert_one_line_error(ctl("set", "batch_size=8", env=env), 1, "batch_size belongs to this loop's own")
+        assert_one_line_error(ctl("set", "lr=0.5", env=env), 1, "lr belongs to this loop's own")
         assert ctl("stop", env=env).returncode == 0
         out, err = job.communicate(timeout=90)
     finally:
