@@ -53,6 +53,7 @@ def inputs(s: SegmentStats, run: RunData) -> rules.Inputs:
         step_s=s.mean_rank_step_s, data_s=s.parts.get("data", 0.0), comm_s=s.comm_s, exposed_comm_s=s.exposed_comm_s,
         moved={r: (a * 1e6, b * 1e6) for r, (a, b) in moved.items()}, moved_by="NIC" if nic else "formula",
         formula={r.rank: (r.sent_mb * 1e6, r.recv_mb * 1e6) for r in s.ranks},
+        least_comm_s=min((r.comm_s for r in s.ranks), default=0.0),
         gradient_bytes=s.param_bytes, buckets=buckets, buckets_by=by, link_bytes_per_s=rate, link_by=rate_by)
 
 

@@ -27,7 +27,9 @@ def live_inputs(snap: "Snapshot") -> rules.Inputs | None:
     return rules.Inputs(
         strategy=strategy, bucket_mb=bucket_mb, world_size=snap.world_size, step_s=fig.mean.step_s,
         data_s=fig.mean.data_s, comm_s=fig.mean.comm_s, exposed_comm_s=fig.mean.exposed_comm_s, moved=formula,
-        moved_by="formula", formula=formula, gradient_bytes=run.param_bytes if run else 0,
+        moved_by="formula", formula=formula,
+        least_comm_s=min((f.comm_s for f in fig.ranks.values() if f.steps), default=0.0),
+        gradient_bytes=run.param_bytes if run else 0,
         buckets=buckets, buckets_by="layout")
 
 
