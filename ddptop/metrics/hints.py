@@ -21,16 +21,16 @@ RULES: dict[str, str] = {
     "one bucket": "DDP holds every gradient in one bucket at the segment's bucket size",
     "exposed communication": "exposed communication is at least 20% of the mean step time",
     "data loading": "data loading is at least 20% of the mean step time",
-    "link at its rate": "the busiest rank's bytes each way by the wire formulas, over the least communication time of "
-                        "any rank, are at least 85% of the link's known rate (silent when the rate is unknown)",
+    "link at its rate": "the busiest rank's bytes each way by the wire formulas, over the least communication time "
+                        "of any rank, are at least 85% of the link's known rate (silent when the rate is unknown)",
 }
 HOT_SPOT_RATIO = 1.5  # gather-scatter puts (N−1)× the bytes on rank 0: 2× at 3 ranks; ring and DDP give 1.0 within
 #                       the NIC counters' 0.5% (README's lab table): half again is far from both
 EXPOSED_SHARE = 0.20  # a fifth of the step: repeated segments of one configuration differ by a few % here
 DATA_SHARE = 0.20  # the same margin: a fifth of the step spent waiting for batches is worth a loader process
-LINK_SHARE = 0.85  # payload can reach ~96% of a link's rate (1448 of 1514 bytes a frame are TCP's); DDP's one
-#                    bucket over a 1 Gbit/s lab link measured 87-94% (README's lab tables), the per-parameter
-#                    all-reduce of cs744-lab.db ~52%: 85% sits between with room on both sides
+LINK_SHARE = 0.85  # DDP's one bucket over the lab's 1 Gbit/s links: 87% and 91% (cs744-lab-buckets.db); every
+#                    other segment of the committed lab recordings (25 MB buckets, the per-parameter
+#                    all-reduce, gather-scatter) 43-75%: 85% sits between with room on both sides
 
 
 @dataclass(frozen=True)
@@ -136,10 +136,10 @@ def data_loading(x: Inputs) -> Hint | None:
 
 
 def link_rate(x: Inputs) -> Hint | None:
-    # the formulas' bytes: what the collectives put on the link while they ran (a NIC also counts TCP/IP headers
-    # and ddptop's telemetry, sent between collectives too)
-    # over the least communication time of any rank: the one that reached each collective last waited least, so its
-    # communication time is the transfer itself (the others' includes waiting for it)
+    # the formulas' bytes: what the collectives must put on the link, never more than it carried while they ran
+    # (a NIC also counts ddptop's telemetry, sent between collectives too: a 2-host lab at 5 Mbit/s counted
+    # 93-105 KB a step for the ring's 84 KB, "111% of the rate"). Over the least communication time of any rank:
+    # the one that reached each collective last waited least, so its communication is the transfer itself
     comm_s = x.least_comm_s or x.comm_s
     if not x.link_bytes_per_s or comm_s <= 0 or not x.formula:
         return None
@@ -151,4 +151,5 @@ def link_rate(x: Inputs) -> Hint | None:
                                     "network is the bottleneck",
                 {"share": share, "bytes": max(sent, recv), "comm_s": comm_s, "rate_bytes_per_s": x.link_bytes_per_s,
                  "rank": rank},
-                f"the wire formulas' bytes each way per step / the least communication time of any rank / {x.link_by}")
+                f"the wire formulas' bytes each way per step / the least communication time of any rank / "
+                f"{x.link_by}")
