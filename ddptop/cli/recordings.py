@@ -70,8 +70,10 @@ def _hints(rec: Recording) -> list:
 
     try:
         return [(s.index, h) for s, found in for_recording(rec) for h in found]
-    except DdptopError:
-        return []  # what the report cannot read, info has said already (its segment table and warnings)
+    except (DdptopError, *DAMAGE):
+        if os.environ.get("DDPTOP_DEBUG"):
+            raise
+        return []  # what the report's statistics cannot read, info's own lines have shown as far as they can
 
 
 def emit(text: str) -> None:
