@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ddptop.metrics import hints as rules
 from ddptop.metrics.buckets import ddp_buckets
 
-if TYPE_CHECKING:
-    from ddptop.state.snapshot import Snapshot
 
-
-def live_inputs(snap: "Snapshot") -> rules.Inputs | None:
+def live_inputs(snap) -> rules.Inputs | None:
     """The segment in force, once it has measured steps: its figures from the segment table, each rank's bytes by
     the wire formulas (the NIC readings the screen keeps span the last switch: the report and `info` use the NIC
     per segment), the bucket layout from the run's layer sizes. The link's rate is not known live: no link hint."""
@@ -33,6 +28,7 @@ def live_inputs(snap: "Snapshot") -> rules.Inputs | None:
         buckets=buckets, buckets_by="layout")
 
 
-def live_hints(snap: "Snapshot") -> tuple[rules.Hint, ...]:
+def live_hints(snap) -> tuple[rules.Hint, ...]:
+    """The hints of `snap` (a state.snapshot.Snapshot, which calls this: no import back)."""
     x = live_inputs(snap)
     return tuple(rules.hints(x)) if x is not None else ()
