@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -53,9 +54,26 @@ def cmd_info(argv: Sequence[str]) -> int:
 
     with reading(args.file) as rec:
         s = summary(rec)
-        text = json.dumps(s, indent=2, default=str) if args.json else render(s)
+        found = _hints(rec)
+        s["hints"] = [{"segment": seg, **dataclasses.asdict(h)} for seg, h in found]
+        text = json.dumps(s, indent=2, default=str) if args.json else "\n".join(
+            [render(s), *(["hints"] if found else []),
+             *(f"  segment {seg}: {h.line()}" for seg, h in found)])
     emit(text)
     return 0
+
+
+def _hints(rec: Recording) -> list:
+    """(segment, hint) for every hint the recording's segments show (ddptop.metrics.hints; README's Hints)."""
+    from ddptop.errors import DdptopError
+    from ddptop.report.hints import for_recording
+
+    try:
+        return [(s.index, h) for s, found in for_recording(rec) for h in found]
+    except (DdptopError, *DAMAGE):
+        if os.environ.get("DDPTOP_DEBUG"):
+            raise
+        return []  # what the report's statistics cannot read, info's own lines have shown as far as they can
 
 
 def emit(text: str) -> None:

@@ -14,6 +14,7 @@ room for that mark, the writer keeps RESERVE bytes beside the file (FILE-reserve
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import os
 import platform
 import queue
@@ -35,12 +36,27 @@ RESERVE = 256 * 1024  # room for the failure mark (a few WAL pages) once the dis
 _STOP = object()
 
 
+LINK_ENV = "DDPTOP_LAB_LINK_BITS"  # `ddptop lab` gives its jobs the rate it shaped each link to (bits/s, each way)
+
+
 def base_meta(config: dict, rendezvous: dict, argv: list[str] | None = None) -> dict[str, Any]:
     """What a run knows before its ranks join; hosts, model and buckets are added as their events arrive."""
-    return {"config": config, "rendezvous": rendezvous, "argv": redact(sys.argv if argv is None else argv),
+    meta = {"config": config, "rendezvous": rendezvous, "argv": redact(sys.argv if argv is None else argv),
             "versions": {"ddptop": ddptop.__version__, "python": platform.python_version(),
                          "torch": _version("torch"), "sqlite": sqlite3.sqlite_version},
             "created": time.time()}
+    link = _link_bits()
+    if link is not None:  # only the lab knows the link's rate (the hints' "link at its rate")
+        meta["link"] = {"bits_per_s": link, "by": "ddptop lab --link"}
+    return meta
+
+
+def _link_bits() -> float | None:
+    try:
+        bits = float(os.environ.get(LINK_ENV, ""))
+    except ValueError:
+        return None
+    return bits if math.isfinite(bits) and bits > 0 else None
 
 
 SECRET_FLAGS = ("--token",)

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ddptop import metrics
-from ddptop.report import markdown, reference
+from ddptop.report import hints, markdown, reference
 from ddptop.report.analysis import Scaling, SegmentStats
 from ddptop.report.runs import RunData
 
@@ -73,6 +73,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
             blocks.append(("h3", run.name))
         blocks.append(("list", run_lines(run, kept, reasons, out)))
     blocks += [("h2", "Per segment"), markdown.segment_table(stats), ("p", TABLE_NOTE)]
+    blocks += hints.blocks(runs, shown)
     gpu = markdown.gpu_table(stats)
     if gpu:
         blocks += [("h2", "GPU memory and utilization per configuration"), gpu,

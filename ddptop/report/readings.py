@@ -57,6 +57,7 @@ class RankStats:
     rss_mb: Spread | None
     nic_sent_mb: float | None  # per step on the rank's job interface; None on a shared loopback
     nic_recv_mb: float | None
+    comm_s: float = 0.0  # mean communication time per step (metrics.Figures.comm_s)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def rank_stats(rank: int, fig: metrics.Figures, steps: list[StepDone], window: l
     return RankStats(rank=rank, host=host, step_s=fig.step_s, sent_mb=fig.tx_bytes / 1e6, recv_mb=fig.rx_bytes / 1e6,
                      cpu=Spread.of([s.proc_cpu_percent for s in mine]),
                      rss_mb=Spread.of([s.proc_rss_bytes / 1e6 for s in mine]),
-                     nic_sent_mb=nic[0] if nic else None, nic_recv_mb=nic[1] if nic else None)
+                     nic_sent_mb=nic[0] if nic else None, nic_recv_mb=nic[1] if nic else None, comm_s=fig.comm_s)
 
 
 def links(wire_steps: dict[int, list[StepDone]], window: list[SystemSample],

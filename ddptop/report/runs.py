@@ -56,6 +56,8 @@ class RunData:
     param_bytes: int = 0
     steps_per_epoch: int = 0
     epoch_images: int = 0
+    layers: tuple = ()  # ((layer name, parameter count), ...) from RunStarted: DDP's bucket layout (hints)
+    link: dict = field(default_factory=dict)  # the lab's link rate, where the recording has it (meta "link")
 
     @property
     def name(self) -> str:
@@ -108,7 +110,8 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         warnings=[f"**Incomplete:** {untrusted(reason)}" for reason in incomplete] + _warnings(events),
         pauses=_pauses(events, start + duration),
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
-        epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0)
+        epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0,
+        layers=started.layers if started else (), link=meta.get("link") if isinstance(meta.get("link"), dict) else {})
 
 
 def _slim(event):

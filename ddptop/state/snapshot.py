@@ -114,6 +114,15 @@ class Snapshot:
             self.__dict__[key] = measured_vs_expected(self.samples.get(rank, ()), self.history.get(rank, ()))
         return self.__dict__[key]
 
+    @property
+    def hints(self) -> tuple:
+        """ddptop.metrics.hints for the segment in force (ddptop.state.hinting); computed once per snapshot."""
+        if "_hints" not in self.__dict__:
+            from ddptop.state.hinting import live_hints
+
+            self.__dict__["_hints"] = live_hints(self)
+        return self.__dict__["_hints"]
+
     def mean_loss(self) -> list[tuple[int, float]]:
         """(step, mean loss over the ranks that reported that step); computed once per snapshot."""
         cached = self.__dict__.get("_mean_loss")

@@ -9,6 +9,7 @@ import pickle
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,6 +61,21 @@ class LabelledImages(TensorDataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         images, labels = self.tensors
         return images[index], int(labels[index])
+
+
+class SlowItems(Dataset):
+    """Test-only: each item of `dataset` takes `seconds` longer to load, so a test can give a job a data path of
+    known slowness (DDPTOP_TEST_MODEL=data-sleep-ms=N; with no loader workers it shows as `data`)."""
+
+    def __init__(self, dataset: Dataset, seconds: float):
+        self.dataset, self.seconds = dataset, seconds
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        time.sleep(self.seconds)
+        return self.dataset[index]
 
 
 def ensure_dataset(cfg: RunConfig) -> None:

@@ -18,7 +18,7 @@ from ddptop.events import ConfigApplied
 from ddptop.errors import UsageError
 from ddptop.events import EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
 from ddptop.probes.own import now
-from ddptop.train.data import build_datasets, make_loader
+from ddptop.train.data import SlowItems, build_datasets, make_loader
 from ddptop.train.devices import check_strategy, loader_workers
 from ddptop.train.models import build_model, layer_param_counts, test_tweaks
 from ddptop.train.save import SaveFailed, save
@@ -38,8 +38,12 @@ class Trainer:
         self.emit = emit
         self.probe = probe
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = (model or build_model(cfg.model, **test_tweaks(rank))).to(device)
+        tweaks = test_tweaks(rank)
+        slow_data = tweaks.pop("data_sleep_s", 0.0)
+        self.model = (model or build_model(cfg.model, **tweaks)).to(device)
         self.train_set, self.test_set = build_datasets(cfg)
+        if slow_data:
+            self.train_set = SlowItems(self.train_set, slow_data)
         self.workers = loader_workers(cfg.workers, device.type, local_ranks)
         self.pin = device.type == "cuda"  # page-locked batches: the copy to the GPU really is asynchronous
         self.sync: SyncConfig | None = None

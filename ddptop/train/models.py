@@ -97,8 +97,9 @@ class OutOfMemoryAt(nn.Module):
 
 def test_tweaks(rank: int | None = None) -> dict:
     """Test-only model changes from DDPTOP_TEST_MODEL (comma-separated): "no-batch-norm" (BN statistics are per
-    rank), "sleep-ms=40" (a forward pass of known extra length), "oom-batch=64" with optional "oom-rank=1" (that
-    rank's forward raises CUDA out-of-memory from batch 64 on; every rank without oom-rank)."""
+    rank), "sleep-ms=40" (a forward pass of known extra length), "data-sleep-ms=5" (each training image takes that
+    much longer to load: `data_sleep_s`, for train.data.SlowItems, not the model), "oom-batch=64" with optional
+    "oom-rank=1" (that rank's forward raises CUDA out-of-memory from batch 64 on; every rank without oom-rank)."""
     import os
 
     out: dict = {}
@@ -109,13 +110,15 @@ def test_tweaks(rank: int | None = None) -> dict:
             out["batch_norm"] = False
         elif key == "sleep-ms":
             out["sleep_s"] = float(value) / 1000.0
+        elif key == "data-sleep-ms":
+            out["data_sleep_s"] = float(value) / 1000.0
         elif key == "oom-batch":
             out["oom_batch"] = int(value)
         elif key == "oom-rank":
             oom_rank = int(value)
         else:
-            raise UsageError(f"DDPTOP_TEST_MODEL: unknown item {item!r} (no-batch-norm, sleep-ms=N, oom-batch=N, "
-                             "oom-rank=R)")
+            raise UsageError(f"DDPTOP_TEST_MODEL: unknown item {item!r} (no-batch-norm, sleep-ms=N, data-sleep-ms=N, "
+                             "oom-batch=N, oom-rank=R)")
     if oom_rank is not None and rank is not None and rank != oom_rank:
         out.pop("oom_batch", None)
     return out

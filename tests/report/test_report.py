@@ -120,3 +120,24 @@ def test_make_reports_regenerates_a_shipped_report_byte_for_byte(tmp_path):
     ours, theirs = (made / "report.md").read_text().splitlines(), (shipped / "report.md").read_text().splitlines()
     differ = [(a, b) for a, b in zip(ours, theirs) if a != b]
     assert len(ours) == len(theirs) and len(differ) == 1 and "README.md#glossary" in differ[0][0], differ
+
+
+def test_the_report_has_a_hints_section_per_segment_in_markdown_and_html(smoke):
+    """Every segment's hints (ddptop.metrics.hints, as `info` gives them) in the page's Hints section, both files;
+    a segment without any says so. The smoke sweep's last segment is DDP at 25 MB: the tiny model's 84 KB
+    gradient in one bucket (as DDP recorded it)."""
+    from ddptop.record.reader import Recording
+    from ddptop.report.hints import for_recording
+
+    record, out = smoke
+    with Recording.open(str(record)) as rec:
+        found = for_recording(rec)
+    md = (out / "report.md").read_text().split("## Hints", 1)[1].split("\n## ", 1)[0]
+    html_text = (out / "report.html").read_text().split("<h2>Hints</h2>", 1)[1]
+    for s, hints in found:
+        lines = [f"segment {s.index} ({s.config.describe()}): {h.line()}" for h in hints] or [
+            f"segment {s.index} ({s.config.describe()}): no hint"]
+        for line in lines:
+            assert f"- {line}\n" in md
+            assert f"<li>{line.replace('&', '&amp;')}</li>" in html_text.replace("&#x27;", "'")
+    assert "one bucket" in [h.name for h in found[-1][1]]

@@ -37,6 +37,7 @@ def overview(snap: Snapshot, width: int, banner: str = "") -> Group:
     if not snap.ranks:
         return Group(*parts, Text("waiting for the ranks to join", style="dim"))
     wide = width >= WIDE
+    parts += [hint_line(snap, width)]
     ranks = [_title("ranks", f"latest step, then means over each rank's last {RECENT_STEPS} steps "
                              "(* a sampled step: layer hooks slow it, means leave it out)", width),
              ranks_table(snap, width=width), Text("")]
@@ -47,6 +48,18 @@ def overview(snap: Snapshot, width: int, banner: str = "") -> Group:
     if wide:
         return Group(*parts, *ranks, *time, *segments, _columns(snap, width))
     return Group(*parts, *ranks, *segments, *time, *_narrow(snap, width))
+
+
+def hint_line(snap: Snapshot, width: int) -> Text:
+    """The segment in force's hints (ddptop.metrics.hints through the snapshot) on one line, cut to `width`."""
+    found = snap.hints
+    out = Text("hints  ", style="bold", no_wrap=True, overflow="ellipsis")
+    if found:
+        out.append(" · ".join(safe(h.text) for h in found), style=ORANGE)
+    else:
+        out.append(f"none for segment {snap.segment}" if snap.segment_figures else "none yet", style="dim")
+    out.truncate(width, overflow="ellipsis")
+    return out
 
 
 def short_note(snap: Snapshot) -> str:
