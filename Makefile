@@ -17,11 +17,10 @@ run: $(STAMP)
 deps:
 	bash scripts/ci-deps.sh
 
-# Two phases: most tests two at a time (a file per worker, so module fixtures run once; the slowest files first, in
-# the order tests/conftest.py's SLOW_FIRST gives them), then the tests that measure time, rates or CPU shares on a
-# machine that runs nothing else. Exit code 5: nothing of that phase selected.
+# Two phases: most tests two at a time (a file per worker, so module fixtures run once), then the tests that
+# measure time, rates or CPU shares on a machine that runs nothing else. Exit code 5: nothing of that phase selected.
 test: deps $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -q -p no:xdist -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 bench: $(STAMP)
