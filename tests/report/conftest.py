@@ -12,6 +12,8 @@ import pytest
 from ddptop.cli import main
 from ddptop.control.client import ControlClient
 from ddptop.control.store import free_port
+
+from built_once import built_once
 from jobs import killed_if_left
 from smoke_run import record_smoke
 
@@ -20,7 +22,11 @@ TOKEN = "report-test-token"
 
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("smoke")
+    """The smoke sweep and its report, made once for every worker (five test files on both read it)."""
+    return built_once(tmp_path_factory, "smoke", _smoke)
+
+
+def _smoke(folder):
     record = record_smoke(folder)
     out = folder / "report"
     assert main(["report", str(record), "-o", str(out)]) == 0
@@ -69,7 +75,11 @@ def _connect(port: int, job) -> ControlClient:
 def one_rank(tmp_path_factory):
     """The smoke sweep's last configuration (ddp, 25 MB buckets, batch 32, tiny) on 1 rank: with the smoke sweep,
     a weak-scaling pair (HPML Lab 4)."""
-    record = tmp_path_factory.mktemp("one") / "one.db"
+    return built_once(tmp_path_factory, "one-rank", _one_rank)
+
+
+def _one_rank(folder):
+    record = folder / "one.db"
     run = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--local", "1", "--model", "tiny", "--strategy",
                           "ddp", "--bucket-mb", "25", "--batch-size", "32", "--steps", "10", "--synthetic-size", "1280",
                           "--span-every", "2", "--record", str(record)], capture_output=True, text=True, timeout=180)
