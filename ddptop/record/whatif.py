@@ -1,0 +1,104 @@
+"""Provides a recording's segment as the what-if model's input (ddptop.metrics.whatif.SegmentData), and the
+measured step time of every segment to set beside the predictions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ddptop.errors import UsageError
+from ddptop.metrics.whatif.compute import layer_times
+from ddptop.metrics.whatif.data import CommSample, SegmentData
+from ddptop.record.reader import Recording
+
+_KINDS = {"bucket": "allreduce", "allreduce": "allreduce", "gather": "gather", "scatter": "scatter",
+          "broadcast": "broadcast"}
+
+
+def segment_data(rec: Recording, segment: int | None = None, link_bps: float | None = None) -> SegmentData:
+    """The segment `segment` (default: the first DDP segment with sampled steps, else segment 0) of `rec`."""
+    figures = {f.index: f for f in rec.segment_figures() if f.measured_steps}
+    if not figures:
+        raise UsageError(f"{rec.path}: no segment has measured steps to fit the model on")
+    if segment is None:
+        segment = next((i for i, f in sorted(figures.items()) if f.config.get("strategy") == "ddp"), min(figures))
+    if segment not in figures:
+        raise UsageError(f"{rec.path}: no segment {segment} with measured steps (segments: "
+                         f"{', '.join(str(i) for i in sorted(figures))})")
+    run = rec.meta.get("model") if isinstance(rec.meta.get("model"), dict) else {}
+    layers = tuple((str(n), int(c)) for n, c in run.get("layers", ()))
+    if not layers or not run.get("param_bytes"):
+        raise UsageError(f"{rec.path}: the recording holds no parameter layout (its run_started is missing)")
+    fig = figures[segment]
+    parts = _parts(rec, segment, fig.first_step + fig.warmup)
+    backward, comm = _samples(rec, segment, fig.first_step + fig.warmup, bool(fig.config.get("async_op"))
+                              and fig.config.get("strategy") == "allreduce")
+    return SegmentData(segment=segment, config=dict(fig.config), world_size=rec.world_size, layers=layers,
+                       param_bytes=int(run["param_bytes"]), param_tensors=int(run.get("param_tensors", len(layers))),
+                       step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps,
+                       buckets=_buckets(rec, segment), **parts)
+
+
+def _parts(rec: Recording, segment: int, first: int) -> dict[str, float]:
+    row = rec.query("SELECT avg(data_s), avg(fwd_s), avg(bwd_s), avg(opt_s), avg(own_s), avg(comm_s), "
+                    "avg(exposed_comm_s), avg(max(0, iter_s - data_s - compute_s - exposed_comm_s - own_s)) "
+                    "FROM steps WHERE segment = ? AND step >= ? AND sampled = 0", (segment, first))[0]
+    data, fwd, bwd, opt, own, comm, exposed, other = (float(v or 0.0) for v in row)
+    return {"data_s": data, "fwd_s": fwd, "bwd_s": bwd, "opt_s": opt, "rest_s": own + other, "comm_s": comm,
+            "exposed_comm_s": exposed}
+
+
+def _samples(rec: Recording, segment: int, first: int, fig_async: bool) -> tuple[tuple, tuple[CommSample, ...]]:
+    """Backward layers per (rank, sampled step), and each collective pooled over ranks."""
+    backward = []
+    collectives: dict[tuple[int, str], list[tuple[float, float, int, list]]] = {}
+    for rank, step, text in rec.query("SELECT rank, step, spans FROM spans WHERE segment = ? AND step >= ? "
+                                      "ORDER BY step, rank", (segment, first)):
+        spans = json.loads(text) if isinstance(text, str) else []
+        bwd = [(str(s[1]), float(s[2]), float(s[2]) + float(s[3])) for s in spans if s[0] == "bwd"]
+        talk = [(str(s[1]), float(s[2]), float(s[2]) + float(s[3]), int(s[4])) for s in spans if s[0] == "comm"]
+        talk = _as_one(talk, "allreduce " if fig_async else "bucket ")
+        backward.append(layer_times(bwd, [(a, b) for _, a, b, _ in talk]))
+        for name, a, b, nbytes in talk:
+            collectives.setdefault((step, name), []).append((rank, a, b, nbytes, bwd))
+    return tuple(backward), tuple(_pooled(name, seen) for (_, name), seen in collectives.items()
+                                  if name.split(" ")[0] in _KINDS)
+
+
+def _as_one(talk: list[tuple[str, float, float, int]], prefix: str) -> list[tuple[str, float, float, int]]:
+    """DDP's buckets (or async all_reduces) of one step as one all-reduce of all their bytes over the time any of
+    them was in flight: gloo runs several at once (2 threads per process group), so one span holds others' transfers."""
+    buckets = sorted((t for t in talk if t[0].startswith(prefix)), key=lambda t: t[1])
+    if not buckets:
+        return talk
+    busy, end = 0.0, -1e300
+    for _, a, b, _ in buckets:
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    first = buckets[0][1]
+    # one interval from the first launch, as long as the union: its overlap with the backward pass is then the
+    # time the buckets ran beside it (they start inside it and run on after it)
+    rest = [t for t in talk if not t[0].startswith(prefix)]
+    return rest + [("bucket all", first, first + busy, sum(t[3] for t in buckets))]
+
+
+def _pooled(name: str, seen: list[tuple[int, float, float, int, list]]) -> CommSample:
+    """A ring's rank that arrived last waited for nobody: its span (the shortest) is the transfer. A gather's or
+    scatter's is the root's: the others leave once their own share has moved."""
+    root = [s for s in seen if s[0] == 0] if name.split(" ")[0] in ("gather", "scatter") else []
+    _, a, b, nbytes, bwd = root[0] if root else min(seen, key=lambda s: s[2] - s[1])
+    overlap = sum(max(0.0, min(b, e) - max(a, s)) for _, s, e in bwd)
+    return CommSample(_KINDS[name.split(" ")[0]], nbytes, b - a, min(overlap, b - a))
+
+
+def _buckets(rec: Recording, segment: int) -> tuple[int, ...]:
+    found: Any = rec.meta.get("ddp_buckets")
+    rows = found.get(str(segment)) if isinstance(found, dict) else None
+    return tuple(int(size) for _, size in rows) if isinstance(rows, list) else ()
+
+
+def measured_steps(rec: Recording) -> list[tuple[int, dict, float]]:
+    """(segment, config, the slowest rank's mean step time) of every segment with measured steps."""
+    return [(f.index, dict(f.config), f.slowest.step_s) for f in rec.segment_figures() if f.measured_steps]
+
+
