@@ -31,8 +31,10 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
         raise UsageError(f"{rec.path}: the recording holds no parameter layout (its run_started is missing)")
     fig = figures[segment]
     parts = _parts(rec, segment, fig.first_step + fig.warmup)
-    backward, comm = _samples(rec, segment, fig.first_step + fig.warmup, bool(fig.config.get("async_op"))
-                              and fig.config.get("strategy") == "allreduce")
+    is_async = bool(fig.config.get("async_op")) and fig.config.get("strategy") == "allreduce"
+    backward, comm = _samples(rec, segment, fig.first_step + fig.warmup, is_async)
+    if not backward:  # a sweep's warm-up can hold a segment's only sampled step: any but its very first will do
+        backward, comm = _samples(rec, segment, fig.first_step + 1, is_async)
     return SegmentData(segment=segment, config=dict(fig.config), world_size=rec.world_size, layers=layers,
                        param_bytes=int(run["param_bytes"]), param_tensors=int(run.get("param_tensors", len(layers))),
                        step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps,
