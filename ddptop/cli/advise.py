@@ -73,7 +73,8 @@ def _row(p, seg, measured: list[tuple[int, dict, float]], recorded_link: str | N
         link = "unlimited" if c.link_bps == 0 else _describe(c.link_bps)
     match = None
     if c.world_size is None and c.link_bps is None:
-        match = next(((i, step) for i, cfg, step in measured if _same(cfg, c, seg)), None)
+        same = [(i, step) for i, cfg, step in measured if _same(cfg, c, seg)]
+        match = next((m for m in same if m[0] == seg.segment), same[0] if same else None)  # the fitted one first
     return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "world_size": world,
             "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
             "overlap": round(p.overlap, 4), "measured_step_s": None if match is None else round(match[1], 6),
