@@ -18,8 +18,8 @@ COMMANDS = {
     "replay": "play a recording on the screen (or --headless as the run's lines)",
     "export": "a recording as a Chrome trace (Perfetto) or CSV tables",
     "report": "a markdown report with figures from one or several recordings",
-    "advise": "predict every strategy, bucket size, world size and link from one segment of a recording",
     "lab": "a job on N emulated hosts on this machine (namespaces, shaped links); lab exec | list | clean",
+    "advise": "predict every strategy, bucket size, world size and link from one segment of a recording",
 }
 
 
