@@ -61,7 +61,7 @@ def cmd_advise(argv: Sequence[str]) -> int:
     fitted = whatif.fit(seg)
     rows = [_row(whatif.predict(fitted, c), seg, measured, args.links and args.link) for c in configs]
     out = {"from_segment": seg.segment, "predictions": rows}
-    emit(json.dumps(out, indent=1) if args.json else render(out, seg))
+    emit(json.dumps(out, indent=1) if args.json else render({**out, "link": rows[0]["link"]}, seg))
     return 0
 
 
@@ -104,7 +104,8 @@ def _name(r: dict) -> str:
 
 
 def render(out: dict, seg) -> str:
-    """The table, best first, with the fitted segment's line and the best configuration's predicted gain."""
+    """The table, best first, with the fitted segment's line and the best configuration's predicted gain (among
+    the rows on the recording's own link and world size: out["link"])."""
     rows = sorted(out["predictions"], key=lambda r: r["step_s"])
     ddp = seg.config.get("strategy") == "ddp"
     fitted = _name({"strategy": seg.config.get("strategy"), "bucket_mb": seg.config.get("bucket_mb") if ddp else None,
@@ -118,10 +119,10 @@ def render(out: dict, seg) -> str:
                  if r["measured_step_s"] else "–")
         lines.append(f"{_name(r):24} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
                      f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {measured:>9} {error:>7}")
-    same = [r for r in rows if r["world_size"] == seg.world_size and r["link"] in (None, rows[0]["link"])]
-    best = same[0] if same else rows[0]
+    as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == out["link"]]
+    best = as_run[0] if as_run else rows[0]
     gain = seg.step_s - best["step_s"]
     verb = "saves" if gain >= 0 else "costs"
-    lines.append(f"best at {seg.world_size} ranks: {_name(best)}, {best['step_s']:.3f} s/step predicted: {verb} "
+    lines.append(f"best at {best['world_size']} ranks: {_name(best)}, {best['step_s']:.3f} s/step predicted: {verb} "
                  f"{abs(gain):.3f} s/step ({100 * abs(gain) / seg.step_s:.0f}%) against the measured segment")
     return "\n".join(lines)
