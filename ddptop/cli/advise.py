@@ -16,8 +16,10 @@ def parser() -> Parser:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--segment", type=int, metavar="N", help="the segment to fit on (default: the first DDP one)")
     p.add_argument("--json", action="store_true", help='one JSON object: {"from_segment": N, "predictions": [...]}')
-    p.add_argument("--buckets", metavar="MB,...", default="1,5,10,25,50,100", help="DDP bucket sizes (1,5,10,25,50,100)")
-    p.add_argument("--world-sizes", metavar="N,...", help="world sizes to predict (weak scaling; default: the recording's)")
+    p.add_argument("--buckets", metavar="MB,...", default="1,5,10,25,50,100",
+                   help="DDP bucket sizes (1,5,10,25,50,100)")
+    p.add_argument("--world-sizes", metavar="N,...",
+                   help="world sizes to predict (weak scaling; default: the recording's)")
     p.add_argument("--link", metavar="RATE", help="the link the recording ran on (`ddptop lab --link` values); "
                    "needed for --links")
     p.add_argument("--links", metavar="RATE,...", help="other links to predict: 100mbit,10gbit,unlimited")

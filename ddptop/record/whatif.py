@@ -3,10 +3,10 @@ measured step time of every segment to set beside the predictions."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ddptop.errors import UsageError
+from ddptop.events import StepSpans
 from ddptop.metrics.whatif.compute import layer_times
 from ddptop.metrics.whatif.data import CommSample, SegmentData
 from ddptop.record.reader import Recording
@@ -20,8 +20,10 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
     figures = {f.index: f for f in rec.segment_figures() if f.measured_steps}
     if not figures:
         raise UsageError(f"{rec.path}: no segment has measured steps to fit the model on")
-    if segment is None:
-        segment = next((i for i, f in sorted(figures.items()) if f.config.get("strategy") == "ddp"), min(figures))
+    if segment is None:  # the first DDP segment, else the first that communicates
+        ddp = [i for i, f in sorted(figures.items()) if f.config.get("strategy") == "ddp"]
+        talks = [i for i, f in sorted(figures.items()) if f.config.get("strategy") != "single"]
+        segment = (ddp or talks or sorted(figures))[0]
     if segment not in figures:
         raise UsageError(f"{rec.path}: no segment {segment} with measured steps (segments: "
                          f"{', '.join(str(i) for i in sorted(figures))})")
@@ -35,6 +37,10 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
     backward, comm = _samples(rec, segment, fig.first_step + fig.warmup, is_async)
     if not backward:  # a sweep's warm-up can hold a segment's only sampled step: any but its very first will do
         backward, comm = _samples(rec, segment, fig.first_step + 1, is_async)
+    if not comm and rec.world_size > 1:
+        raise UsageError(f"{rec.path}: segment {segment} has no sampled collectives to fit the link on "
+                         f"({fig.config.get('strategy')}; spans are recorded every --span-every steps): "
+                         "pick another --segment")
     return SegmentData(segment=segment, config=dict(fig.config), world_size=rec.world_size, layers=layers,
                        param_bytes=int(run["param_bytes"]), param_tensors=int(run.get("param_tensors", len(layers))),
                        step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps,
@@ -50,19 +56,20 @@ def _parts(rec: Recording, segment: int, first: int) -> dict[str, float]:
             "exposed_comm_s": exposed}
 
 
-def _samples(rec: Recording, segment: int, first: int, fig_async: bool) -> tuple[tuple, tuple[CommSample, ...]]:
-    """Backward layers per (rank, sampled step), and each collective pooled over ranks."""
+def _samples(rec: Recording, segment: int, first: int, is_async: bool) -> tuple[tuple, tuple[CommSample, ...]]:
+    """Backward layers per (rank, sampled step), and each collective pooled over ranks. Spans are read as the
+    reader decodes them (every field checked; a row holding NULL or NaN left out, as everywhere else)."""
     backward = []
-    collectives: dict[tuple[int, str], list[tuple[float, float, int, list]]] = {}
-    for rank, step, text in rec.query("SELECT rank, step, spans FROM spans WHERE segment = ? AND step >= ? "
-                                      "ORDER BY step, rank", (segment, first)):
-        spans = json.loads(text) if isinstance(text, str) else []
-        bwd = [(str(s[1]), float(s[2]), float(s[2]) + float(s[3])) for s in spans if s[0] == "bwd"]
-        talk = [(str(s[1]), float(s[2]), float(s[2]) + float(s[3]), int(s[4])) for s in spans if s[0] == "comm"]
-        talk = _as_one(talk, "allreduce " if fig_async else "bucket ")
+    collectives: dict[tuple[int, str], list[tuple[int, float, float, int, list]]] = {}
+    for e in rec.events(("spans",)):
+        if not isinstance(e, StepSpans) or e.segment != segment or e.step < first:
+            continue
+        bwd = [(s.name, s.start_s, s.end_s) for s in e.spans if s.kind == "bwd"]
+        talk = [(s.name, s.start_s, s.end_s, s.nbytes) for s in e.spans if s.kind == "comm"]
+        talk = _as_one(talk, "allreduce " if is_async else "bucket ")
         backward.append(layer_times(bwd, [(a, b) for _, a, b, _ in talk]))
         for name, a, b, nbytes in talk:
-            collectives.setdefault((step, name), []).append((rank, a, b, nbytes, bwd))
+            collectives.setdefault((e.step, name), []).append((e.rank, a, b, nbytes, bwd))
     return tuple(backward), tuple(_pooled(name, seen) for (_, name), seen in collectives.items()
                                   if name.split(" ")[0] in _KINDS)
 

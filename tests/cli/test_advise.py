@@ -98,6 +98,7 @@ def test_weak_scaling_from_4_hosts_predicts_2_hosts():
     (["--buckets", "five"], 2, "--buckets"),
     (["--world-sizes", "0"], 2, "--world-sizes"),
     (["--link", "1gbit", "--links", "fast"], 2, "fast"),
+    (["--segment", "0"], 2, "segment 0 has no sampled collectives"),  # single: nothing to fit the link on
 ])
 def test_bad_flags_are_one_line_and_exit_2(argv, code, words):
     got, out, err = main("advise", str(REC / "cs744-lab.db"), *argv)
