@@ -3,8 +3,6 @@ measured step time of every segment to set beside the predictions."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddptop.errors import UsageError
 from ddptop.events import StepSpans
 from ddptop.metrics.whatif.compute import layer_times
@@ -43,8 +41,7 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
                          "pick another --segment")
     return SegmentData(segment=segment, config=dict(fig.config), world_size=rec.world_size, layers=layers,
                        param_bytes=int(run["param_bytes"]), param_tensors=int(run.get("param_tensors", len(layers))),
-                       step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps,
-                       buckets=_buckets(rec, segment), **parts)
+                       step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps, **parts)
 
 
 def _parts(rec: Recording, segment: int, first: int) -> dict[str, float]:
@@ -98,12 +95,6 @@ def _pooled(name: str, seen: list[tuple[int, float, float, int, list]]) -> CommS
     _, a, b, nbytes, bwd = root[0] if root else min(seen, key=lambda s: s[2] - s[1])
     overlap = sum(max(0.0, min(b, e) - max(a, s)) for _, s, e in bwd)
     return CommSample(_KINDS[name.split(" ")[0]], nbytes, b - a, min(overlap, b - a))
-
-
-def _buckets(rec: Recording, segment: int) -> tuple[int, ...]:
-    found: Any = rec.meta.get("ddp_buckets")
-    rows = found.get(str(segment)) if isinstance(found, dict) else None
-    return tuple(int(size) for _, size in rows) if isinstance(rows, list) else ()
 
 
 def measured_steps(rec: Recording) -> list[tuple[int, dict, float]]:

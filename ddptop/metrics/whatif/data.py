@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 # the collective kinds the link is fitted for; a DDP bucket is a ring all-reduce
@@ -52,7 +52,6 @@ class SegmentData:
     backward: tuple[tuple[LayerTime, ...], ...] = ()
     comm: tuple[CommSample, ...] = ()
     link_bps: float | None = None  # the link the segment ran on (bits/s each way), when known
-    buckets: tuple[int, ...] = field(default=())  # DDP's real bucket bytes in launch order, when recorded
 
     @property
     def bytes_per_param(self) -> float:

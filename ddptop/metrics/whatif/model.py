@@ -13,7 +13,6 @@ from ddptop.metrics.whatif.link import Line, fit_links
 from ddptop.metrics.whatif.simulate import Timeline, after_backward, overlapped
 
 BUCKETS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0)
-STRATEGIES = ("ddp", "allreduce", "gather-scatter", "single")
 # async_op launches every all_reduce at once: the transfers still share the link, but the training thread's
 # hand-off between collectives overlaps the previous one, saving ASYNC_SAVES of each α after the first (the lab:
 # 0.516 s of communication async against 0.579 s sync, 33 hand-offs of 3.6 ms: 0.53; README "What-if / advise")
@@ -37,8 +36,8 @@ class Config:
 
 @dataclass(frozen=True)
 class Model:
-    """The fitted model: the parts of a step that do not depend on the configuration, the backward pass, the
-    link and the slowdown, and `calibration_s` (what the measured step holds beyond them)."""
+    """The fitted model: the segment's parts that no configuration changes, the backward pass without slowdown,
+    the link per collective kind, and `calibration_s` (what the measured step holds beyond them)."""
 
     seg: SegmentData
     backward: Backward
