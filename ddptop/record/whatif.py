@@ -3,8 +3,8 @@ measured step time of every segment to set beside the predictions."""
 
 from __future__ import annotations
 
-from ddptop.errors import UsageError
-from ddptop.events import StepSpans
+from ddptop.errors import RecordingError, UsageError
+from ddptop.events import RunStarted, StepSpans
 from ddptop.metrics.whatif.compute import layer_times
 from ddptop.metrics.whatif.data import CommSample, SegmentData
 from ddptop.record.reader import Recording
@@ -25,10 +25,9 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
     if segment not in figures:
         raise UsageError(f"{rec.path}: no segment {segment} with measured steps (segments: "
                          f"{', '.join(str(i) for i in sorted(figures))})")
-    run = rec.meta.get("model") if isinstance(rec.meta.get("model"), dict) else {}
-    layers = tuple((str(n), int(c)) for n, c in run.get("layers", ()))
-    if not layers or not run.get("param_bytes"):
-        raise UsageError(f"{rec.path}: the recording holds no parameter layout (its run_started is missing)")
+    run = next((e for e in rec.events(("events",)) if isinstance(e, RunStarted)), None)  # typed: fields checked
+    if run is None or not run.layers or run.param_bytes <= 0:
+        raise RecordingError(f"{rec.path}: no parameter layout to fit on (the run's run_started event is missing)")
     fig = figures[segment]
     parts = _parts(rec, segment, fig.first_step + fig.warmup)
     is_async = bool(fig.config.get("async_op")) and fig.config.get("strategy") == "allreduce"
@@ -39,8 +38,8 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
         raise UsageError(f"{rec.path}: segment {segment} has no sampled collectives to fit the link on "
                          f"({fig.config.get('strategy')}; spans are recorded every --span-every steps): "
                          "pick another --segment")
-    return SegmentData(segment=segment, config=dict(fig.config), world_size=rec.world_size, layers=layers,
-                       param_bytes=int(run["param_bytes"]), param_tensors=int(run.get("param_tensors", len(layers))),
+    return SegmentData(segment=segment, config=dict(fig.config), world_size=rec.world_size, layers=run.layers,
+                       param_bytes=run.param_bytes, param_tensors=run.param_tensors or len(run.layers),
                        step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps, **parts)
 
 

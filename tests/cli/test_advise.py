@@ -110,3 +110,12 @@ def test_a_file_that_is_not_a_recording_is_one_line_and_exit_6(tmp_path):
     bad.write_text("not sqlite")
     got, out, err = main("advise", str(bad))
     assert (got, out) == (6, "") and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_recording_without_its_run_started_event_is_one_line_and_exit_6(tmp_path):
+    copy = tmp_path / "cut.db"
+    copy.write_bytes((REC / "whatif-lab.db").read_bytes())
+    with sqlite3.connect(copy) as con:
+        con.execute("DELETE FROM events WHERE kind = 'run_started'")
+    got, out, err = main("advise", str(copy))
+    assert (got, out) == (6, "") and len(err.strip().splitlines()) == 1 and "no parameter layout" in err, err
