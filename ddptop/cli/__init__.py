@@ -19,6 +19,7 @@ COMMANDS = {
     "export": "a recording as a Chrome trace (Perfetto) or CSV tables",
     "report": "a markdown report with figures from one or several recordings",
     "lab": "a job on N emulated hosts on this machine (namespaces, shaped links); lab exec | list | clean",
+    "advise": "predict every strategy, bucket size, world size and link from one segment of a recording",
 }
 
 
@@ -38,6 +39,7 @@ SUBCOMMANDS = {
     "export": _lazy("ddptop.cli.recordings", "cmd_export"),
     "replay": _lazy("ddptop.cli.recordings", "cmd_replay"),
     "report": _lazy("ddptop.cli.report", "cmd_report"),
+    "advise": _lazy("ddptop.cli.advise", "cmd_advise"),
     "attach": _lazy("ddptop.cli.attach", "cmd_attach"),
     "lab": _lazy("ddptop.cli.lab", "cmd_lab"),
 }

@@ -10,7 +10,7 @@ import pytest
 
 from test_run_cli import assert_one_line_error, ddptop
 
-OTHER_COMMANDS = ("ctl", "attach", "info", "replay", "export", "report", "lab")
+OTHER_COMMANDS = ("ctl", "attach", "info", "replay", "export", "report", "lab", "advise")
 
 
 @pytest.mark.parametrize("argv, code, words", [

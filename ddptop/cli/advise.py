@@ -1,0 +1,130 @@
+"""`ddptop advise FILE`: the what-if model fitted on one segment of a recording, every other configuration
+predicted, each beside the recording's own measurement where it ran."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from ddptop.cli.parser import Parser
+from ddptop.errors import UsageError
+
+
+def parser() -> Parser:
+    p = Parser(prog="ddptop advise", description="Predict step time, exposed communication and overlap for every "
+               "strategy, DDP bucket size, async_op, world size and link from one segment of a recording.")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--segment", type=int, metavar="N", help="the segment to fit on (default: the first DDP one)")
+    p.add_argument("--json", action="store_true", help='one JSON object: {"from_segment": N, "predictions": [...]}')
+    p.add_argument("--buckets", metavar="MB,...", default="1,5,10,25,50,100",
+                   help="DDP bucket sizes (1,5,10,25,50,100)")
+    p.add_argument("--world-sizes", metavar="N,...",
+                   help="world sizes to predict (weak scaling; default: the recording's)")
+    p.add_argument("--link", metavar="RATE", help="the link the recording ran on (`ddptop lab --link` values); "
+                   "needed for --links")
+    p.add_argument("--links", metavar="RATE,...", help="other links to predict: 100mbit,10gbit,unlimited")
+    return p
+
+
+def _numbers(text: str | None, kind, flag: str, low: float) -> list:
+    if not text:
+        return []
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+    if not values or any(not v >= low or v > 1e6 for v in values):
+        raise UsageError(f"{flag} takes numbers ≥ {low:g}, got {text!r}")
+    return values
+
+
+def _rate(text: str) -> float:
+    from ddptop.lab.links import parse_link
+
+    bits = parse_link(text).bits_per_s
+    return 0.0 if bits is None else bits
+
+
+def cmd_advise(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)
+    buckets = _numbers(args.buckets, float, "--buckets", 0.001)
+    worlds = _numbers(args.world_sizes, int, "--world-sizes", 1)
+    links: list[float | None] = [None] + [_rate(r) for r in (args.links or "").split(",") if r.strip()]
+    if len(links) > 1 and not args.link:
+        raise UsageError("--links needs --link: the rate the recording ran on, to tell the link from the CPU")
+    from ddptop.cli.recordings import emit, reading
+    from ddptop.metrics.whatif import model as whatif
+    from ddptop.record.whatif import measured_steps, segment_data
+
+    with reading(args.file) as rec:
+        seg = segment_data(rec, args.segment, _rate(args.link) if args.link else None)
+        measured = measured_steps(rec)
+    configs = whatif.grid(seg, buckets, worlds, links)
+    fitted = whatif.fit(seg)
+    rows = [_row(whatif.predict(fitted, c), seg, measured, args.links and args.link) for c in configs]
+    out = {"from_segment": seg.segment, "predictions": rows}
+    emit(json.dumps(out, indent=1) if args.json else render({**out, "link": rows[0]["link"]}, seg))
+    return 0
+
+
+def _row(p, seg, measured: list[tuple[int, dict, float]], recorded_link: str | None) -> dict[str, Any]:
+    c = p.config
+    world = c.world_size or seg.world_size
+    link = recorded_link or None
+    if c.link_bps is not None:
+        link = "unlimited" if c.link_bps == 0 else _describe(c.link_bps)
+    match = None
+    if c.world_size is None and c.link_bps is None:
+        same = [(i, step) for i, cfg, step in measured if _same(cfg, c, seg)]
+        match = next((m for m in same if m[0] == seg.segment), same[0] if same else None)  # the fitted one first
+    return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "world_size": world,
+            "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
+            "overlap": round(p.overlap, 4), "measured_step_s": None if match is None else round(match[1], 6),
+            "segment": None if match is None else match[0]}
+
+
+def _describe(bps: float) -> str:
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g}{unit}"
+    return f"{bps:g}bit"
+
+
+def _same(cfg: dict, c, seg) -> bool:
+    """The recording's segment ran configuration `c` (at the fitted segment's batch size)."""
+    if cfg.get("strategy") != c.strategy or cfg.get("batch_size") != seg.config.get("batch_size"):
+        return False
+    if c.strategy == "ddp":
+        return float(cfg.get("bucket_mb", 25.0)) == c.bucket_mb
+    return c.strategy != "allreduce" or bool(cfg.get("async_op")) == c.async_op
+
+
+def _name(r: dict) -> str:
+    text = r["strategy"] + (f" {r['bucket_mb']:g} MB" if r["bucket_mb"] is not None else "")
+    text += " async" if r["async_op"] else ""
+    return text
+
+
+def render(out: dict, seg) -> str:
+    """The table, best first, with the fitted segment's line and the best configuration's predicted gain (among
+    the rows on the recording's own link and world size: out["link"])."""
+    rows = sorted(out["predictions"], key=lambda r: r["step_s"])
+    ddp = seg.config.get("strategy") == "ddp"
+    fitted = _name({"strategy": seg.config.get("strategy"), "bucket_mb": seg.config.get("bucket_mb") if ddp else None,
+                    "async_op": bool(seg.config.get("async_op"))})
+    lines = [f"fitted on segment {seg.segment} ({fitted}, {seg.world_size} ranks): measured {seg.step_s:.3f} s/step",
+             f"{'configuration':24} {'ranks':>5} {'link':>9} {'s/step':>8} {'exposed':>8} {'overlap':>7} "
+             f"{'measured':>9} {'error':>7}"]
+    for r in rows:
+        measured = f"{r['measured_step_s']:.3f}" if r["measured_step_s"] is not None else "–"
+        error = (f"{100 * (r['step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1f}%"
+                 if r["measured_step_s"] else "–")
+        lines.append(f"{_name(r):24} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
+                     f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {measured:>9} {error:>7}")
+    as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == out["link"]]
+    best = as_run[0] if as_run else rows[0]
+    gain = seg.step_s - best["step_s"]
+    verb = "saves" if gain >= 0 else "costs"
+    lines.append(f"best at {best['world_size']} ranks: {_name(best)}, {best['step_s']:.3f} s/step predicted: {verb} "
+                 f"{abs(gain):.3f} s/step ({100 * abs(gain) / seg.step_s:.0f}%) against the measured segment")
+    return "\n".join(lines)

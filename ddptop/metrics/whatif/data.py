@@ -1,0 +1,59 @@
+"""Provides what the what-if model is fitted from: one segment's measured parts and its sampled spans (pure data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+# the collective kinds the link is fitted for; a DDP bucket is a ring all-reduce
+KINDS = ("allreduce", "gather", "scatter", "broadcast")
+
+
+@dataclass(frozen=True)
+class CommSample:
+    """One collective on one sampled step, pooled over ranks: its bytes, its transfer time and how much of that
+    time the backward pass ran beside it (on the rank that arrived last, whose span is the transfer itself)."""
+
+    kind: str  # one of KINDS
+    nbytes: int  # tensor bytes handed to the collective
+    dur_s: float
+    overlap_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """One backward layer on a sampled step: its time (from the previous layer's end, so gaps count) and the part
+    of it that communication ran beside."""
+
+    name: str
+    dur_s: float
+    overlap_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SegmentData:
+    """One configuration segment of a recording, reduced to what the model needs (means over ranks)."""
+
+    segment: int
+    config: Mapping  # strategy, bucket_mb, async_op, batch_size
+    world_size: int
+    layers: tuple[tuple[str, int], ...]  # (layer, parameter count) in definition order
+    param_bytes: int
+    param_tensors: int
+    step_s: float  # measured: the slowest rank's mean step time
+    data_s: float = 0.0
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0  # backward compute (what waiting on the last bucket adds is exposed_comm_s)
+    opt_s: float = 0.0
+    rest_s: float = 0.0  # ddptop's own time and `other`
+    comm_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    # sampled steps: each a list of backward layers in the order they ran
+    backward: tuple[tuple[LayerTime, ...], ...] = ()
+    comm: tuple[CommSample, ...] = ()
+    link_bps: float | None = None  # the link the segment ran on (bits/s each way), when known
+
+    @property
+    def bytes_per_param(self) -> float:
+        count = sum(c for _, c in self.layers)
+        return self.param_bytes / count if count else 4.0

@@ -1,0 +1,163 @@
+"""Provides the what-if model: `fit(segment)` from one segment's data, `predict(model, config)` for one other
+configuration, `predict_table(segment)` for the whole grid a user chooses from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping, Sequence
+
+from ddptop.metrics.buckets import ddp_buckets
+from ddptop.metrics.whatif.compute import COMM_SLOWDOWN, COMPUTE_SLOWDOWN, Backward, fit_backward
+from ddptop.metrics.whatif.data import SegmentData
+from ddptop.metrics.whatif.link import Line, fit_links
+from ddptop.metrics.whatif.simulate import Timeline, after_backward, overlapped
+
+BUCKETS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0)
+# async_op launches every all_reduce at once: the transfers still share the link, but the training thread's
+# hand-off between collectives overlaps the previous one, saving ASYNC_SAVES of each α after the first (the lab:
+# 0.516 s of communication async against 0.579 s sync, 33 hand-offs of 3.6 ms: 0.53; README "What-if / advise")
+ASYNC_SAVES = 0.5
+# DDP's backward pass also copies every gradient into its bucket (and the result back): 0.249 s of backward at
+# 50 MB buckets (no overlap) against 0.169 s under per-parameter all_reduce, VGG-11's 36.9 MB on the lab's
+# 0.67-core hosts: 2.2 ns a byte (README "What-if / advise")
+DDP_COPY_S_PER_BYTE = 2.2e-9
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration to predict. link_bps: bits/s each way (None: as recorded); 0.0 means unlimited."""
+
+    strategy: str
+    bucket_mb: float | None = None
+    async_op: bool = False
+    world_size: int | None = None  # None: as recorded
+    link_bps: float | None = None
+
+
+@dataclass(frozen=True)
+class Model:
+    """The fitted model: the segment's parts that no configuration changes, the backward pass without slowdown,
+    the link per collective kind, and `calibration_s` (what the measured step holds beyond them)."""
+
+    seg: SegmentData
+    backward: Backward
+    links: Mapping[str, Line]
+    calibration_s: float
+    cpu_s_per_byte: float | None  # β less the recorded link's 8/rate: the CPU's share of a byte (None: link unknown)
+
+    @property
+    def fixed_s(self) -> float:
+        s = self.seg
+        return s.data_s + s.fwd_s + s.opt_s + s.rest_s + self.calibration_s
+
+
+@dataclass(frozen=True)
+class Prediction:
+    config: Config
+    step_s: float
+    exposed_comm_s: float
+    overlap: float
+    bwd_s: float
+    comm_s: float
+
+
+def fit(seg: SegmentData) -> Model:
+    """Fit every part from `seg`; the measured configuration is then predicted exactly (calibration_s)."""
+    links = fit_links(seg.comm, seg.world_size, COMM_SLOWDOWN)
+    cpu = None
+    if seg.link_bps and links:
+        cpu = max(0.0, links["allreduce"].beta - 8.0 / seg.link_bps)
+    model = Model(seg, _without_ddp(seg, fit_backward(seg, COMPUTE_SLOWDOWN)), links, 0.0, cpu)
+    base = predict(model, measured_config(seg))
+    return replace(model, calibration_s=seg.step_s - base.step_s)
+
+
+def _without_ddp(seg: SegmentData, back: Backward) -> Backward:
+    """The backward pass less DDP's bucket copies, when it was measured under DDP."""
+    if seg.config.get("strategy") != "ddp" or back.total <= 0:
+        return back
+    keep = max(0.0, back.total - DDP_COPY_S_PER_BYTE * seg.param_bytes) / back.total
+    return Backward(back.names, tuple(w * keep for w in back.work))
+
+
+def measured_config(seg: SegmentData) -> Config:
+    c = seg.config
+    ddp = c.get("strategy") == "ddp"
+    return Config(str(c.get("strategy")), float(c.get("bucket_mb", 25.0)) if ddp else None,
+                  bool(c.get("async_op", False)) and c.get("strategy") == "allreduce")
+
+
+def _beta(model: Model, config: Config) -> float | None:
+    """β on the asked link: its 8/rate plus the CPU's share of each byte the recording showed."""
+    if config.link_bps is None:
+        return None
+    if model.cpu_s_per_byte is None:
+        raise ValueError("the recording's link rate is not known: give it to predict another link")
+    return (8.0 / config.link_bps if config.link_bps > 0 else 0.0) + model.cpu_s_per_byte
+
+
+def _tensors(seg: SegmentData) -> list[int]:
+    """Per-parameter tensor bytes in definition order. A layer's parameters are recorded together: its first
+    tensor gets the bytes, its others (biases, a fraction of a percent) count for their latency only."""
+    each = max(1, round(seg.param_tensors / max(1, len(seg.layers))))
+    out: list[int] = []
+    for _, count in seg.layers:
+        out += [round(count * seg.bytes_per_param)] + [0] * (each - 1)
+    return out
+
+
+def timeline(model: Model, config: Config) -> Timeline:
+    seg, back = model.seg, model.backward
+    world = config.world_size or seg.world_size
+    beta = _beta(model, config)
+    if config.strategy == "single" or world <= 1 or not model.links:
+        return after_backward(back.total, 0.0)
+    if config.strategy == "ddp":
+        return _ddp(model, config.bucket_mb or 25.0, world, beta)
+    line = model.links["allreduce"]
+    tensors = _tensors(seg)
+    if config.strategy == "allreduce":
+        comm = sum(line.time("allreduce", b, world, beta) for b in tensors)
+        if config.async_op:
+            comm -= ASYNC_SAVES * line.alpha * (len(tensors) - 1)
+        return after_backward(back.total, comm)
+    g, s = model.links["gather"], model.links["scatter"]
+    return after_backward(back.total, sum(g.time("gather", b, world, beta) + s.time("scatter", b, world, beta)
+                                          for b in tensors))
+
+
+def _ddp(model: Model, bucket_mb: float, world: int, beta: float | None) -> Timeline:
+    seg, back = model.seg, model.backward
+    line = model.links["allreduce"]
+    buckets = ddp_buckets(seg.layers, seg.bytes_per_param, bucket_mb)
+    position = {name: i for i, name in enumerate(back.names)}
+    last = len(back.work) - 1
+    # a bucket is ready when its last gradient is: the layer among its own that the backward pass reaches last
+    ready = [max(position.get(name, last) for name in b.layers) if b.layers else last for b in buckets]
+    comm = [line.time("allreduce", b.nbytes, world, beta) for b in buckets]
+    tl = overlapped(back.work, ready, comm, COMPUTE_SLOWDOWN, COMM_SLOWDOWN)
+    return replace(tl, bwd_s=tl.bwd_s + DDP_COPY_S_PER_BYTE * seg.param_bytes)
+
+
+def predict(model: Model, config: Config) -> Prediction:
+    tl = timeline(model, config)
+    return Prediction(config, model.fixed_s + tl.bwd_s + tl.exposed_s, tl.exposed_s, tl.overlap, tl.bwd_s, tl.comm_s)
+
+
+def grid(seg: SegmentData, buckets_mb: Sequence[float] = BUCKETS_MB, worlds: Sequence[int] = (),
+         links_bps: Sequence[float | None] = (None,)) -> list[Config]:
+    """Every strategy (DDP at each bucket size, allreduce sync and async) at each world size and link."""
+    out = []
+    for world in worlds or (seg.world_size,):
+        for link in links_bps:
+            w = None if world == seg.world_size else world
+            out += [Config("ddp", mb, False, w, link) for mb in buckets_mb]
+            out += [Config("allreduce", None, False, w, link), Config("allreduce", None, True, w, link),
+                    Config("gather-scatter", None, False, w, link)]
+    return out
+
+
+def predict_table(seg: SegmentData, configs: Iterable[Config] | None = None) -> list[Prediction]:
+    """Fit on `seg` and predict each configuration (default: `grid(seg)`)."""
+    model = fit(seg)
+    return [predict(model, c) for c in (grid(seg) if configs is None else configs)]

@@ -1,0 +1,103 @@
+"""Provides a recording's segment as the what-if model's input (ddptop.metrics.whatif.SegmentData), and the
+measured step time of every segment to set beside the predictions."""
+
+from __future__ import annotations
+
+from ddptop.errors import RecordingError, UsageError
+from ddptop.events import RunStarted, StepSpans
+from ddptop.metrics.whatif.compute import layer_times
+from ddptop.metrics.whatif.data import CommSample, SegmentData
+from ddptop.record.reader import Recording
+
+_KINDS = {"bucket": "allreduce", "allreduce": "allreduce", "gather": "gather", "scatter": "scatter",
+          "broadcast": "broadcast"}
+
+
+def segment_data(rec: Recording, segment: int | None = None, link_bps: float | None = None) -> SegmentData:
+    """The segment `segment` (default: the first DDP segment with sampled steps, else segment 0) of `rec`."""
+    figures = {f.index: f for f in rec.segment_figures() if f.measured_steps}
+    if not figures:
+        raise UsageError(f"{rec.path}: no segment has measured steps to fit the model on")
+    if segment is None:  # the first DDP segment, else the first that communicates
+        ddp = [i for i, f in sorted(figures.items()) if f.config.get("strategy") == "ddp"]
+        talks = [i for i, f in sorted(figures.items()) if f.config.get("strategy") != "single"]
+        segment = (ddp or talks or sorted(figures))[0]
+    if segment not in figures:
+        raise UsageError(f"{rec.path}: no segment {segment} with measured steps (segments: "
+                         f"{', '.join(str(i) for i in sorted(figures))})")
+    run = next((e for e in rec.events(("events",)) if isinstance(e, RunStarted)), None)  # typed: fields checked
+    if run is None or not run.layers or run.param_bytes <= 0:
+        raise RecordingError(f"{rec.path}: no parameter layout to fit on (the run's run_started event is missing)")
+    fig = figures[segment]
+    parts = _parts(rec, segment, fig.first_step + fig.warmup)
+    is_async = bool(fig.config.get("async_op")) and fig.config.get("strategy") == "allreduce"
+    backward, comm = _samples(rec, segment, fig.first_step + fig.warmup, is_async)
+    if not backward:  # a sweep's warm-up can hold a segment's only sampled step: any but its very first will do
+        backward, comm = _samples(rec, segment, fig.first_step + 1, is_async)
+    if not comm and rec.world_size > 1:
+        raise UsageError(f"{rec.path}: segment {segment} has no sampled collectives to fit the link on "
+                         f"({fig.config.get('strategy')}; spans are recorded every --span-every steps): "
+                         "pick another --segment")
+    return SegmentData(segment=segment, config=dict(fig.config), world_size=rec.world_size, layers=run.layers,
+                       param_bytes=run.param_bytes, param_tensors=run.param_tensors or len(run.layers),
+                       step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps, **parts)
+
+
+def _parts(rec: Recording, segment: int, first: int) -> dict[str, float]:
+    row = rec.query("SELECT avg(data_s), avg(fwd_s), avg(bwd_s), avg(opt_s), avg(own_s), avg(comm_s), "
+                    "avg(exposed_comm_s), avg(max(0, iter_s - data_s - compute_s - exposed_comm_s - own_s)) "
+                    "FROM steps WHERE segment = ? AND step >= ? AND sampled = 0", (segment, first))[0]
+    data, fwd, bwd, opt, own, comm, exposed, other = (float(v or 0.0) for v in row)
+    return {"data_s": data, "fwd_s": fwd, "bwd_s": bwd, "opt_s": opt, "rest_s": own + other, "comm_s": comm,
+            "exposed_comm_s": exposed}
+
+
+def _samples(rec: Recording, segment: int, first: int, is_async: bool) -> tuple[tuple, tuple[CommSample, ...]]:
+    """Backward layers per (rank, sampled step), and each collective pooled over ranks. Spans are read as the
+    reader decodes them (every field checked; a row holding NULL or NaN left out, as everywhere else)."""
+    backward = []
+    collectives: dict[tuple[int, str], list[tuple[int, float, float, int, list]]] = {}
+    for e in rec.events(("spans",)):
+        if not isinstance(e, StepSpans) or e.segment != segment or e.step < first:
+            continue
+        bwd = [(s.name, s.start_s, s.end_s) for s in e.spans if s.kind == "bwd"]
+        talk = [(s.name, s.start_s, s.end_s, s.nbytes) for s in e.spans if s.kind == "comm"]
+        talk = _as_one(talk, "allreduce " if is_async else "bucket ")
+        backward.append(layer_times(bwd, [(a, b) for _, a, b, _ in talk]))
+        for name, a, b, nbytes in talk:
+            collectives.setdefault((e.step, name), []).append((e.rank, a, b, nbytes, bwd))
+    return tuple(backward), tuple(_pooled(name, seen) for (_, name), seen in collectives.items()
+                                  if name.split(" ")[0] in _KINDS)
+
+
+def _as_one(talk: list[tuple[str, float, float, int]], prefix: str) -> list[tuple[str, float, float, int]]:
+    """DDP's buckets (or async all_reduces) of one step as one all-reduce of all their bytes over the time any of
+    them was in flight: gloo runs several at once (2 threads per process group), so one span holds others' transfers."""
+    buckets = sorted((t for t in talk if t[0].startswith(prefix)), key=lambda t: t[1])
+    if not buckets:
+        return talk
+    busy, end = 0.0, -1e300
+    for _, a, b, _ in buckets:
+        busy += max(0.0, b - max(a, end))
+        end = max(end, b)
+    first = buckets[0][1]
+    # one interval from the first launch, as long as the union: its overlap with the backward pass is then the
+    # time the buckets ran beside it (they start inside it and run on after it)
+    rest = [t for t in talk if not t[0].startswith(prefix)]
+    return rest + [("bucket all", first, first + busy, sum(t[3] for t in buckets))]
+
+
+def _pooled(name: str, seen: list[tuple[int, float, float, int, list]]) -> CommSample:
+    """A ring's rank that arrived last waited for nobody: its span (the shortest) is the transfer. A gather's or
+    scatter's is the root's: the others leave once their own share has moved."""
+    root = [s for s in seen if s[0] == 0] if name.split(" ")[0] in ("gather", "scatter") else []
+    _, a, b, nbytes, bwd = root[0] if root else min(seen, key=lambda s: s[2] - s[1])
+    overlap = sum(max(0.0, min(b, e) - max(a, s)) for _, s, e in bwd)
+    return CommSample(_KINDS[name.split(" ")[0]], nbytes, b - a, min(overlap, b - a))
+
+
+def measured_steps(rec: Recording) -> list[tuple[int, dict, float]]:
+    """(segment, config, the slowest rank's mean step time) of every segment with measured steps."""
+    return [(f.index, dict(f.config), f.slowest.step_s) for f in rec.segment_figures() if f.measured_steps]
+
+

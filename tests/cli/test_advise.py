@@ -1,0 +1,121 @@
+"""`ddptop advise` on the committed lab recordings: the JSON shape of issue 23, every measured_step_s equal to SQL
+on the recording's steps table, predictions within the issue's bounds of the segments the model never read, and
+bad input as one line with README's exit code. In this process (cli.main): no rank, no lab, ~1 s."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+
+import pytest
+
+from ddptop import cli
+
+REC = Path(__file__).resolve().parents[2] / "recordings"
+KEYS = ["strategy", "bucket_mb", "async_op", "world_size", "link", "step_s", "exposed_comm_s", "overlap",
+        "measured_step_s", "segment"]
+
+
+def main(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def advise(*argv: str) -> dict:
+    code, out, err = main("advise", *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def measured(db: Path, warmup: int) -> dict[int, float]:
+    """Each segment's slowest rank's mean step time: its warm-up and sampled steps left out (SQL, not ddptop)."""
+    with sqlite3.connect(db) as con:
+        return dict(con.execute("""
+            SELECT segment, max(mean) FROM (
+              SELECT s.segment, s.rank, avg(s.iter_s) AS mean FROM steps s JOIN segments g ON g.segment = s.segment
+              WHERE s.sampled = 0 AND s.step >= g.step + ? GROUP BY s.segment, s.rank)
+            GROUP BY segment""", (warmup,)).fetchall())
+
+
+def errors(advice: dict, truth: dict[int, float]) -> dict[int, float]:
+    """Relative error of each prediction that has a measured segment, the fitted one left out."""
+    out = {}
+    for row in advice["predictions"]:
+        if row["segment"] is not None and row["segment"] != advice["from_segment"]:
+            assert row["measured_step_s"] == pytest.approx(truth[row["segment"]], rel=1e-6)
+            out[row["segment"]] = (row["step_s"] - truth[row["segment"]]) / truth[row["segment"]]
+    return out
+
+
+def test_the_json_is_issue_23s_shape_with_measured_steps_from_sql():
+    advice = advise(str(REC / "cs744-lab.db"))
+    assert sorted(advice) == ["from_segment", "predictions"] and advice["from_segment"] == 3  # the first DDP one
+    truth = measured(REC / "cs744-lab.db", warmup=2)
+    rows = advice["predictions"]
+    assert all(list(r) == KEYS for r in rows)
+    assert {(r["strategy"], r["bucket_mb"], r["async_op"]) for r in rows} >= {
+        ("ddp", 25.0, False), ("ddp", 1.0, False), ("ddp", 100.0, False), ("allreduce", None, False),
+        ("allreduce", None, True), ("gather-scatter", None, False)}
+    found = {r["strategy"]: r["segment"] for r in rows if r["segment"] is not None}
+    assert found == {"ddp": 3, "allreduce": 2, "gather-scatter": 1}  # single's batch differs: not the same config
+    fitted = next(r for r in rows if r["segment"] == 3)
+    assert fitted["measured_step_s"] == pytest.approx(truth[3]) and fitted["step_s"] == pytest.approx(truth[3])
+    assert all(r["world_size"] == 4 and r["link"] is None for r in rows)
+
+
+@pytest.mark.parametrize("name, segment, warmup", [
+    ("cs744-lab.db", 3, 2),  # 4 half-core hosts at 1 Gbit/s, batch 64: DDP 25 MB → allreduce, gather-scatter
+    ("cs744-lab-buckets-spare.db", 2, 2),  # 2 hosts with a core to spare: DDP 25 MB → 5, 10, 50 MB
+    ("whatif-lab.db", 0, 1),  # 3 hosts of 0.67 core, batch 8: every configuration (the model's constants' source)
+])
+def test_predictions_from_one_ddp_segment_are_within_the_issues_bounds(name, segment, warmup):
+    advice = advise(str(REC / name), "--segment", str(segment))
+    found = errors(advice, measured(REC / name, warmup))
+    print(name, {s: f"{100 * e:+.1f}%" for s, e in sorted(found.items())})
+    assert len(found) >= 2
+    assert statistics.median(abs(e) for e in found.values()) <= 0.10, found
+    assert max(abs(e) for e in found.values()) <= 0.20, found
+
+
+def test_weak_scaling_from_4_hosts_predicts_2_hosts():
+    """hpml-lab4-lab ran the same DDP job on 4 and on 2 of the lab's hosts: from 4, predict 2 (batch 32 per rank)."""
+    four = advise(str(REC / "hpml-lab4-lab" / "hpml-lab4-lab-4nodes.db"), "--segment", "2", "--world-sizes", "2")
+    row = next(r for r in four["predictions"] if r["strategy"] == "ddp" and r["bucket_mb"] == 25.0)
+    assert row["world_size"] == 2 and row["segment"] is None  # another world size: nothing measured in this file
+    two = measured(REC / "hpml-lab4-lab" / "hpml-lab4-lab-2nodes.db", warmup=1)[2]
+    assert row["step_s"] == pytest.approx(two, rel=0.10)
+
+
+@pytest.mark.parametrize("argv, code, words", [
+    (["--segment", "99"], 2, "no segment 99"),
+    (["--links", "10gbit"], 2, "--links needs --link"),
+    (["--buckets", "five"], 2, "--buckets"),
+    (["--world-sizes", "0"], 2, "--world-sizes"),
+    (["--link", "1gbit", "--links", "fast"], 2, "fast"),
+    (["--segment", "0"], 2, "segment 0 has no sampled collectives"),  # single: nothing to fit the link on
+])
+def test_bad_flags_are_one_line_and_exit_2(argv, code, words):
+    got, out, err = main("advise", str(REC / "cs744-lab.db"), *argv)
+    assert (got, out) == (code, "") and len(err.strip().splitlines()) == 1 and words in err, err
+
+
+def test_a_file_that_is_not_a_recording_is_one_line_and_exit_6(tmp_path):
+    bad = tmp_path / "bad.db"
+    bad.write_text("not sqlite")
+    got, out, err = main("advise", str(bad))
+    assert (got, out) == (6, "") and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_recording_without_its_run_started_event_is_one_line_and_exit_6(tmp_path):
+    copy = tmp_path / "cut.db"
+    copy.write_bytes((REC / "whatif-lab.db").read_bytes())
+    with sqlite3.connect(copy) as con:
+        con.execute("DELETE FROM events WHERE kind = 'run_started'")
+    got, out, err = main("advise", str(copy))
+    assert (got, out) == (6, "") and len(err.strip().splitlines()) == 1 and "no parameter layout" in err, err
