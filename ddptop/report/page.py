@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ddptop import metrics
+from ddptop.metrics import stragglers
 from ddptop.report import markdown, reference
 from ddptop.report.analysis import Scaling, SegmentStats
 from ddptop.report.runs import RunData
@@ -73,6 +74,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
             blocks.append(("h3", run.name))
         blocks.append(("list", run_lines(run, kept, reasons, out)))
     blocks += [("h2", "Per segment"), markdown.segment_table(stats), ("p", TABLE_NOTE)]
+    blocks += straggler_blocks(runs)
     gpu = markdown.gpu_table(stats)
     if gpu:
         blocks += [("h2", "GPU memory and utilization per configuration"), gpu,
@@ -93,6 +95,24 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks += [("h2", "Glossary"), ("table", ["term", "unit", "meaning"],
                                     [[k, u or "–", d] for k, (u, d) in metrics.GLOSSARY.items()])]
     return blocks
+
+
+def straggler_blocks(runs: list[RunData]) -> list[tuple]:
+    """Which rank the others waited for at the collectives, per segment (metrics.stragglers; README: Stragglers)."""
+    rows = [[markdown.untrusted(run.name), "whole run" if key is None else str(key), verdict.describe()]
+            for run in runs if run.world_size > 1 for key, verdict in run.stragglers.items()]
+    if not rows:
+        return []
+    return [("h2", "Stragglers"), ("table", ["run", "segment", "arrivals at the collectives"], rows),
+            ("p", STRAGGLER_NOTE)]
+
+
+STRAGGLER_NOTE = ("On the sampled steps each rank stamps its arrival at every collective (the moment it calls it); "
+                  "the ranks' clocks are aligned to rank 0's by a ping-pong over the process group at the run's "
+                  "start and end (±rtt/2, drift between the two). A rank is named when it arrived last at "
+                  f"≥{stragglers.SHARE:.0%} of at least {stragglers.MIN_COLLECTIVES} collectives that every rank "
+                  f"recorded, at more than half of them by more than {stragglers.NOISE_S * 1000:g} ms plus the "
+                  "clocks' uncertainty. Transfer: the last arriving rank's own time in the collective.")
 
 
 def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scaling]) -> list[tuple]:

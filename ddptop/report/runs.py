@@ -56,6 +56,7 @@ class RunData:
     param_bytes: int = 0
     steps_per_epoch: int = 0
     epoch_images: int = 0
+    stragglers: dict = field(default_factory=dict)  # segment (None: the whole run) → metrics.stragglers.Stragglers
 
     @property
     def name(self) -> str:
@@ -66,7 +67,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
     """One recording, its steps streamed (memory: the segments' sums and the run's other events, never every step:
     a file of 10^6 steps reports in under 200 MB, see README's Recordings)."""
     from ddptop.record.info import note_incomplete
-    from ddptop.record.info import verdict
+    from ddptop.record.info import stragglers, verdict
     from ddptop.record.reader import DAMAGE, Recording, damaged
 
     with Recording.open(path) as rec:
@@ -90,6 +91,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
             raise RecordingError(f"{path} cannot be reported on: "
                                  f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
         points = _points(rec.step_losses(), steps) if stats else []
+        late = stragglers(rec)
         left_out = rec.left_out_line()  # once every row was read
         if left_out:
             print(f"ddptop report: {path}: {left_out}", file=sys.stderr)
@@ -108,7 +110,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         warnings=[f"**Incomplete:** {untrusted(reason)}" for reason in incomplete] + _warnings(events),
         pauses=_pauses(events, start + duration),
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
-        epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0)
+        epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0, stragglers=late)
 
 
 def _slim(event):
