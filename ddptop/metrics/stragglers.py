@@ -18,11 +18,10 @@ from ddptop.events import ClockSync, StepSpans
 
 # The rule that names a straggler. A rank is named when it arrived last at ≥ SHARE of the collectives that every
 # rank recorded (with 3 ranks chance makes any one last at 1/3, with 2 at 1/2), at least MIN_COLLECTIVES of them,
-# and the median of its lead over the first arrival at those collectives exceeds NOISE_S plus the clocks' combined
-# uncertainty (±rtt/2 of each of the two ranks compared). NOISE_S: healthy 3-rank tiny runs on this 2-core machine
-# (ranks oversubscribed, README: Stragglers) spread their arrivals by a median 0.1-0.6 ms; a scheduler's time slice
-# (CFS: 0.75-3 ms) is the jitter one runnable rank waits for, so 2 ms keeps noise unnamed and a real straggler,
-# tens of ms late, named.
+# and at more than half of those (its median) by a lead over the next-to-last arrival above NOISE_S plus the two
+# clocks' uncertainty (±rtt/2 of each). NOISE_S: on this 2-core machine healthy 3-rank tiny runs lead by a median
+# 0.4 ms (README: Stragglers); a scheduler's time slice (CFS: 0.75-3 ms) is the jitter one runnable rank waits for;
+# 2 ms keeps that noise unnamed and names a straggler tens of ms late.
 SHARE = 2 / 3
 MIN_COLLECTIVES = 4
 NOISE_S = 0.002
@@ -82,8 +81,12 @@ class Collective:
         return max(self.arrivals, key=lambda r: (self.arrivals[r], r))
 
     @property
-    def spread_s(self) -> float:
-        return max(self.arrivals.values()) - min(self.arrivals.values())
+    def lead_s(self) -> float:
+        """How long the last rank kept the others waiting: its arrival − the next-to-last one's (with 2 ranks, the
+        first's). The first arrival would add its own earliness: under load one rank's backward ends tens of ms
+        before the others', and that is no straggler's doing."""
+        first_to_last = sorted(self.arrivals.values())
+        return first_to_last[-1] - first_to_last[-2]
 
     def waiting_s(self, rank: int) -> float:
         return max(self.arrivals.values()) - self.arrivals[rank]
@@ -119,7 +122,7 @@ class Stragglers:
     rank: int | None = None
     candidate: int | None = None  # the rank most often last, named or not
     share: float = 0.0  # of the collectives the candidate arrived last at
-    late_s: float = 0.0  # mean lead of the candidate over the first arrival where it was last
+    late_s: float = 0.0  # mean lead of the candidate over the next-to-last arrival where it was last
     clear: bool = False  # its median lead is over the margin (more than half of those leads are)
     transfer_s: float = 0.0  # mean over all collectives
     waiting_s: dict[int, float] = field(default_factory=dict)  # mean per rank
@@ -139,11 +142,11 @@ class Stragglers:
                        f"{self.candidate} most often, {self.share:.0%})")
             else:
                 why = (f"rank {self.candidate} arrived last at {self.share:.0%} of {self.collectives} collectives, "
-                       f"{_ms(self.late_s)} after the first on average, but mostly within the {_ms(self.margin_s)} "
+                       f"{_ms(self.late_s)} after the rest on average, but mostly within the {_ms(self.margin_s)} "
                        "of noise and clocks")
             return f"no straggler: {why}; transfer {_ms(self.transfer_s)} ({clock})"
         return (f"rank {self.rank} arrived last at {self.share:.0%} of {self.collectives} collectives, "
-                f"{_ms(self.late_s)} after the first on average; transfer {_ms(self.transfer_s)} ({clock})")
+                f"{_ms(self.late_s)} after the rest on average; transfer {_ms(self.transfer_s)} ({clock})")
 
 
 class Tally:
@@ -164,7 +167,7 @@ class Tally:
         return NOISE_S + self.clocks.get(rank, RankClock()).uncertainty_s + self.uncertainty
 
     def add(self, c: Collective) -> None:
-        last, lead = c.last, c.spread_s
+        last, lead = c.last, c.lead_s
         self.n += 1
         self.transfer += c.transfer_s
         self.last[last] = self.last.get(last, 0) + 1

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 # 16 round trips per rank after one unmeasured (it waits for the peer to get here): on loopback gloo one takes
-# ~0.15-0.3 ms, so the exchange costs a few ms per rank, and on a loaded machine (2 cores, 3 ranks) the shortest of 16
-# is rarely one a scheduler hiccup stretched to ms (that would widen the ±rtt/2 the estimate states)
+# ~0.15-0.3 ms, so the exchange costs a few ms per rank, and on a loaded machine (2 cores, 3 ranks) the shortest
+# of 16 is rarely one a scheduler hiccup stretched to ms (that would widen the ±rtt/2 the estimate states)
 ROUNDS = 16
 
 

@@ -1,4 +1,4 @@
-"""Test-only hooks from DDPTOP_TEST_RANK: one rank made a straggler, one rank's clock set off (like DDPTOP_TEST_MODEL)."""
+"""Test-only hooks from DDPTOP_TEST_RANK (like DDPTOP_TEST_MODEL): a straggling rank, a rank whose clock is off."""
 
 from __future__ import annotations
 
