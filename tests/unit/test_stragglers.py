@@ -73,3 +73,17 @@ def test_a_collective_some_rank_never_reported_compares_nothing():
     verdicts = analyse(spans, [], 3)
     assert verdicts[None].collectives == 9 and verdicts[0].rank == 2
     assert analyse(spans, [], 1) == {None: analyse([], [], 1)[None]}  # one rank: nothing to compare
+
+
+def test_the_overview_names_a_straggler_of_the_segment_in_force_and_nothing_else():
+    from ddptop.events import RunStarted
+    from ddptop.state.session import SessionState
+    from ddptop.tui.render.overview import warnings
+
+    state = SessionState()
+    state.apply(RunStarted("tiny", "synthetic", 3, "allreduce", 25.0, False, 16, 0.1, 250, 1000, 4, (), 20, T0))
+    state.apply_all(steps({0: 0.001, 1: 0.002}))  # ~noise: nothing to say
+    assert state.snapshot().straggler == "" and warnings(state.snapshot()) == []
+    state.apply_all(steps({2: 0.030}))  # the same steps again, rank 2 now 30 ms late
+    shown = " ".join(t.plain for t in warnings(state.snapshot()))
+    assert shown.startswith("straggler: rank 2 arrived last at 100% of 12 collectives, 30.0 ms after the rest")
