@@ -19,9 +19,10 @@ from ddptop.events import ClockSync, StepSpans
 # The rule that names a straggler. A rank is named when it arrived last at ≥ SHARE of the collectives that every
 # rank recorded (with 3 ranks chance makes any one last at 1/3, with 2 at 1/2), at least MIN_COLLECTIVES of them,
 # and at more than half of those (its median) by a lead over the next-to-last arrival above NOISE_S plus the two
-# clocks' uncertainty (±rtt/2 of each). NOISE_S: on this 2-core machine healthy 3-rank tiny runs lead by a median
-# 0.4 ms (README: Stragglers); a scheduler's time slice (CFS: 0.75-3 ms) is the jitter one runnable rank waits for;
-# 2 ms keeps that noise unnamed and names a straggler tens of ms late.
+# clocks' uncertainty (±rtt/2 of each). NOISE_S: on this 2-core machine, healthy 3-rank tiny runs lead by a median
+# 0.3-0.9 ms (90th percentile 1.6-5.8 ms at a load average of 20+; README: Stragglers), a scheduler's time slice
+# (CFS: 0.75-3 ms) being the jitter one runnable rank waits for; a median over 2 ms keeps that noise unnamed and
+# names a straggler tens of ms late.
 SHARE = 2 / 3
 MIN_COLLECTIVES = 4
 NOISE_S = 0.002
