@@ -11,6 +11,7 @@ its wall clock (StepSpans.t0) plus the span's start, and ClockSync's ping-pong g
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
@@ -62,6 +63,7 @@ def clocks(syncs: Iterable[ClockSync]) -> dict[int, RankClock]:
         if rank in later and end.t > first.t:
             offset_end, rtt_end = later[rank]
             drift = (offset_end - offset) / (end.t - first.t)
+            drift = drift if math.isfinite(drift) else 0.0  # ends a hair apart in a file someone wrote
             uncertainty = max(uncertainty, abs(rtt_end) / 2)
         out[rank] = RankClock(offset, uncertainty, drift, first.t)
     return out
