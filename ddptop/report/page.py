@@ -99,7 +99,11 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
 
 def straggler_blocks(runs: list[RunData]) -> list[tuple]:
     """Which rank the others waited for at the collectives, per segment (metrics.stragglers; README: Stragglers)."""
-    rows = [[markdown.untrusted(run.name), "whole run" if key is None else str(key), verdict.describe()]
+    def segment(run: RunData, key: int | None) -> str:
+        configs = {s.index: s.config.describe() for s in run.segments}
+        return "whole run" if key is None else f"{key} {markdown.untrusted(configs.get(key, ''))}".strip()
+
+    rows = [[markdown.untrusted(run.name), segment(run, key), verdict.describe()]
             for run in runs if run.world_size > 1 for key, verdict in run.stragglers.items()]
     if not rows:
         return []
