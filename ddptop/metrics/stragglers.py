@@ -18,14 +18,15 @@ from typing import Iterable, Iterator
 from ddptop.events import ClockSync, StepSpans
 
 # The rule that names a straggler. A rank is named when it arrived last at ≥ SHARE of the collectives that every
-# rank recorded (with 3 ranks chance makes any one last at 1/3, with 2 at 1/2), at least MIN_COLLECTIVES of them,
-# and at more than half of those (its median) by a lead over the next-to-last arrival above NOISE_S plus the two
-# clocks' uncertainty (±rtt/2 of each). NOISE_S: on this 2-core machine, healthy 3-rank tiny runs lead by a median
-# 0.3-0.9 ms (90th percentile 1.6-5.8 ms at a load average of 20+; README: Stragglers), a scheduler's time slice
-# (CFS: 0.75-3 ms) being the jitter one runnable rank waits for; a median over 2 ms keeps that noise unnamed and
-# names a straggler tens of ms late.
+# rank recorded (with 3 ranks chance makes any one last at 1/3, with 2 at 1/2), at least MIN_COLLECTIVES of them
+# from MIN_STEPS sampled steps, and at more than half of those (its median) by a lead over the next-to-last arrival
+# above NOISE_S plus the two clocks' uncertainty (±rtt/2 of each). NOISE_S: on this 2-core machine, healthy 3-rank
+# tiny runs lead by a median 0.3-0.9 ms (90th percentile 1.6-5.8 ms at a load average of 20+; README: Stragglers), a
+# scheduler's time slice (CFS: 0.75-3 ms) being the jitter one runnable rank waits for; a median over 2 ms keeps that
+# noise unnamed and names a straggler tens of ms late.
 SHARE = 2 / 3
-MIN_COLLECTIVES = 4
+MIN_COLLECTIVES = 8  # the shipped lab reports' DDP segments, 2 sampled steps of 2-3 buckets, named a rank at 4-6
+MIN_STEPS = 3  # a step's collectives share its backward pass: its 34 async all-reduces are one piece of evidence
 NOISE_S = 0.002
 
 
@@ -122,6 +123,7 @@ class Stragglers:
     """The verdict over some collectives: `rank` is None when none is consistently last by a margin."""
 
     collectives: int = 0
+    steps: int = 0  # sampled steps they came from
     rank: int | None = None
     candidate: int | None = None  # the rank most often last, named or not
     share: float = 0.0  # of the collectives the candidate arrived last at
@@ -131,15 +133,18 @@ class Stragglers:
     waiting_s: dict[int, float] = field(default_factory=dict)  # mean per rank
     margin_s: float = NOISE_S
     uncertainty_s: float = 0.0  # the largest ±rtt/2 of any rank's clock
+    aligned: bool = True  # False: no ping-pong recorded (older recordings), the ranks' clocks taken as one
 
     def describe(self) -> str:
         """One line for info, the report and the screen."""
         if not self.collectives:
             return "no collective recorded by every rank (spans are sampled with --probes all on several ranks)"
-        clock = f"clocks aligned ±{_ms(self.uncertainty_s)}"
+        clock = (f"clocks aligned ±{_ms(self.uncertainty_s)}" if self.aligned
+                 else "clocks not aligned: no ping-pong recorded")
         if self.rank is None:
-            if self.collectives < MIN_COLLECTIVES:
-                why = f"only {self.collectives} collectives recorded by every rank (<{MIN_COLLECTIVES})"
+            if self.collectives < MIN_COLLECTIVES or self.steps < MIN_STEPS:
+                why = (f"{self.collectives} collectives from {self.steps} sampled steps recorded by every rank "
+                       f"({MIN_COLLECTIVES} from {MIN_STEPS} needed)")
             elif self.share < SHARE:
                 why = (f"no rank arrived last at ≥{SHARE:.0%} of {self.collectives} collectives (rank "
                        f"{self.candidate} most often, {self.share:.0%})")
@@ -159,6 +164,7 @@ class Tally:
         self.clocks = rank_clocks
         self.uncertainty = max((c.uncertainty_s for c in rank_clocks.values()), default=0.0)
         self.n = 0
+        self.steps: set[tuple[int, int]] = set()
         self.transfer = 0.0
         self.last: dict[int, int] = {}
         self.lead: dict[int, float] = {}
@@ -172,6 +178,7 @@ class Tally:
     def add(self, c: Collective) -> None:
         last, lead = c.last, c.lead_s
         self.n += 1
+        self.steps.add((c.segment, c.step))
         self.transfer += c.transfer_s
         self.last[last] = self.last.get(last, 0) + 1
         self.lead[last] = self.lead.get(last, 0.0) + lead
@@ -188,10 +195,11 @@ class Tally:
         count = self.last[candidate]
         share = count / self.n
         clear = self.clear[candidate] > count / 2
-        named = self.n >= MIN_COLLECTIVES and share >= SHARE and clear
-        return Stragglers(self.n, candidate if named else None, candidate, share, self.lead[candidate] / count,
+        named = self.n >= MIN_COLLECTIVES and len(self.steps) >= MIN_STEPS and share >= SHARE and clear
+        return Stragglers(self.n, len(self.steps), candidate if named else None, candidate, share,
+                          self.lead[candidate] / count,
                           clear, self.transfer / self.n, {r: w / self.n for r, w in sorted(self.waiting.items())},
-                          self.margin(candidate), self.uncertainty)
+                          self.margin(candidate), self.uncertainty, bool(self.clocks))
 
 
 def analyse(spans: Iterable[StepSpans], syncs: Iterable[ClockSync], world_size: int) -> dict[int | None, Stragglers]:

@@ -114,9 +114,10 @@ def straggler_blocks(runs: list[RunData]) -> list[tuple]:
 STRAGGLER_NOTE = ("On the sampled steps each rank stamps its arrival at every collective (the moment it calls it); "
                   "the ranks' clocks are aligned to rank 0's by a ping-pong over the process group at the run's "
                   "start and end (±rtt/2, drift between the two). A rank is named when it arrived last at "
-                  f"≥{stragglers.SHARE:.0%} of at least {stragglers.MIN_COLLECTIVES} collectives that every rank "
-                  f"recorded, at more than half of them by more than {stragglers.NOISE_S * 1000:g} ms plus the "
-                  "clocks' uncertainty. Transfer: the last arriving rank's own time in the collective.")
+                  f"≥{stragglers.SHARE:.0%} of at least {stragglers.MIN_COLLECTIVES} collectives (from "
+                  f"{stragglers.MIN_STEPS} sampled steps) that every rank recorded, at more than half of them by "
+                  f"more than {stragglers.NOISE_S * 1000:g} ms plus the clocks' uncertainty. Transfer: the last "
+                  "arriving rank's own time in the collective.")
 
 
 def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scaling]) -> list[tuple]:

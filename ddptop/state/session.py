@@ -7,8 +7,8 @@ from dataclasses import replace
 from typing import Iterable, Mapping
 
 from ddptop import metrics
-from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine, ModelsDiverged,
-                           OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted,
+from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine,
+                           ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted,
                            RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap)
 from ddptop.metrics.expected import expected_bytes
 from ddptop.metrics.stragglers import analyse

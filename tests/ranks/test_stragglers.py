@@ -23,8 +23,8 @@ pytestmark = pytest.mark.alone
 
 DELAY_S, OFFSET_S = 0.040, -5.0
 # allreduce: 12 blocking collectives a step, each one met 40 ms late; ddp: the tiny model's one bucket, late by the
-# same 40 ms (the hook sleeps in the comm hook at the end of backward). 1 + 6 steps each, every step after a
-# segment's first sampled: 72 + 6 collectives.
+# same 40 ms (the hook sleeps in the comm hook at the end of backward). 1 + 8 steps each, every step after a
+# segment's first sampled: 96 + 8 collectives.
 PROFILE = """
 [run]
 model = "tiny"
@@ -34,7 +34,7 @@ span_every = 1
 
 [sweep]
 warmup = 1
-measure = 6
+measure = 8
 configs = [{ strategy = "allreduce" }, { strategy = "ddp", bucket_mb = 25 }]
 """
 
@@ -68,7 +68,7 @@ def test_the_ping_pong_recovers_each_clock_offset_within_its_stated_uncertainty(
 def test_the_straggler_is_named_with_the_injected_delay(recording, capsys):
     assert main(["info", str(recording)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("stragglers"))
-    assert line.startswith("stragglers rank 1 arrived last at ") and " of 78 collectives, " in line
+    assert line.startswith("stragglers rank 1 arrived last at ") and " of 104 collectives, " in line
     with Recording.open(str(recording)) as rec:
         verdicts = stragglers(rec)
     for segment in (0, 1):  # allreduce, ddp

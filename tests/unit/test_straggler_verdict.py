@@ -54,6 +54,9 @@ def test_nothing_is_named_within_the_noise_margin_or_below_the_share():
                                            for e in steps({2: 0.030}, 2)], [], 3)[None]
     assert half.rank is None and half.share == 0.5 and "no rank arrived last at ≥67%" in half.describe()
     assert analyse(steps({2: 0.030}, n_steps=1), [], 3)[None].rank is None  # 3 collectives: too few to tell
+    # 12 collectives, but from 2 steps: a step's collectives share its backward pass, 2 pieces of evidence
+    two = analyse(steps({2: 0.030}, n_steps=2, names=[f"allreduce {k}" for k in range(6)]), [], 3)[None]
+    assert two.rank is None and two.collectives == 12 and "from 2 sampled steps" in two.describe()
 
 
 def test_the_clock_offset_and_its_drift_are_taken_out():
