@@ -432,7 +432,8 @@ class EventsRefused(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
                               ConfigApplied, ControlRefused, RankLost, RunState, RankBack, TelemetryGap,
-                              RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory, EventsRefused, ClockSync)
+                              RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory, EventsRefused,
+                              ClockSync)
 }
 
 
