@@ -264,6 +264,18 @@ class LogLine(Event):
         return "ddptop" if self.rank == FRONT else f"rank {self.rank}"
 
 
+@dataclass(frozen=True)
+class ClockSync(Event):
+    """Rank 0's ping-pong with every rank over the process group, at the run's start and end: each rank's wall clock
+    minus rank 0's, from the exchange with the shortest round trip, true within ±rtt/2 (metrics.stragglers)."""
+
+    kind: ClassVar[str] = "clock_sync"
+    rank: int  # the rank that measured: 0
+    at: str  # "start" or "end"
+    t: float  # rank 0's wall clock when it measured
+    peers: tuple[tuple[int, float, float], ...]  # (rank, offset_s, rtt_s) for every rank, rank 0's own (0, 0, 0)
+
+
 # -- control events -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -420,7 +432,8 @@ class EventsRefused(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
                               ConfigApplied, ControlRefused, RankLost, RunState, RankBack, TelemetryGap,
-                              RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory, EventsRefused)
+                              RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory, EventsRefused,
+                              ClockSync)
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ class CommRecorder:
     The time spent here is ddptop's own cost and goes to `own` (a step probe shares its OwnTime)."""
 
     enabled = True
+    delay_s = 0.0  # the test hook's straggle (probes.hooks): slept before each arrival
 
     def __init__(self, clock: Any = None, own: OwnTime | None = None):
         self.clock = clock or CpuClock()
@@ -38,6 +40,13 @@ class CommRecorder:
 
     def now(self) -> Any:
         return self.clock.now()
+
+    def arrive(self) -> Any:
+        """A collective's start mark, stamped as the rank calls it: its arrival, whose spread across ranks names a
+        straggler (metrics.stragglers). Under the test hook the rank sleeps first, so it arrives that much later."""
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.now()
 
     def add(self, name: str, start: Any, end: Any, nbytes: int, tx: int, rx: int, kind: str = "comm") -> None:
         began = now()
@@ -58,6 +67,11 @@ class NullRecorder(CommRecorder):
     enabled = False
 
     def now(self) -> Any:
+        return 0.0
+
+    def arrive(self) -> Any:
+        if self.delay_s:  # the straggle is the job's, measured or not
+            time.sleep(self.delay_s)
         return 0.0
 
     def add(self, *args: Any, **kwargs: Any) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from ddptop.events import Event, Span, StepDone, StepSpans
 from ddptop.probes.clock import CpuClock
 from ddptop.probes.comm import CommMark, CommRecorder, NullRecorder
+from ddptop.probes.hooks import rank_hooks, wall_clock
 from ddptop.probes.layers import LayerProbe
 from ddptop.probes.own import OwnTime, now
 from ddptop.metrics.timeline import breakdown
@@ -71,6 +72,9 @@ class StepProbe:
         self.spans = spans and detail
         self.own = comm.own if comm is not None else OwnTime()
         self.comm = comm if comm is not None else (CommRecorder(clock, self.own) if detail else NullRecorder())
+        hooks = rank_hooks(rank)
+        self.comm.delay_s = hooks.delay_s
+        self.wall = wall_clock(hooks.clock_offset_s)  # stamps spans (t0) and answers the clock ping-pong
         self.layers: LayerProbe | None = None
         self.overlapped_backward = False  # DDP: buckets go out during backward, which waits for the last ones
         self._cur: _Step | None = None
@@ -94,7 +98,7 @@ class StepProbe:
         host = self._host(mark)
         self._close(mark, host)
         self.comm.take()  # drop anything left from an aborted step
-        self._cur = _Step(t0=mark, wall_t0=time.time(), host_t0=host)
+        self._cur = _Step(t0=mark, wall_t0=self.wall(), host_t0=host)
         self.own.since(began)
 
     def aside(self, seconds: float) -> None:

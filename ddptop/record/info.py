@@ -8,7 +8,8 @@ import sys
 from typing import Any
 
 from ddptop.metrics import table_rows, tables
-from ddptop.events import LogLine, ModelsDiverged, RunFinished
+from ddptop.metrics.stragglers import Stragglers, analyse
+from ddptop.events import ClockSync, LogLine, ModelsDiverged, RunFinished
 from ddptop.record.reader import WHOLE_STEP, Recording, damaged
 from ddptop.safe import clean
 
@@ -46,7 +47,16 @@ def summary(rec: Recording) -> dict[str, Any]:
         "errors": [_error_text(e) for e in errors],
         "finished": _finished([e for e in notable if isinstance(e, RunFinished)]),
         "warnings": [e.describe() for e in notable if isinstance(e, ModelsDiverged)],
+        "stragglers": stragglers(rec)[None].describe() if rec.world_size > 1 else "",
     }
+
+
+def stragglers(rec: Recording) -> dict[int | None, Stragglers]:
+    """The straggler verdict of the whole run (key None) and of each segment (metrics.stragglers), from the sampled
+    steps' comm spans and rank 0's clock ping-pongs (older recordings have none: their clocks are taken as one)."""
+    syncs = [e for (blob,) in rec.query("SELECT data FROM events WHERE kind = 'clock_sync' ORDER BY seq")
+             for e in [_decode(rec, blob)] if isinstance(e, ClockSync)]
+    return analyse(rec.events(tables=("spans",)), syncs, rec.world_size)  # every row: a bad one is counted
 
 
 def _dict(value: Any) -> dict:
@@ -194,6 +204,8 @@ def render(s: dict[str, Any]) -> str:
         if seg.get("switch_mb"):
             lines.append(f"  segment {seg['index']}: started at {_clock(seg['t'])}, one-off {seg['switch_mb']:.1f} MB "
                          f"broadcast from rank 0, switch took {seg['switch_s']:.2f} s")
+    if s.get("stragglers"):
+        lines.append(f"stragglers {s['stragglers']}")
     lines += [f"warning    {w}" for w in s["warnings"][:10]]
     lines += [f"error      {e}" for e in s["errors"][:10]]
     lines += [f"finished   {f}" for f in s["finished"]]

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ddptop import metrics
+from ddptop.metrics import stragglers
 from ddptop.report import hints, markdown, reference
 from ddptop.report.analysis import Scaling, SegmentStats
 from ddptop.report.runs import RunData
@@ -74,6 +75,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
         blocks.append(("list", run_lines(run, kept, reasons, out)))
     blocks += [("h2", "Per segment"), markdown.segment_table(stats), ("p", TABLE_NOTE)]
     blocks += hints.blocks(runs, shown)
+    blocks += straggler_blocks(runs)
     gpu = markdown.gpu_table(stats)
     if gpu:
         blocks += [("h2", "GPU memory and utilization per configuration"), gpu,
@@ -94,6 +96,29 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks += [("h2", "Glossary"), ("table", ["term", "unit", "meaning"],
                                     [[k, u or "–", d] for k, (u, d) in metrics.GLOSSARY.items()])]
     return blocks
+
+
+def straggler_blocks(runs: list[RunData]) -> list[tuple]:
+    """Which rank the others waited for at the collectives, per segment (metrics.stragglers; README: Stragglers)."""
+    def segment(run: RunData, key: int | None) -> str:
+        configs = {s.index: s.config.describe() for s in run.segments}
+        return "whole run" if key is None else f"{key} {markdown.untrusted(configs.get(key, ''))}".strip()
+
+    rows = [[markdown.untrusted(run.name), segment(run, key), verdict.describe()]
+            for run in runs if run.world_size > 1 for key, verdict in run.stragglers.items()]
+    if not rows:
+        return []
+    return [("h2", "Stragglers"), ("table", ["run", "segment", "arrivals at the collectives"], rows),
+            ("p", STRAGGLER_NOTE)]
+
+
+STRAGGLER_NOTE = ("On the sampled steps each rank stamps its arrival at every collective (the moment it calls it); "
+                  "the ranks' clocks are aligned to rank 0's by a ping-pong over the process group at the run's "
+                  "start and end (±rtt/2, drift between the two). A rank is named when it arrived last at "
+                  f"≥{stragglers.SHARE:.0%} of at least {stragglers.MIN_COLLECTIVES} collectives (from "
+                  f"{stragglers.MIN_STEPS} sampled steps) that every rank recorded, at more than half of them by "
+                  f"more than {stragglers.NOISE_S * 1000:g} ms plus the clocks' uncertainty. Transfer: the last "
+                  "arriving rank's own time in the collective.")
 
 
 def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scaling]) -> list[tuple]:

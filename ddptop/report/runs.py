@@ -58,6 +58,7 @@ class RunData:
     epoch_images: int = 0
     layers: tuple = ()  # ((layer name, parameter count), ...) from RunStarted: DDP's bucket layout (hints)
     link: dict = field(default_factory=dict)  # the lab's link rate, where the recording has it (meta "link")
+    stragglers: dict = field(default_factory=dict)  # segment (None: the whole run) → metrics.stragglers.Stragglers
 
     @property
     def name(self) -> str:
@@ -68,7 +69,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
     """One recording, its steps streamed (memory: the segments' sums and the run's other events, never every step:
     a file of 10^6 steps reports in under 200 MB, see README's Recordings)."""
     from ddptop.record.info import note_incomplete
-    from ddptop.record.info import verdict
+    from ddptop.record.info import stragglers, verdict
     from ddptop.record.reader import DAMAGE, Recording, damaged
 
     with Recording.open(path) as rec:
@@ -92,6 +93,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
             raise RecordingError(f"{path} cannot be reported on: "
                                  f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
         points = _points(rec.step_losses(), steps) if stats else []
+        late = stragglers(rec)
         left_out = rec.left_out_line()  # once every row was read
         if left_out:
             print(f"ddptop report: {path}: {left_out}", file=sys.stderr)
@@ -111,7 +113,8 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         pauses=_pauses(events, start + duration),
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
         epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0,
-        layers=started.layers if started else (), link=meta.get("link") if isinstance(meta.get("link"), dict) else {})
+        layers=started.layers if started else (), link=meta.get("link") if isinstance(meta.get("link"), dict) else {},
+        stragglers=late)
 
 
 def _slim(event):

@@ -7,10 +7,11 @@ from dataclasses import replace
 from typing import Iterable, Mapping
 
 from ddptop import metrics
-from ddptop.events import (ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine, ModelsDiverged,
-                           OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted,
+from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine,
+                           ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted,
                            RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap)
 from ddptop.metrics.expected import expected_bytes
+from ddptop.metrics.stragglers import analyse
 from ddptop.state.nodes import NodeTracker
 from ddptop.state.notices import notice
 from ddptop.state.snapshot import RECENT_STEPS, Snapshot  # noqa: F401  (Snapshot is the public result)
@@ -46,6 +47,8 @@ class SessionState:
         self.table = metrics.SegmentTable()
         self.diverged: list[ModelsDiverged] = []
         self.refused = 0  # events refused at the door (EventsRefused): counted, never applied
+        self.clock_syncs: list[ClockSync] = []  # rank 0's ping-pongs: the first (start) and the latest
+        self._straggler: str | None = ""  # None: spans or clocks changed since it was found
         self._snapshot: Snapshot | None = None
         self._handlers = {RankJoined: self._joined, RunStarted: self._started, StepDone: self._step,
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
@@ -53,7 +56,7 @@ class SessionState:
                           RankLost: self._lost, RunState: self._run_state, LogLine: self._notice,
                           ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._notice,
                           RecorderFailed: self._notice, StoreFlooded: self._notice,
-                          OutOfMemory: self._notice, EventsRefused: self._events_refused}
+                          OutOfMemory: self._notice, EventsRefused: self._events_refused, ClockSync: self._clocks}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -93,6 +96,11 @@ class SessionState:
         self.spans[(e.rank, e.step)] = e
         while len(self.spans) > SPAN_STEPS:
             self.spans.popitem(last=False)
+        self._straggler = None
+
+    def _clocks(self, e: ClockSync) -> None:
+        self.clock_syncs = self.clock_syncs[:1] + [e]
+        self._straggler = None
 
     def _system(self, e: SystemSample) -> None:
         self._set(e.rank, system=e, host=e.host if self._rank(e.rank).host == "?" else self._rank(e.rank).host)
@@ -184,8 +192,17 @@ class SessionState:
             util={r: UtilView(r, **{k: tuple(v) for k, v in h.items()}) for r, h in sorted(self.util.items())},
             notices=tuple(self.notices), paused=self.paused, t=self.t,
             segment_figures=tuple(self.table.segments()), diverged=tuple(self.diverged),
-            samples={r: tuple(d) for r, d in sorted(self.samples.items())})
+            samples={r: tuple(d) for r, d in sorted(self.samples.items())}, straggler=self._straggler_line())
         return self._snapshot
+
+    def _straggler_line(self) -> str:
+        """metrics.stragglers over the kept sampled steps of the segment in force, when it names a rank ('' else)."""
+        if self._straggler is None:
+            segment = max(self.segments, default=0)
+            spans = [e for e in self.spans.values() if e.segment == segment]
+            verdict = analyse(spans, self.clock_syncs, self.run.world_size if self.run else len(self.ranks))[None]
+            self._straggler = verdict.describe() if verdict.rank is not None else ""
+        return self._straggler
 
     def _current_config(self) -> Mapping:
         if self.segments:

@@ -33,6 +33,7 @@ class Snapshot:
     segment_figures: tuple[SegmentFigures, ...] = ()  # the per-segment table (ddptop.metrics), all steps so far
     diverged: tuple[ModelsDiverged, ...] = ()  # points where ranks that must hold one model did not
     samples: Mapping[int, tuple[SystemSample, ...]] = field(default_factory=dict)  # recent, per rank
+    straggler: str = ""  # metrics.stragglers' line over the recent sampled steps, when it names a rank
 
     @property
     def config(self) -> Mapping:

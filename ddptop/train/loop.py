@@ -16,7 +16,8 @@ from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.agent import Decision
 from ddptop.events import ConfigApplied
 from ddptop.errors import UsageError
-from ddptop.events import EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
+from ddptop.events import ClockSync, EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
+from ddptop.probes.clocksync import ping_pong
 from ddptop.probes.own import now
 from ddptop.train.data import SlowItems, build_datasets, make_loader
 from ddptop.train.devices import check_strategy, loader_workers
@@ -123,6 +124,7 @@ class Trainer:
         self.start_segment(Decision(0, self.cfg.first_sync, "start"))
         if self.rank == 0:
             self.emit(self._run_started())
+        self._sync_clocks("start", agent)
         criterion = nn.CrossEntropyLoss()
         total = self.total_steps()
         self._evaluated_at = -1
@@ -138,10 +140,21 @@ class Trainer:
             elif not self._trial_step(inputs, labels, criterion, agent):
                 break
         probe.close()  # waits for the device once, so the last step's marks can be read
+        self._sync_clocks("end", agent)  # every rank leaves the loop at the same step (a stop is broadcast)
         if self.cfg.eval and self.stop_reason == "done" and self._evaluated_at != self.step:
             self._evaluate(criterion)
         self._finish()
         return self.step
+
+    def _sync_clocks(self, at: str, agent) -> None:
+        """Rank 0 reports every rank's wall clock against its own (probes.clocksync), at the run's start and end:
+        the straggler analysis aligns the ranks' span times with it. It runs outside every step (a few ms)."""
+        group = getattr(agent, "group", None)
+        if group is None or self.world_size < 2 or not getattr(self.probe, "detail", False):
+            return
+        peers = ping_pong(group, self.rank, self.world_size, self.probe.wall)
+        if self.rank == 0:
+            self.emit(ClockSync(0, at, self.probe.wall(), peers))
 
     def _boundary(self, agent) -> bool:
         """The step boundary: a sweep's switch, then the control exchange (ddptop's cost; a pause is set aside).

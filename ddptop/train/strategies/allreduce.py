@@ -23,7 +23,7 @@ class AllReduce(Strategy):
         for name, param in self.named_params:
             grad = param.grad
             size = grad.numel() * grad.element_size()
-            start = self.comm.now()
+            start = self.comm.arrive()
             if self.sync.async_op:
                 handle = dist.all_reduce(grad, op=dist.ReduceOp.SUM, async_op=True)
                 self._pending.append((name, grad, size, start, handle))

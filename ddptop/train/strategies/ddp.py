@@ -39,7 +39,7 @@ class DDP(Strategy):
             if grad is None:  # unused by forward: the same parameters on every rank (one model)
                 continue
             size = grad.numel() * grad.element_size()
-            start = self.comm.now()
+            start = self.comm.arrive()
             dist.all_reduce(grad, op=dist.ReduceOp.SUM)
             grad.div_(n)
             self.comm.add(f"allreduce {name}", start, self.comm.now(), size, *wire.ring_allreduce(size, n))
@@ -55,8 +55,8 @@ def _timed_allreduce(strategy: DDP, bucket):
     buffer = bucket.buffer()
     size = buffer.numel() * buffer.element_size()
     index = bucket.index()
-    start = comm.now()
     comm.own.since(began)  # the hook's own Python runs on the training path: ddptop's cost, not DDP's
+    start = comm.arrive()
     future = default_hooks.allreduce_hook(None, bucket)
     began = now()
 

@@ -21,7 +21,7 @@ class GatherScatter(Strategy):
             grad = param.grad
             size = grad.numel() * grad.element_size()
             gathered = [torch.empty_like(grad) for _ in range(n)] if root else None
-            start = self.comm.now()
+            start = self.comm.arrive()
             dist.gather(grad, gather_list=gathered, dst=0)
             mid = self.comm.now()
             self.comm.add(f"gather {name}", start, mid, size, *wire.gather(size, n, root))
@@ -29,6 +29,6 @@ class GatherScatter(Strategy):
             if root:
                 mean = torch.stack(gathered).mean(dim=0)
                 chunks = [mean] * n
-            start = self.comm.now()
+            start = self.comm.arrive()
             dist.scatter(grad, scatter_list=chunks, src=0)
             self.comm.add(f"scatter {name}", start, self.comm.now(), size, *wire.scatter(size, n, root))

@@ -74,11 +74,13 @@ def short_note(snap: Snapshot) -> str:
 
 
 def warnings(snap: Snapshot) -> list[Text]:
-    """What must never scroll out of sight: models that diverged, ranks lost."""
+    """What must never scroll out of sight: models that diverged, ranks lost, a straggler."""
     out = [Text(f"⚠ {safe(d.describe())}", style=f"bold {VERMILLION}") for d in snap.diverged[-2:]]
     lost = [r.rank for r in snap.ranks if r.state == "lost"]
     if lost:
         out.append(Text(f"⚠ rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} lost", style=f"bold {VERMILLION}"))
+    if snap.straggler:  # README: Stragglers
+        out.append(Text(f"straggler: {safe(snap.straggler)}", style=f"bold {ORANGE}"))
     return out
 
 
