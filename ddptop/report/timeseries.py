@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddptop.metrics.learning import first_flag
 from ddptop.report import plot
 from ddptop.report.analysis import SegmentStats
 from ddptop.report.readings import LOOPBACK
@@ -68,6 +69,9 @@ def _loss_finding(run: RunData, stats: list[SegmentStats], names: list[str]) -> 
         text += f"; it fell most during {best[1]} ({best[0]:.3g})"
     if run.evals:
         text += "; test accuracy " + ", ".join(f"{100 * acc:.0f}% at step {step}" for step, acc, _ in run.evals[:6])
+    flagged = first_flag([(p.step, p.loss) for p in points])
+    if flagged:
+        text += f". Flagged at step {flagged[0] + 1}: the {flagged[1]}"
     return text + "."
 
 
