@@ -82,3 +82,20 @@ def test_a_bucket_sweep_that_changes_nothing_is_recognized_on_the_real_models():
     assert "the same 1 bucket" in same_layout(tiny, 4, [5, 10, 25, 50])
     assert same_layout(vgg, 4, [5, 10, 25, 50]) is None
     assert same_layout(tiny, 4, [25]) is None  # one size is no sweep
+
+
+def _apart(a: list[float], b: list[float]) -> bool:
+    """Two boxes (x0, y0, x1, y1, figure pixels, as matplotlib drew them) that do not intersect."""
+    return a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+
+
+def test_figures_keep_their_labels_clear_and_footnotes_only_for_what_is_drawn(report):
+    _, figures = report
+    legends = [a["legend_box"] for a in figures["system"]["axes"] if a["legend_box"]]
+    assert len(legends) >= 3 and all(_apart(a, b) for i, a in enumerate(legends) for b in legends[i + 1:]), legends
+    upper, lower = figures["breakdown"]["axes"]
+    assert _apart(lower["ylabel_box"], upper["xticklabels_box"]), (lower["ylabel_box"], upper["xticklabels_box"])
+    nic = figures["bytes_per_step"]["axes"][1]
+    drawn = [h for bars in nic["bars"] for h in bars["height"]]
+    assert all(h == h for h in drawn)  # every interface counted every segment: no n/a bar ...
+    assert not any(n.startswith("n/a") for n in figures["bytes_per_step"]["notes"])  # ... so no n/a footnote
