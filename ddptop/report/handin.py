@@ -25,13 +25,18 @@ PARTS = {
 }
 
 
-def blocks(run: RunData, stats: list[SegmentStats]) -> list[tuple]:
-    """The hand-in section for one run, or nothing when its profile is not a CS744 one."""
+def blocks(run: RunData, stats: list[SegmentStats], compared: bool = True) -> list[tuple]:
+    """The hand-in section for one run, or nothing when its profile is not a CS744 one. `compared`: the page has
+    the run's *Beside the published figures* (else its times are in the *Per segment* table)."""
     if not str(run.provenance.get("profile") or "").startswith("cs744"):
         return []
     rows = []
     for strategy, (part, asks, where) in PARTS.items():
         mine = [s for s in stats if s.config.strategy == strategy]
+        if not compared:
+            where = where.replace("*Beside the published figures* (speedups over part 1, the order), figures "
+                                  "*Beside the published figures* and", "*Per segment*, figure")
+            where = where.replace("*Beside the published figures*", "*Per segment*")
         if mine:
             rows.append([part, asks, ", ".join(str(s.index) for s in mine), where])
     if not rows:

@@ -74,7 +74,8 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
         if several:
             blocks.append(("h3", run.name))
         blocks.append(("list", run_lines(run, kept, reasons, out)))
-    blocks += [b for run, kept in zip(runs, shown) for b in handin.blocks(run, kept)]
+    blocks += [b for run, kept in zip(runs, shown)
+               for b in handin.blocks(run, kept, any(c.run == run.name for c in compared or []))]
     blocks += [("h2", "Per segment"), markdown.segment_table(stats), ("p", TABLE_NOTE)]
     gpu = markdown.gpu_table(stats)
     if gpu:
