@@ -11,8 +11,9 @@ from ddptop.front.headless import HeadlessPrinter
 from ddptop.metrics.learning import first_flag, loss_flag
 from ddptop.state.session import SessionState
 
-# lr 0.1, momentum 0.9, VGG-11 from scratch, batch 256, seed 14 on the synthetic set: the first 12 losses measured
-# (/tmp run of the trainer's optimizer, as in profiles/cs744-*.toml before issue 26)
+# lr 0.1, momentum 0.9, VGG-11 from scratch, batch 256, seed 14 on the synthetic set: its first 12 losses, step by
+# step (the run of benchmarks/synthetic_difficulty.py --model vgg11 --momentum 0.9 --batch-size 256 --seed 14 --lr 0.1,
+# whose first 10 average 10.58), as profiles/cs744-*.toml trained before issue 26
 DIVERGING = [2.56, 5.08, 9.94, 16.19, 17.17, 14.98, 12.98, 10.74, 8.83, 7.33, 4.01, 5.12]
 LEARNING = [2.46, 2.41, 2.52, 2.38, 2.35, 2.30, 2.28, 2.33, 2.25, 2.21, 2.24, 2.18]  # near chance, falling
 
