@@ -15,8 +15,11 @@ from ddptop.events import StepDone, decode_events
 from ddptop.errors import UsageError
 from ddptop.safe import clean_lines
 
-BATCHES = 3  # newest telemetry batches read per rank: at 4 batches/s, the last ~0.75 s (or the last few steps)
-WINDOW = 10
+WINDOW = 10  # steps per rank, the newest
+# batches read back per rank at most, newest first, until WINDOW steps are found: at 4 batches/s 3 of them hold no
+# step at all when a step takes seconds (issue 26: a lab's 2-7 s steps showed "(no recent step in the store)" for
+# ranks that were stepping); 120 batches reach 30 s back, and a fast job stops after the first few
+MAX_BATCHES = 120
 
 
 def recent_steps(store, job, world_size: int) -> dict[int, list[StepDone]]:
@@ -31,14 +34,16 @@ def recent_steps(store, job, world_size: int) -> dict[int, list[StepDone]]:
         except (ValueError, OSError):  # BadValue is a ValueError
             continue
         steps: list[StepDone] = []
-        for seq in range(max(1, head - BATCHES + 1), head + 1):
+        for seq in range(head, max(0, head - MAX_BATCHES), -1):
             try:
                 if store.check([keys.tel_batch(rank, seq)]):
                     blob = unseal(job.ranks, keys.ctx_tel(job.job_id, rank, seq), store.get(keys.tel_batch(rank, seq)),
                                   keys.MAX_BATCH_BYTES)
-                    steps += [e for e in decode_events(blob) if isinstance(e, StepDone)]
+                    steps = [e for e in decode_events(blob) if isinstance(e, StepDone)] + steps
             except (ValueError, OSError):  # BadValue and EventDecodeError are ValueErrors
                 continue
+            if len(steps) >= WINDOW:
+                break
         out[rank] = steps[-WINDOW:]
     return out
 

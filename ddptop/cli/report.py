@@ -134,6 +134,7 @@ def write(runs, shown, left_out, out: Path):
                  if m is not None]
     blocks = page.document(runs, shown, left_out, stats, made, rows, out, compared)
     (out / "report.md").write_text(markdown.render(blocks))
+    (out / "segments.csv").write_text(markdown.segment_csv(stats))
     (out / "report.html").write_text(html.render(blocks, out, blocks[0][1]))
     data = {m.name: {"title": m.title, "finding": m.finding, **m.data} for m in made}
     (out / "figures.json").write_text(json.dumps(_finite(data), indent=1, allow_nan=False) + "\n")

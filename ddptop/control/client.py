@@ -17,7 +17,7 @@ from ddptop.config import SyncConfig
 from ddptop.control import channel, keys, litestore
 from ddptop.control.auth import BadValue, JobKeys, stretch
 from ddptop.control.commands import apply_changes, make_request, open_json, who_am_i
-from ddptop.control.token import TOKEN_ENV, check_token, find_job
+from ddptop.control.token import TOKEN_ENV, check_token, find_job, last_ended_job
 from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
 
 MAX_WORLD_SIZE = 65536
@@ -32,6 +32,17 @@ class ControlError(DdptopError):
 
 class JobEnded(ControlError):
     """The job finished or was stopped while a request waited: it was never applied (exit 1, README)."""
+
+
+def _nothing_runs(master: str | None) -> str:
+    """No job runs here: say so, and how the last one that ran here ended, if one did (its front left a note)."""
+    ended = last_ended_job(master, None)
+    if ended is None:
+        return "no ddptop job runs on this machine: give --master and --port"
+    when = time.strftime("%H:%M:%S", time.localtime(ended["ended"]))
+    ago = max(0, round(time.time() - ended["ended"]))
+    return (f"the ddptop job at {ended.get('master', '?')}:{ended['port']} ended at {when} ({ago} s ago: "
+            f"{ended['how']}); no ddptop job runs on this machine now (give --master and --port for one elsewhere)")
 
 
 class ControlClient:
@@ -70,7 +81,7 @@ class ControlClient:
             raise UsageError(f"--port must be between 1 and 65535, got {port}")
         job = find_job(master if master != "localhost" else None, port)  # a job this machine started, if any
         if port is None and job is None:
-            raise RendezvousError("no ddptop job runs on this machine: give --master and --port")
+            raise RendezvousError(_nothing_runs(master if master != "localhost" else None))
         token = token or os.environ.get(TOKEN_ENV) or (job or {}).get("token")
         master = master or (job or {}).get("master", "127.0.0.1")
         port = port or job["port"]

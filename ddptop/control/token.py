@@ -6,6 +6,7 @@ import json
 import os
 import re
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ MIN_TOKEN_BYTES = 8
 STRONG_TOKEN_BYTES = 16  # a typed token shorter than this gets a warning at start (scrypt slows a guess, no more)
 MAX_TOKEN_BYTES = 1024
 MAX_JOB_FILE_BYTES = 64 * 1024
+ENDED_KEPT_S = 7 * 86400  # a note that a job ended is kept a week (one small file per job), then removed
 
 
 def jobs_dir() -> Path:
@@ -61,12 +63,51 @@ def write_job_file(master: str, port: int, token: str, world_size: int, prefix: 
     return path
 
 
-def remove_job_file(master: str, port: int) -> None:
-    """Remove this process's job file, never another job's."""
+def remove_job_file(master: str, port: int, how: str | None = None) -> None:
+    """Remove this process's job file, never another job's. With `how` (the job's end, in words) it becomes a note
+    that the job ended, without the token (nothing is left to control), so `ddptop ctl` run after the job says that
+    the job ended and how, not that no job ever ran (issue 26)."""
     path = job_file(master, port)
     job = _read(path)
-    if job is not None and job.get("pid") == os.getpid():
+    if job is None or job.get("pid") != os.getpid():
+        return
+    if how is None:
         path.unlink(missing_ok=True)
+        return
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"master": master, "port": port, "pid": os.getpid(), "ended": time.time(), "how": " ".join(how.split())[:300]}, f)
+    os.replace(partial, path)
+
+
+def last_ended_job(master: str | None, port: int | None) -> dict[str, Any] | None:
+    """The newest note of a job that ended here (at `master`/`port` when given); notes older than ENDED_KEPT_S go."""
+    newest = None
+    folder = jobs_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        note = _read_ended(path)
+        if note is None:
+            continue
+        if time.time() - note["ended"] > ENDED_KEPT_S:
+            path.unlink(missing_ok=True)
+        elif ((port is None or note["port"] == port) and (master is None or note.get("master") == master)
+              and (newest is None or note["ended"] > newest["ended"])):
+            newest = note
+    return newest
+
+
+def _read_ended(path: Path) -> dict[str, Any] | None:
+    try:
+        if path.stat().st_size > MAX_JOB_FILE_BYTES:
+            return None
+        note = json.loads(path.read_text(errors="surrogateescape"))
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(note, dict) or "token" in note or not isinstance(note.get("port"), int)
+            or not isinstance(note.get("ended"), (int, float)) or not isinstance(note.get("how"), str)):
+        return None
+    return note
 
 
 def _read(path: Path) -> dict[str, Any] | None:

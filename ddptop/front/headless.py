@@ -20,15 +20,19 @@ from ddptop.metrics.traffic import not_comparable
 MB = 1e6
 
 
-def progress_line(step: int, total: int, loss: float, recent: Figures, images_per_s: float) -> str:
-    """`step 20/196 loss 2.31 0.65 s/it 197 img/s`, then (with --probes all) the step's profile: means over the
-    steps since the last line (ddptop.metrics), rank 0's."""
-    line = f"step {step}{f'/{total}' if total else ''} loss {loss:.4f} {recent.step_s:.3f} s/it {images_per_s:.0f} img/s"
+def progress_line(step: int, total: int, loss: float, recent: Figures, job: Figures, ranks: int, segment: int) -> str:
+    """`step 20/196 loss 2.3100 (rank 0) | job: 0.650 s/it 197 img/s (segment 1, 2 ranks) | rank 0: comm …`.
+
+    Every figure is over the steps since the last line within ONE segment (a window never spans a switch) and says
+    whose it is: the job's step time is the slowest rank's and its img/s every rank's images over the slowest
+    rank's time, as in the segment table (ddptop.metrics); comm, overlap and bytes (with --probes all) are rank 0's."""
+    line = (f"step {step}{f'/{total}' if total else ''} loss {loss:.4f} (rank 0) | job: {job.step_s:.3f} s/it "
+            f"{job.images_per_s:.0f} img/s (segment {segment}, {ranks} rank{'s' if ranks != 1 else ''})")
     if recent.comm_s > 0 or recent.tx_bytes > 0:
-        line += (f" | comm {recent.share(recent.comm_s):.0%} overlap {recent.overlap:.0%} exposed "
-                 f"{recent.exposed_comm_s * 1e3:.0f} ms sent {recent.tx_bytes / MB:.1f} MB")
+        line += (f" | rank 0: comm {recent.share(recent.comm_s):.0%} overlap {recent.overlap:.0%} exposed "
+                 f"{recent.exposed_comm_s * 1e3:.0f} ms sent {recent.tx_bytes / MB:.1f} MB/step")
     if recent.own_s > 0:
-        line += f" | ddptop {recent.own_s * 1e3:.2f} ms ({recent.share(recent.own_s):.2%})"
+        line += f" | ddptop {recent.own_s * 1e3:.2f} ms ({recent.share(recent.own_s):.2%}, rank 0)"
     return line
 
 
@@ -77,6 +81,7 @@ class HeadlessPrinter:
         self.gaps: list[TelemetryGap] = []
         self.bar = ProgressBar(self.out) if (self.out.isatty() if bar is None else bar) else None
         self.state = state or SharedState()
+        self.loss_said = False  # the state's loss flag (metrics.learning) is printed once
         self.state.listeners.append(self._lines)
 
     def handle(self, events: list[Event]) -> None:
@@ -121,20 +126,25 @@ class HeadlessPrinter:
 
     def _step(self, done: StepDone) -> None:
         step = done.step + 1
+        state = self.state.state  # called under the state's lock, right after this batch was applied
+        if state.loss_flag is not None and not self.loss_said:
+            self.loss_said = True
+            self._print(f"WARNING: {state.loss_flag}")
         if done.rank != 0:
             return
         line_due = step % self.every == 0 or step == self.total or step == 1
         if self.bar is None and not line_due:
             return
-        state = self.state.state  # called under the state's lock, right after this batch was applied
         n = min(self.every, step)
-        windows = {r: state.window(r, done.step, n) for r in state.history if state.rank_state(r) != "lost"}
-        images_per_s = metrics.job_images_per_s(windows.values())
+        windows = {r: state.window(r, done.step, n, segment=done.segment) for r in state.history
+                   if state.rank_state(r) != "lost"}
+        job = metrics.job_figures(windows.values())
         mine = windows.get(0, metrics.Figures())
         if self.bar is not None:
-            self.bar.update(step, self.total, f"loss {done.loss:.3f}  {mine.step_s:.3f} s/it  {images_per_s:.0f} img/s")
+            self.bar.update(step, self.total, f"loss {done.loss:.3f}  job {job.step_s:.3f} s/it  "
+                                              f"{job.images_per_s:.0f} img/s")
         if line_due:
-            self._print(progress_line(step, self.total, done.loss, mine, images_per_s))
+            self._print(progress_line(step, self.total, done.loss, mine, job, len(windows), done.segment))
 
     def _print(self, line: str) -> None:
         line = clean_lines(line)  # events were cleaned when decoded; printed lines are cleaned again all the same

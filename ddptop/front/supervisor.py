@@ -133,6 +133,7 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
                        world_size=rdv.world_size, job=job, sinks=sinks, state=state, alarm=alarm,
                        liveness=Liveness(open_channel(job, options.timeout_s), rdv.world_size, keys, options.lost_after_s,
                                          public=stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)))
+        state = feed.state  # what the ranks said at their end, for the note left once the job ended
         if on_start is not None:
             on_start(job)
         _watch(consumer, feed, job)
@@ -147,8 +148,22 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         if job is not None:
             job.terminate()
             _say_ended(rdv, options, job)
-            remove_job_file(rdv.master, rdv.port)
+            remove_job_file(rdv.master, rdv.port, how=_ended_how(job, state))
     return job.exit_code()
+
+
+def _ended_how(job: "LocalJob", state: SharedState | None) -> str:
+    """How the job ended, for the note `ddptop ctl` reads once it is gone: which rank failed, else how the ranks
+    said they finished (done, stopped: a `ctl stop` is a stop too) after how many steps."""
+    lost, why = job.outcome()
+    if lost:
+        return f"exit code {job.exit_code()}: {why}"
+    views = list(state.state.ranks.values()) if state is not None else []
+    reasons = sorted({v.state for v in views if v.state in ("done", "stopped", "error")})
+    steps = max((v.last.step + 1 for v in views if v.last is not None), default=0)
+    if not reasons:
+        return "stopped" if job.stopped else "its ranks finished"
+    return f"{', '.join(reasons)} after {steps} steps"
 
 
 def _how(p: multiprocessing.Process) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from ddptop.events import ConfigApplied, Event, StepDone
@@ -165,6 +165,16 @@ def job_images_per_s(figures: Iterable[Figures]) -> float:
     figures = [f for f in figures if f.steps]
     slowest = max((f.time_s for f in figures), default=0.0)
     return sum(f.images_per_s * f.time_s for f in figures) / slowest if slowest > 0 else 0.0
+
+
+def job_figures(figures: Iterable[Figures]) -> Figures:
+    """The job over per-rank windows, as the segment table counts it: the slowest rank's figures (its mean step
+    time is the job's) with the job's img/s (`job_images_per_s`)."""
+    figures = [f for f in figures if f.steps]
+    if not figures:
+        return Figures()
+    slowest = max(figures, key=lambda f: f.step_s)
+    return replace(slowest, images_per_s=job_images_per_s(figures))
 
 
 def window(steps: Iterable[StepDone], include_sampled: bool = False) -> Figures:

@@ -39,3 +39,21 @@ def ddp_buckets(layers: Sequence[tuple[str, int]], bytes_per_param: float, bucke
     if names:
         out.append(Bucket(int(size), tuple(names)))
     return out
+
+
+def same_layout(layers: Sequence[tuple[str, int]], bytes_per_param: float, sizes: Sequence[float]) -> str | None:
+    """Why a bucket-size sweep measures nothing, or None: every size gives DDP the same buckets (issue 26: the tiny
+    model's 0.08 MB of gradients is one bucket at 5, 10, 25 and 50 MB, so its four segments are one setting four
+    times and any difference between them is noise)."""
+    sizes = sorted({float(s) for s in sizes})
+    if len(sizes) < 2:
+        return None
+    layouts = {tuple(b.nbytes for b in ddp_buckets(layers, bytes_per_param, size)) for size in sizes}
+    if len(layouts) > 1:
+        return None
+    (layout,) = layouts
+    many = len(layout) > 1
+    return (f"the bucket sizes {', '.join(f'{s:g}' for s in sizes)} MB all give DDP the same "
+            f"{len(layout)} bucket{'s' if many else ''} ({' + '.join(f'{n / 1e6:.3g}' for n in layout)} MB of "
+            "gradients): the sweep measures one setting several times, and any difference between its segments is "
+            "noise (a larger model shows what bucketing changes, e.g. --model vgg11)")

@@ -82,6 +82,12 @@ class SegmentStats:
         """Steps the segment ran (warm-up included)."""
         return self.last_step - self.first_step + 1
 
+    @property
+    def bus_gbit_s(self) -> float | None:
+        """The all-reduce bus bandwidth in Gbit/s, the unit links are rated in: report.md, lab.md and HPML's
+        table 3 all say it this way (issue 26: GB/s beside Gbit/s read as two different numbers)."""
+        return None if self.allreduce_gbps is None else self.allreduce_gbps * 8
+
 
 def sync_config(config: dict) -> SyncConfig:
     """A segment's configuration as the recording gives it (unknown keys ignored; bad values are damage)."""
@@ -133,6 +139,17 @@ def segment_stats(events: Iterable[Event], label: str = "", warmup: int | None =
         context = _Context(world, param_bytes, hosts, samples, evals, (buckets or {}).get(str(fig.index)))
         out.append(_stats(label, fig, segments[fig.index], context))
     return out
+
+
+def rounds_spread(stats: list[SegmentStats]) -> tuple[float, str] | None:
+    """The largest difference between the rounds of one configuration, as a share of its mean step time (and
+    which configuration): how far apart the same measurement lands twice. None with no repeated configuration."""
+    groups: dict[str, list[float]] = {}
+    for s in stats:
+        groups.setdefault(s.name, []).append(s.mean_step_s)
+    spreads = [((max(v) - min(v)) / statistics.fmean(v), name) for name, v in groups.items()
+               if len(v) > 1 and statistics.fmean(v) > 0]
+    return max(spreads) if spreads else None
 
 
 def pooled(same: list[SegmentStats], name: str) -> float:

@@ -88,7 +88,7 @@ def breakdown(stats: list[SegmentStats], names: list[str], out: Path, subtitle: 
     plot.bars(b, [i + offsets[0] for i in x], comm, width=w, label="communication", color="#8172B3")
     plot.bars(b, [i + offsets[1] for i in x], exposed, width=w, label="exposed (nothing overlapped)", color="#C44E52")
     plot.categories(b, names)
-    plot.value_axis(b, comm + exposed, "seconds per step (mean over ranks)")
+    plot.value_axis(b, comm + exposed, "s per step\n(mean over ranks)")  # one line ran into the tick labels
     b.set_title("communication, and the part of it no compute hid", fontsize=9)
     plot.legend_outside(b)
     data = plot.save(fig, out, "breakdown", f"Compute vs communication ({subtitle})")
@@ -136,9 +136,9 @@ def bytes_per_step(stats: list[SegmentStats], names: list[str], out: Path, subti
             a.annotate("0: sends nothing", (i, 0), textcoords="offset points", xytext=(0, 3), ha="center",
                        va="bottom", fontsize=8, color="#777777")
     if links:
-        _nic_panel(axes[1], stats, names, links)
-        plot.note(fig, "n/a: no two network samples (every 0.5 s) fell between two steps' traffic (in a forward pass), "
-                       "and the segment had too few steps to count across partial ones.")
+        if _nic_panel(axes[1], stats, names, links):  # the footnote explains an n/a bar, so only where one is
+            plot.note(fig, "n/a: no two network samples (every 0.5 s) fell between two steps' traffic (in a forward pass), "
+                           "and the segment had too few steps to count across partial ones.")
     else:
         plot.note(fig, "No NIC panel: no segment had two network samples (taken every 0.5 s) between its steps' "
                        "traffic, or enough steps to count across partial ones, so no interface's bytes per step can "
@@ -147,12 +147,18 @@ def bytes_per_step(stats: list[SegmentStats], names: list[str], out: Path, subti
     return Made("bytes_per_step", "Bytes per step", data, _bytes_finding(stats, names))
 
 
-def _nic_panel(ax, stats: list[SegmentStats], names: list[str], links: list[str]) -> None:
+def _nic_panel(ax, stats: list[SegmentStats], names: list[str], links: list[str]) -> bool:
+    """The counted bytes per interface, the formula as a tick; True when some bar is n/a (marked so under it)."""
     offsets, w = _offsets(len(links))
     x = list(range(len(stats)))
     values = []
+    missing = False
     for j, link in enumerate(links):
         found = [next((l for l in s.links if l.name == link), None) for s in stats]
+        for i in (i for i, l in enumerate(found) if l is None):
+            missing = True
+            ax.annotate("n/a", (i + offsets[j], 0), xycoords=("data", "axes fraction"), textcoords="offset points",
+                        xytext=(0, 3), ha="center", va="bottom", fontsize=7, color="#777777")
         counted = [l.sent_mb if l else float("nan") for l in found]  # nan: not measured, no bar (not a zero)
         formula = [l.formula_sent_mb if l else float("nan") for l in found]
         values += counted + formula
@@ -164,6 +170,7 @@ def _nic_panel(ax, stats: list[SegmentStats], names: list[str], links: list[str]
     plot.value_axis(ax, values, "MB sent per step, counted")
     ax.set_title("what each network interface counted; tick: the formula for the ranks behind it", fontsize=9)
     plot.legend_outside(ax)
+    return missing
 
 
 def _nic_sent(s: SegmentStats, rank: int) -> float | None:

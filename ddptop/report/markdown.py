@@ -27,7 +27,11 @@ COLUMNS = ("segment", "config", "ranks", "steps", "mean s/step (slowest rank)", 
            "p10–p90 s/step (slowest rank)", "mean s/step (mean over ranks)", "img/s", "compute s", "comm s",
            "exposed comm s", "overlap %", "ddptop ms/step", "other s", "MB sent/step (formula)",
            "MB recv/step (formula)", "MB sent/step (NIC)", "MB recv/step (NIC)", "CPU %", "RSS MB",
-           "all-reduce GB/s", "final loss")
+           "all-reduce bus Gbit/s", "final loss")
+# report.md shows these (23 columns are unreadable, issue 26); segments.csv beside it has every column above
+ESSENTIAL = ("segment", "config", "ranks", "steps", "mean s/step (slowest rank)", "p10–p90 s/step (slowest rank)",
+             "img/s", "compute s", "comm s", "exposed comm s", "overlap %", "MB sent/step (formula)",
+             "MB sent/step (NIC)", "all-reduce bus Gbit/s", "final loss")
 
 # A block is a tuple: ("h1"|"h2"|"h3"|"p"|"warn", text), ("list", [text]), ("code", text),
 # ("table", header, rows), ("figure", Made). Text may hold **bold**, `code` and [links](url).
@@ -49,11 +53,25 @@ def row(s: SegmentStats) -> list[str]:
             f"{s.other_s:.4f}",
             f"{s.sent_mb_per_step:.2f}", f"{s.recv_mb_per_step:.2f}", _opt(s.nic_sent_mb_per_step, ".2f"),
             _opt(s.nic_recv_mb_per_step, ".2f"), _opt(s.cpu_percent, ".0f"), _opt(s.rss_mb, ".0f"),
-            _opt(s.allreduce_gbps, ".3f"), f"{s.final_loss:.4f}"]
+            _opt(s.bus_gbit_s, ".3f"), f"{s.final_loss:.4f}"]
 
 
 def segment_table(stats: list[SegmentStats]) -> tuple:
-    return ("table", list(COLUMNS), [row(s) for s in stats])
+    """The page's table: the ESSENTIAL columns (all of them: `segment_csv`)."""
+    keep = [COLUMNS.index(c) for c in ESSENTIAL]
+    return ("table", list(ESSENTIAL), [[r[i] for i in keep] for r in (row(s) for s in stats)])
+
+
+def segment_csv(stats: list[SegmentStats]) -> str:
+    """Every column of the per-segment table as CSV (segments.csv), the same cells as the page's."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    writer.writerows([c.replace("\\", "") for c in row(s)] for s in stats)  # untrusted()'s escapes are markdown's
+    return out.getvalue()
 
 
 def gpu_table(stats: list[SegmentStats]) -> tuple | None:

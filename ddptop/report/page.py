@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.metrics import stragglers
-from ddptop.report import hints, markdown, reference
+from ddptop.report import handin, hints, markdown, reference
 from ddptop.report.analysis import Scaling, SegmentStats
 from ddptop.report.runs import RunData
 
@@ -19,9 +19,11 @@ TABLE_NOTE = ("Step time: wall clock from one step boundary to the next, for the
               "network interface counted over the same steps, between two samples taken between two steps' "
               "traffic (in a forward pass; also in a backward pass where the strategy syncs after it), else over "
               "at least 10 steps (– when neither can be had, or when ranks share one machine's loopback, whose "
-              "counters mix them: the bytes figure shows that interface once, for all of them). All-reduce GB/s is "
-              "the ring formula's bus bandwidth: 2(N−1)/N·S divided by the measured communication time (HPML Lab 4, "
-              "Q3.2). CPU % is of one core, per rank process.")
+              "counters mix them: the bytes figure shows that interface once, for all of them). All-reduce bus Gbit/s "
+              "is the ring formula's bus bandwidth: 2(N−1)/N·S divided by the measured communication time (HPML Lab "
+              "4, Q3.2), in the unit links are rated in. The median step time, the mean over ranks, ddptop's own "
+              "time, other, bytes received, CPU % (of one core, per rank process) and memory are in "
+              "[segments.csv](segments.csv), every column of this table.")
 
 
 def glossary_link(out: Path) -> str:
@@ -73,6 +75,8 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
         if several:
             blocks.append(("h3", run.name))
         blocks.append(("list", run_lines(run, kept, reasons, out)))
+    blocks += [b for run, kept in zip(runs, shown)
+               for b in handin.blocks(run, kept, any(c.run == run.name for c in compared or []))]
     blocks += [("h2", "Per segment"), markdown.segment_table(stats), ("p", TABLE_NOTE)]
     blocks += hints.blocks(runs, shown)
     blocks += straggler_blocks(runs)
@@ -148,7 +152,7 @@ def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scali
                 continue
             row1 += [_seconds(epoch_s(s)), f"{epoch_s(b) / epoch_s(s):.2f}" if b and epoch_s(s) else "–"]
             row2 += [_seconds(s.compute_s * steps(s)), _seconds(s.comm_s * steps(s))]
-            row3 += [_opt(s.allreduce_gbps)]
+            row3 += [_opt(s.bus_gbit_s)]
         t1.append(row1)
         if n > 1:
             t2.append(row2)
@@ -161,9 +165,9 @@ def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scali
             ("p", "**Table 2**: compute and communication per epoch (s): the mean per step over ranks × steps per "
                   "epoch at that batch size."),
             ("table", ["ranks"] + [f"{c}: {h}" for c in configs for h in ("compute (s)", "comm (s)")], t2),
-            ("p", "**Table 3**: bandwidth utilization (GB/s): the ring all-reduce's 2(N−1)/N·S bytes per rank "
+            ("p", "**Table 3**: bandwidth utilization (Gbit/s; ×1/8 for the lab's GB/s): the ring all-reduce's 2(N−1)/N·S bytes per rank "
                   "divided by the measured communication time per step."),
-            ("table", ["ranks"] + [f"{c}: bandwidth (GB/s)" for c in configs], t3)]
+            ("table", ["ranks"] + [f"{c}: bandwidth (Gbit/s)" for c in configs], t3)]
 
 
 def _seconds(value: float) -> str:

@@ -137,7 +137,7 @@ def save(fig, out: Path, name: str, title: str) -> dict[str, Any]:
         for fmt in FORMATS:
             fig.savefig(out / f"{name}.{fmt}", dpi=DPI, bbox_inches=box, metadata=_metadata(fmt))
     plt.close(fig)
-    return {"title": title, "files": [f"{name}.{fmt}" for fmt in FORMATS], "axes": data}
+    return {"title": title, "files": [f"{name}.{fmt}" for fmt in FORMATS], "axes": data, "notes": notes(fig)}
 
 
 def _metadata(fmt: str) -> dict:
@@ -155,8 +155,27 @@ def readback(fig) -> list[dict[str, Any]]:
                     "xscale": ax.get_xscale(), "yscale": ax.get_yscale(),
                     "xticklabels": [t.get_text() for t in ax.get_xticklabels()],
                     "bars": _bars(ax), "whiskers": _whiskers(ax), "lines": _lines(ax), "segments": _spans(ax),
-                    "legend": [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else []})
+                    "legend": [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [],
+                    "legend_box": _box(ax.get_legend()) if ax.get_legend() else None,
+                    "ylabel_box": _box(ax.yaxis.label) if ax.get_ylabel() else None,
+                    "xticklabels_box": _union([_box(t) for t in ax.get_xticklabels() if t.get_text()])})
     return out
+
+
+def notes(fig) -> list[str]:
+    """The figure's own texts (the footnotes under it)."""
+    return [t.get_text() for t in fig.texts]
+
+
+def _union(boxes: list[list[float]]) -> list[float] | None:
+    if not boxes:
+        return None
+    return [min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)]
+
+
+def _box(artist) -> list[float]:
+    """Where an artist was drawn, in figure pixels (x0, y0, x1, y1): legends that must not cover each other."""
+    return [round(v, 1) for v in artist.get_window_extent().extents]
 
 
 def _bars(ax) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ddptop import metrics
 from ddptop.errors import RecordingError, UsageError
 from ddptop.events import FRONT, LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, SystemSample
+from ddptop.metrics.learning import first_flag
 from ddptop.record.sqlite import redact
 from ddptop.report.markdown import untrusted
 from ddptop.report.analysis import SegmentStats, segment_stats, test_accuracy
@@ -109,7 +110,8 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         start=start, duration=duration, segments=stats, points=points,
         samples=[e for e in events if isinstance(e, SystemSample)], evals=test_accuracy(events),
         provenance=provenance(meta, config, start, duration),
-        warnings=[f"**Incomplete:** {untrusted(reason)}" for reason in incomplete] + _warnings(events),
+        warnings=[f"**Incomplete:** {untrusted(reason)}" for reason in incomplete] + _warnings(events)
+        + _loss_warning(points),
         pauses=_pauses(events, start + duration),
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
         epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0,
@@ -191,6 +193,17 @@ def _warnings(events) -> list[str]:
         elif isinstance(e, LogLine) and e.level == "error":
             out.append(f"**{'Rank ' + str(e.rank) if e.rank != FRONT else e.who}**: {untrusted(e.message)}")
     return out
+
+
+def _loss_warning(points: list[StepPoint]) -> list[str]:
+    """The loss flag (ddptop.metrics.learning, the rule the screen and the headless lines use) on the mean over
+    ranks, with what its numbers mean for the step times beside it."""
+    flagged = first_flag([(p.step, p.loss) for p in points])
+    if flagged is None:
+        return []
+    step, text = flagged
+    return [f"**Training went wrong** (the ranks' mean loss, step {step + 1}): {text}. The step times are still the "
+            "hardware's, but no loss or accuracy here says anything about the method (the loss figure)"]
 
 
 def provenance(meta: dict, config: dict, start: float, duration: float) -> dict:

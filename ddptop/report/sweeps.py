@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddptop.report import plot
-from ddptop.report.analysis import Scaling, SegmentStats, pooled
+from ddptop.report.analysis import Scaling, SegmentStats, pooled, rounds_spread
 from ddptop.report.figures import Made, _offsets
 
 NAN = float("nan")  # not measured: plot.bars writes n/a instead of a bar
@@ -58,9 +58,16 @@ def bucket_size(stats: list[SegmentStats], out: Path) -> Made | None:
                          ("exposed communication", [s.exposed_comm_s for s in ddp], None, None)], "seconds per step")
     a.set_title("iteration time, the compute, and the communication left exposed", fontsize=9)
     links = sorted({l.name for s in ddp for l in s.links})
-    series = [("formula, per rank", [s.sent_mb_per_step for s in ddp], None, None)]
-    series += [(f"{link}: counted", [next((l.sent_mb for l in s.links if l.name == link), NAN) for s in ddp], None,
-                None) for link in links]
+    shared = sorted({l.name for s in ddp for l in s.links if len(l.ranks) > 1})
+    # a loopback shared by several ranks counts all of them: beside it goes its own formula (their sum), never one
+    # rank's (issue 26: 0.084 MB per rank beside lo's 0.176 MB read as a 2x discrepancy)
+    series = [] if shared else [("formula, per rank", [s.sent_mb_per_step for s in ddp], None, None)]
+    for link in links:
+        if link in shared:
+            series.append((f"{link}: formula (its ranks together)",
+                           [next((l.formula_sent_mb for l in s.links if l.name == link), NAN) for s in ddp], None, None))
+        series.append((f"{link}: counted", [next((l.sent_mb for l in s.links if l.name == link), NAN) for s in ddp],
+                       None, None))
     _grouped(b, groups, series, "MB sent per step")
     b.set_title("bytes per step", fontsize=9)
     data = plot.save(fig, out, "bucket_size", f"DDP bucket size: iteration time and bytes (batch "
@@ -78,8 +85,19 @@ def _bucket_finding(ddp: list[SegmentStats]) -> str:
 
     step, overlap, exposed, compute = (per_size(n) for n in ("mean_step_s", "overlap", "exposed_comm_s", "compute_s"))
     joined = lambda values, fmt: " / ".join(format(v, fmt) for v in values)  # noqa: E731
+    layouts = {s.buckets_mb for s in ddp}
+    if len(sizes) > 1 and len(layouts) == 1 and all(layouts):
+        (layout,) = layouts
+        return (f"The sweep changed nothing: at every size ({joined(sizes, 'g')} MB) DDP made the same "
+                f"{len(layout)} bucket{'s' if len(layout) > 1 else ''} ({' + '.join(f'{b:.3g}' for b in layout)} MB "
+                f"of gradients), so step {joined(step, '.3g')} s is one setting measured {len(ddp)} times; its "
+                "differences are noise.")
+    noise = noise_share(ddp)
+    spread = (max(step) - min(step)) / min(step) if min(step) > 0 else 0.0
+    fastest = (f"fastest at {sizes[step.index(min(step))]:g} MB" if spread > noise else
+               f"no size faster than the noise ({100 * spread:.0f}% apart, within {100 * noise:.0f}%)")
     text = (f"At {joined(sizes, 'g')} MB" + (" (each size's segments pooled)" if len(sizes) < len(ddp) else "")
-            + f": step {joined(step, '.3g')} s, fastest at {sizes[step.index(min(step))]:g} MB; overlap "
+            + f": step {joined(step, '.3g')} s, {fastest}; overlap "
             + " / ".join(f"{100 * v:.0f}%" for v in overlap) + f"; exposed communication {joined(exposed, '.3g')} s; "
             f"compute {joined(compute, '.3g')} s")
     if compute[0] > 1.1 * compute[-1]:
@@ -93,6 +111,17 @@ def _bucket_finding(ddp: list[SegmentStats]) -> str:
     return text + "."
 
 
+
+
+def noise_share(stats: list[SegmentStats]) -> float:
+    """How far apart one configuration's mean step time lands when measured twice, as a share of it: the rounds'
+    spread (a sweep repeated in rounds), else the widest p10–p90 of a segment's steps over its mean (no rounds: the
+    steps' own scatter). A difference between configurations is stated only beyond it (issue 26)."""
+    rounds = rounds_spread(stats)
+    if rounds is not None:
+        return rounds[0]
+    return max(((s.step_p90 - s.step_p10) / s.mean_step_s for s in stats
+                if s.mean_step_s > 0 and s.step_p90 == s.step_p90), default=0.0)
 
 
 def batch_size(stats: list[SegmentStats], out: Path) -> Made | None:

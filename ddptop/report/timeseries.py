@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ddptop.metrics.learning import first_flag
 from ddptop.report import plot
 from ddptop.report.analysis import SegmentStats
 from ddptop.report.readings import LOOPBACK
@@ -68,6 +69,9 @@ def _loss_finding(run: RunData, stats: list[SegmentStats], names: list[str]) -> 
         text += f"; it fell most during {best[1]} ({best[0]:.3g})"
     if run.evals:
         text += "; test accuracy " + ", ".join(f"{100 * acc:.0f}% at step {step}" for step, acc, _ in run.evals[:6])
+    flagged = first_flag([(p.step, p.loss) for p in points])
+    if flagged:
+        text += f". Flagged at step {flagged[0] + 1}: the {flagged[1]}"
     return text + "."
 
 
@@ -162,8 +166,13 @@ def system(run: RunData, stats: list[SegmentStats], names: list[str], positions:
               ("process resident memory, MB", by_rank, lambda s: [s.proc_rss_bytes / 1e6], "rank {}")]
     if gpu:
         panels.append(("GPU utilization, %", by_rank, lambda s: [g.util_percent for g in s.gpus], "rank {} GPU"))
-    fig, axes = plot.figure(len(panels), 1, width=10.0, height=2.5, sharex=True)
     spans = _time_spans(run, stats, names, positions)
+    # the first panel's legend also names the segments (8 in cs744-lab: 12 entries of ~0.2 in): its row grows
+    # with them, so that legend ends above the next panel's (issue 26: node0 covered a segment's name)
+    first = max(1.0, (len(by_rank) + len(spans) + 1) / 8)
+    ratios = [first] + [1.0] * (len(panels) - 1)
+    fig, axes = plot.figure(len(panels), 1, width=10.0, height=2.5 * sum(ratios) / len(panels), sharex=True,
+                            gridspec_kw={"height_ratios": ratios})
     for ax, (label, groups, value, fmt) in zip(axes, panels):
         for j, (key, samples) in enumerate(groups.items()):
             ys = [(value(s) or [None])[0] for s in samples]

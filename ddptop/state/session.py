@@ -11,6 +11,7 @@ from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, 
                            ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted,
                            RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap)
 from ddptop.metrics.expected import expected_bytes
+from ddptop.metrics.learning import RECENT_STEPS as LOSS_RECENT, START_STEPS as LOSS_START, loss_flag
 from ddptop.metrics.stragglers import analyse
 from ddptop.state.nodes import NodeTracker
 from ddptop.state.notices import notice
@@ -49,6 +50,8 @@ class SessionState:
         self.refused = 0  # events refused at the door (EventsRefused): counted, never applied
         self.clock_syncs: list[ClockSync] = []  # rank 0's ping-pongs: the first (start) and the latest
         self._straggler: str | None = ""  # None: spans or clocks changed since it was found
+        self.loss_start: dict[int, list[float]] = {}  # each rank's first losses, for metrics.learning.loss_flag
+        self.loss_flag: str | None = None  # said once per job, as a notice
         self._snapshot: Snapshot | None = None
         self._handlers = {RankJoined: self._joined, RunStarted: self._started, StepDone: self._step,
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
@@ -89,8 +92,22 @@ class SessionState:
         view = self._rank(e.rank)
         state = "running" if view.state in ("starting", "running") else view.state
         self._set(e.rank, last=e, state=state)
-        self.history.setdefault(e.rank, collections.deque(maxlen=STEP_HISTORY)).append(e)
+        history = self.history.setdefault(e.rank, collections.deque(maxlen=STEP_HISTORY))
+        history.append(e)
         self.table.apply(e)
+        self._check_loss(e.rank, history)
+
+    def _check_loss(self, rank: int, history: collections.deque) -> None:
+        first = self.loss_start.setdefault(rank, [])
+        if len(first) < LOSS_START:
+            first.append(history[-1].loss)
+        if self.loss_flag is not None:
+            return
+        recent = [history[-i].loss for i in range(min(LOSS_RECENT, len(history)), 0, -1)]
+        text = loss_flag(first, recent, history[-1].step + 1)
+        if text:
+            self.loss_flag = f"step {history[-1].step + 1}: rank {rank}'s {text}"
+            self.notices.append(f"WARNING: {self.loss_flag}")
 
     def _spans(self, e: StepSpans) -> None:
         self.spans[(e.rank, e.step)] = e
@@ -165,14 +182,22 @@ class SessionState:
         self._notice(e)
 
     # -- reads without a snapshot (the headless printer, once per line) ------------------------------------
-    def window(self, rank: int, last_step: int | None = None, steps: int = RECENT_STEPS) -> metrics.Figures:
-        """metrics.window over a rank's last `steps` steps up to `last_step` (everything received when None)."""
+    def window(self, rank: int, last_step: int | None = None, steps: int = RECENT_STEPS,
+               segment: int | None = None) -> metrics.Figures:
+        """metrics.window over a rank's last `steps` steps up to `last_step` (everything received when None), only
+        those of `segment` when given (a headless line never mixes two configurations), less its warm-up steps
+        unless nothing else is there (as the segment table counts)."""
         chosen: list[StepDone] = []
         for d in reversed(self.history.get(rank, ())):
             if last_step is None or d.step <= last_step:
+                if segment is not None and d.segment != segment:
+                    break
                 chosen.append(d)
                 if len(chosen) == steps:
                     break
+        if segment is not None:
+            measured_from = (self.table.first_step(segment) or 0) + self.table.warmup
+            chosen = [d for d in chosen if d.step >= measured_from] or chosen
         return metrics.window(chosen[::-1])
 
     def rank_state(self, rank: int) -> str:

@@ -17,6 +17,7 @@ from ddptop.control.agent import Decision
 from ddptop.events import ConfigApplied
 from ddptop.errors import UsageError
 from ddptop.events import ClockSync, EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
+from ddptop.metrics.buckets import same_layout
 from ddptop.probes.clocksync import ping_pong
 from ddptop.probes.own import now
 from ddptop.train.data import SlowItems, build_datasets, make_loader
@@ -123,7 +124,9 @@ class Trainer:
         """Train until the step budget is spent or a stop arrives; `agent` is the control plane (None: no control)."""
         self.start_segment(Decision(0, self.cfg.first_sync, "start"))
         if self.rank == 0:
-            self.emit(self._run_started())
+            started = self._run_started()
+            self.emit(started)
+            self._sweep_warning(started)
         self._sync_clocks("start", agent)
         criterion = nn.CrossEntropyLoss()
         total = self.total_steps()
@@ -293,6 +296,13 @@ class Trainer:
         if self.rank == 0:
             self.emit(EpochDone(self.rank, self.epoch, self.step, loss_sum / max(count, 1), int(correct), int(count),
                                 time.time()))
+
+    def _sweep_warning(self, started: RunStarted) -> None:
+        """Say at the start when a bucket-size sweep cannot change anything (every size: the same buckets)."""
+        sizes = [c.bucket_mb for c in self.cfg.sweep if c.strategy == "ddp"]
+        why = same_layout(started.layers, started.param_bytes / max(started.param_count, 1), sizes)
+        if why:
+            self.emit(LogLine(self.rank, "warning", why, time.time()))
 
     def _run_started(self) -> RunStarted:
         sync = self.sync  # the configuration segment 0 runs

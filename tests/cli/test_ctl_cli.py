@@ -76,7 +76,12 @@ def test_ctl_changes_a_running_job_and_stops_it(tmp_path):
     assert "now allreduce async batch=16" in out and "finished: " in out and "(stopped)" in out
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert_one_line_error(ctl("status", env=env), 4, "no ddptop job")
+    # the job ended: ctl says so and how (issue 26), from the note its front left, which holds no token any more
+    ended = ctl("status", env=env)
+    assert_one_line_error(ended, 4, "the ddptop job at 127.0.0.1:")
+    assert re.search(r"ended at \d\d:\d\d:\d\d \(\d+ s ago: stopped after \d+ steps\); no ddptop job runs", ended.stderr), ended.stderr
+    (note,) = (tmp_path / "jobs").iterdir()
+    assert "token" not in json.loads(note.read_text())
 
 
 # README: `ctl` to no job answers "at once", and `ctl status` took 0.44 s median (0.20-0.71 s) at load average 10.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import sqlite3
 import subprocess
@@ -28,7 +29,13 @@ def table_rows(report: Path) -> list[dict[str, str]]:
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
     assert rows, "the report has no per-segment rows"
-    return rows
+    # report.md shows the essential columns; segments.csv beside it every one, the same cells (issue 26)
+    with open(report.parent / "segments.csv", newline="") as f:
+        full = list(csv.DictReader(f))
+    assert len(header) <= 15 and len(full) == len(rows) and len(full[0]) > len(header)
+    for mine, theirs in zip(rows, full):
+        assert {k: v.replace("\\", "") for k, v in mine.items()} == {k: theirs[k] for k in mine}
+    return full
 
 
 def test_report_writes_markdown_and_figures(smoke):

@@ -124,9 +124,10 @@ def test_handshake_names_the_first_mismatch():
 
 def test_printed_lines_match_the_course_formats():
     done = _samples()[0]
-    line = progress_line(20, 196, done.loss, metrics.window([done]), 197.4)
-    assert line.startswith("step 20/196 loss 2.3000 0.500 s/it 197 img/s")
-    assert "comm 40% overlap 50% exposed 100 ms sent 0.0 MB" in line
+    job = metrics.Figures(steps=1, step_s=0.6, images_per_s=197.4)
+    line = progress_line(20, 196, done.loss, metrics.window([done]), job, 2, 1)
+    assert line.startswith("step 20/196 loss 2.3000 (rank 0) | job: 0.600 s/it 197 img/s (segment 1, 2 ranks)")
+    assert "rank 0: comm 40% overlap 50% exposed 100 ms sent 0.0 MB/step" in line
     assert evaluation_line(EpochDone(0, 0, 196, 2.0345, 2292, 10000, 0.0)) == \
         "Test set: Average loss: 2.0345, Accuracy: 2292/10000 (23%)"
     out = io.StringIO()
