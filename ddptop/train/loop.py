@@ -18,9 +18,10 @@ from ddptop.events import ConfigApplied
 from ddptop.errors import UsageError
 from ddptop.events import EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
 from ddptop.probes.own import now
-from ddptop.train.data import build_datasets, make_loader
+from ddptop.train import specs
+from ddptop.train.data import make_loader
 from ddptop.train.devices import check_strategy, loader_workers
-from ddptop.train.models import build_model, layer_param_counts, test_tweaks
+from ddptop.train.models import layer_param_counts, test_tweaks
 from ddptop.train.save import SaveFailed, save
 from ddptop.train.strategies import Strategy, build_strategy
 from ddptop.train.sync_state import broadcast_state, fingerprint, model_bytes
@@ -30,16 +31,19 @@ class Trainer:
     """Trains one rank. `emit` receives every event; it must not block (the bus queues them)."""
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device,
-                 emit: Callable[[Any], None], probe: Any, model: nn.Module | None = None, local_ranks: int = 1):
+                 emit: Callable[[Any], None], probe: Any, model: nn.Module | None = None, local_ranks: int = 1,
+                 parts: specs.Parts | None = None):
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.emit = emit
         self.probe = probe
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = (model or build_model(cfg.model, **test_tweaks(rank))).to(device)
-        self.train_set, self.test_set = build_datasets(cfg)
+        parts = parts or specs.build(cfg, test_tweaks(rank))  # seeded: the same initial weights on every rank
+        self.model = (model or parts.model).to(device)
+        self.train_set, self.test_set = parts.train, parts.test
+        self.criterion, self.unused = parts.loss, parts.unused
+        self.evaluates = cfg.eval and parts.classification and parts.test is not None  # accuracy means something
         self.workers = loader_workers(cfg.workers, device.type, local_ranks)
         self.pin = device.type == "cuda"  # page-locked batches: the copy to the GPU really is asynchronous
         self.sync: SyncConfig | None = None
@@ -82,6 +86,7 @@ class Trainer:
         self.segment_start = self.step
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.strategy = build_strategy(sync, self.rank, self.world_size, self.probe.comm, device_ids)
+        self.strategy.find_unused = bool(self.unused)  # DDP's find_unused_parameters; the others send zeros
         self.forward_module = self.strategy.prepare(self.model)
         self.probe.watch(self.model, overlapped_backward=sync.strategy == "ddp")
         if previous is None or previous.batch_size != sync.batch_size:
@@ -106,7 +111,7 @@ class Trainer:
             check_strategy("cuda", dist.get_backend(), sync.strategy)
         if sync.batch_size * self.world_size > len(self.train_set):
             raise UsageError(f"batch size {sync.batch_size} x {self.world_size} ranks is more than the "
-                             f"{len(self.train_set)} training images")
+                             f"{len(self.train_set)} training {'images' if specs.samples_are_images(self.cfg.dataset) else 'samples'}")
 
     # -- the run ----------------------------------------------------------------------------------------
     def total_steps(self) -> int:
@@ -126,7 +131,7 @@ class Trainer:
         self.start_segment(Decision(0, self.cfg.first_sync, "start"))
         if self.rank == 0:
             self.emit(self._run_started())
-        criterion = nn.CrossEntropyLoss()
+        criterion = self.criterion
         total = self.total_steps()
         self._evaluated_at = -1
         probe = self.probe
@@ -141,7 +146,7 @@ class Trainer:
             elif not self._trial_step(inputs, labels, criterion, agent):
                 break
         probe.close()  # waits for the device once, so the last step's marks can be read
-        if self.cfg.eval and self.stop_reason == "done" and self._evaluated_at != self.step:
+        if self.evaluates and self.stop_reason == "done" and self._evaluated_at != self.step:
             self._evaluate(criterion)
         self._finish()
         return self.step
@@ -175,7 +180,7 @@ class Trainer:
                 return next(self._iterator)
             except StopIteration:
                 began = now()
-                if self.cfg.eval:
+                if self.evaluates:
                     self._evaluate(criterion)
                     self._evaluated_at = self.step
                 self.epoch += 1
@@ -196,7 +201,7 @@ class Trainer:
         probe.mark("sync")
         self.optimizer.step()
         probe.mark("opt")
-        probe.finish(loss, epoch=self.epoch, batch_size=int(labels.shape[0]))
+        probe.finish(loss, epoch=self.epoch, batch_size=int(inputs.shape[0]))
         self.step += 1
 
     def _trial_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, agent) -> bool:

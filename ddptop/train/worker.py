@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import signal
@@ -28,7 +30,8 @@ from ddptop.probes.step import StepProbe
 from ddptop.sources.gpu import cuda_uuid
 from ddptop.sources.sampler import SystemSampler
 from ddptop.sources.system import job_interface
-from ddptop.train import devices
+from ddptop.train import devices, specs
+from ddptop.train.models import test_tweaks
 from ddptop.train.loop import Trainer
 from ddptop.rendezvous import Rendezvous
 
@@ -64,8 +67,12 @@ def thread_count(cfg: RunConfig, rdv: Rendezvous) -> int:
     return cfg.threads or max(1, (os.cpu_count() or 1) // max(1, rdv.local_world_size))
 
 
-def hello(cfg: RunConfig, rdv: Rendezvous, device: torch.device, backend: str, threads: int) -> dict:
-    return {
+def hello(cfg: RunConfig, rdv: Rendezvous, device: torch.device, backend: str, threads: int,
+          model: torch.nn.Module | None = None) -> dict:
+    params = [[name, list(p.shape)] for name, p in model.named_parameters()] if model is not None else []
+    # the digest covers every parameter; the first PARAMS_SHOWN name the first difference within the hello's 64 KB
+    digest = hashlib.sha256(json.dumps(params).encode()).hexdigest()
+    return {"params_sha256": digest, "params": params[:handshake.PARAMS_SHOWN],
         "rank": rdv.rank, "world_size": rdv.world_size, "host": socket.gethostname(), "pid": os.getpid(),
         "device": str(device), "backend": backend, "threads": threads, "torch_version": torch.__version__,
         "ddptop_version": ddptop.__version__, "protocol": ddptop.PROTOCOL_VERSION, "rank_source": rdv.source,
@@ -89,7 +96,9 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     secure = options.check_token
     control = _control_key(rdv.rank, options, public)
     view = stores.job_view(base, prefix, namespace(control)) if secure else public
-    me = hello(cfg, rdv, device, backend, threads)
+    # the model before the handshake: rank 0 compares every rank's parameter names and shapes (one spec, one model)
+    parts = specs.build(cfg, test_tweaks(rdv.rank))
+    me = hello(cfg, rdv, device, backend, threads, parts.model)
     handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, control if secure else b"")
     group, job = connect_ranks(rdv, backend, view, options, control)
     port = channel.read_port(public, options.timeout_s)
@@ -113,7 +122,7 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     agent = None
     try:
         trainer = Trainer(cfg, rdv.rank, rdv.world_size, device, emit, make_probe(cfg, rdv.rank, device, emit),
-                          local_ranks=rdv.local_world_size)
+                          local_ranks=rdv.local_world_size, parts=parts)
         agent = ControlAgent(rdv.rank, rdv.world_size, job, connect, emit, trainer.check, cfg.first_sync, group=group,
                              sweep_segments=len(cfg.sweep))
         return trainer.run(agent)
