@@ -20,10 +20,11 @@ from ddptop.metrics.traffic import not_comparable
 MB = 1e6
 
 
-def progress_line(step: int, total: int, loss: float, recent: Figures, images_per_s: float) -> str:
+def progress_line(step: int, total: int, loss: float, recent: Figures, images_per_s: float,
+                  unit: str = "img/s") -> str:
     """`step 20/196 loss 2.31 0.65 s/it 197 img/s`, then (with --probes all) the step's profile: means over the
     steps since the last line (ddptop.metrics), rank 0's."""
-    line = f"step {step}{f'/{total}' if total else ''} loss {loss:.4f} {recent.step_s:.3f} s/it {images_per_s:.0f} img/s"
+    line = f"step {step}{f'/{total}' if total else ''} loss {loss:.4f} {recent.step_s:.3f} s/it {images_per_s:.0f} {unit}"
     if recent.comm_s > 0 or recent.tx_bytes > 0:
         line += (f" | comm {recent.share(recent.comm_s):.0%} overlap {recent.overlap:.0%} exposed "
                  f"{recent.exposed_comm_s * 1e3:.0f} ms sent {recent.tx_bytes / MB:.1f} MB")
@@ -70,6 +71,7 @@ class HeadlessPrinter:
     def __init__(self, total_steps: int = 0, every: int = 10, out: TextIO | None = None, bar: bool | None = None,
                  state: SharedState | None = None):
         self.total = total_steps
+        self.unit = "img/s"  # metrics.rate_unit of the run's data set, once RunStarted names it
         self.every = max(1, every)
         self.out = out or sys.stdout
         self.finished: dict[int, RunFinished] = {}
@@ -94,6 +96,7 @@ class HeadlessPrinter:
                             f"{event.backend}, {event.threads} threads, ranks found by {event.rank_source})")
             elif isinstance(event, RunStarted):
                 self.total = event.total_steps or self.total  # the trainer's own count
+                self.unit = metrics.rate_unit(event.dataset)
                 self._print(f"training {event.model} ({event.param_count / 1e6:.2f}M parameters in "
                             f"{event.param_tensors} tensors, {event.param_bytes / MB:.1f} MB of gradients) on "
                             f"{event.dataset}, {event.world_size} ranks, {event.strategy}, batch {event.batch_size}"
@@ -130,9 +133,9 @@ class HeadlessPrinter:
         images_per_s = metrics.job_images_per_s(windows.values())
         mine = windows.get(0, metrics.Figures())
         if self.bar is not None:
-            self.bar.update(step, self.total, f"loss {done.loss:.3f}  {mine.step_s:.3f} s/it  {images_per_s:.0f} img/s")
+            self.bar.update(step, self.total, f"loss {done.loss:.3f}  {mine.step_s:.3f} s/it  {images_per_s:.0f} {self.unit}")
         if line_due:
-            self._print(progress_line(step, self.total, done.loss, mine, images_per_s))
+            self._print(progress_line(step, self.total, done.loss, mine, images_per_s, self.unit))
 
     def _print(self, line: str) -> None:
         line = clean_lines(line)  # events were cleaned when decoded; printed lines are cleaned again all the same
@@ -147,7 +150,7 @@ class HeadlessPrinter:
         if self.finished:
             segments = snap.segment_figures
             if segments and any(s.measured_steps for s in segments):
-                for line in ["segments:", *tables.lines(segments, indent="  ")]:
+                for line in ["segments:", *tables.lines(segments, indent="  ", unit=self.unit)]:
                     self._print(line)
             for line in traffic_lines(snap) if traffic else []:
                 self._print(line)

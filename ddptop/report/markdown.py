@@ -52,8 +52,9 @@ def row(s: SegmentStats) -> list[str]:
             _opt(s.allreduce_gbps, ".3f"), f"{s.final_loss:.4f}"]
 
 
-def segment_table(stats: list[SegmentStats]) -> tuple:
-    return ("table", list(COLUMNS), [row(s) for s in stats])
+def segment_table(stats: list[SegmentStats], unit: str = "img/s") -> tuple:
+    """The per-segment table; `unit` names the images/s column (metrics.rate_unit of the runs' data sets)."""
+    return ("table", [unit if c == "img/s" else c for c in COLUMNS], [row(s) for s in stats])
 
 
 def gpu_table(stats: list[SegmentStats]) -> tuple | None:

@@ -72,7 +72,8 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
         if several:
             blocks.append(("h3", run.name))
         blocks.append(("list", run_lines(run, kept, reasons, out)))
-    blocks += [("h2", "Per segment"), markdown.segment_table(stats), ("p", TABLE_NOTE)]
+    units = sorted({metrics.rate_unit(None if r.dataset == "?" else r.dataset) for r in runs})
+    blocks += [("h2", "Per segment"), markdown.segment_table(stats, " or ".join(units) or "img/s"), ("p", TABLE_NOTE)]
     gpu = markdown.gpu_table(stats)
     if gpu:
         blocks += [("h2", "GPU memory and utilization per configuration"), gpu,

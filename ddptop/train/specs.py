@@ -122,7 +122,8 @@ def _user_code(error: type[DdptopError], what: str) -> Iterator[None]:
         if os.environ.get("DDPTOP_DEBUG"):
             raise
         text = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise error(f"{what}: {type(exc).__name__}{': ' + text if text else ''}") from None
+        joint = " " if what.endswith("raised") else ": "
+        raise error(f"{what}{joint}{type(exc).__name__}{': ' + text if text else ''}") from None
 
 
 def _call(fn: Callable, offered: dict[str, Any]) -> Any:
