@@ -65,9 +65,9 @@ class LabelledImages(TensorDataset):
 
 # The token set (for bert-mini): sequences of TOKEN_LENGTH ids drawn from BERT's vocabulary; TOKEN_CLASSES marker
 # tokens (picked by the seed) each stand for a class, and a sequence holds the markers of its class 3 times at
-# random places among 29 ordinary tokens, plus one marker of another class once: the label is the marker that
-# occurs most. A model must learn which of 30522 embeddings matter and count them, which takes some hundreds of
-# steps (attention that only looks for "any marker" is right half the time).
+# random places among 28 ordinary tokens, plus one marker of another class once: the label is the marker that
+# occurs most. A model must learn which 4 of 30522 embeddings matter and which of two markers it saw more often
+# (a model that only spots markers is right half the time).
 TOKEN_VOCAB = 30522
 TOKEN_LENGTH = 32
 TOKEN_CLASSES = 4
@@ -83,7 +83,8 @@ def token_datasets(seed: int, size: int) -> tuple[TensorDataset, TensorDataset]:
 
 def _token_set(markers: torch.Tensor, count: int, generator: torch.Generator) -> TensorDataset:
     ids = torch.randint(0, TOKEN_VOCAB, (count, TOKEN_LENGTH), generator=generator)
-    ids[torch.isin(ids, markers)] = 0  # ordinary tokens are never markers
+    filler = next(i for i in range(TOKEN_CLASSES + 1) if i not in markers.tolist())
+    ids[torch.isin(ids, markers)] = filler  # ordinary tokens are never markers
     labels = torch.randperm(count, generator=generator) % TOKEN_CLASSES
     other = (labels + torch.randint(1, TOKEN_CLASSES, (count,), generator=generator)) % TOKEN_CLASSES
     places = torch.argsort(torch.rand(count, TOKEN_LENGTH, generator=generator), dim=1)[:, :TOKEN_MARKS + 1]
