@@ -4,7 +4,7 @@ A spec is `MODULE:CALLABLE`, `path/file.py:CALLABLE` or (models) `torchvision:NA
 command line or a profile file the user names: every rank imports it itself; the store, a recording and a report
 carry it as text and nothing here is called from replay or report. Callables get keyword arguments, each only when
 their signature takes it (or **kwargs):
-  model:   num_classes (classification: the data set's class count)
+  model:   num_classes (the data set's num_classes or len(classes); with cross-entropy else its largest target + 1)
   dataset: seed (--seed), size (--synthetic-size), data_dir (--data-dir)
   loss:    called as loss(outputs, targets) → scalar tensor; a class (an nn.Module such as nn.L1Loss) is
            instantiated with no arguments first.
@@ -62,7 +62,8 @@ def build(cfg: RunConfig, tweaks: dict | None = None, probe: bool | None = None)
     `probe` (default: any spec) one sample batch through them names the parameters that get no gradient."""
     train, test = _datasets(cfg)
     classification = cfg.loss == "cross-entropy"
-    classes = num_classes(train, cfg.dataset) if classification else None
+    # a data set's own num_classes reaches the model whatever the loss; counting targets only for cross-entropy
+    classes = num_classes(train, cfg.dataset) if classification or _declared(train) else None
     torch.manual_seed(cfg.seed)
     model = _model(cfg.model, classes, tweaks or {})
     parts = Parts(model, train, test, _loss(cfg.loss), classification, classes)
@@ -195,6 +196,10 @@ def num_classes(train: Dataset, name: str) -> int:
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise DataError(f"--dataset {name}: num_classes must be a whole number ≥ 1, got {count!r}")
     return count
+
+
+def _declared(train: Dataset) -> bool:
+    return getattr(train, "num_classes", None) is not None or isinstance(getattr(train, "classes", None), (list, tuple))
 
 
 def _model(spec: str, classes: int | None, tweaks: dict) -> nn.Module:

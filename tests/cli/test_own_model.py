@@ -274,3 +274,16 @@ def test_debug_shows_the_users_traceback(tmp_path):
     result = ddptop("--headless", "--no-record", "--model", "bad.py:boom", cwd=tmp_path,
                     env={"DDPTOP_DEBUG": "1"})
     assert result.returncode != 0 and "Traceback" in result.stderr and "the model's own words" in result.stderr
+
+
+def test_the_readme_example_builds_with_its_own_loss():
+    """examples/my_model.py (README: Your own model): its data set's num_classes reaches the model under its own
+    loss (no accuracy then), and one sample batch goes through model, loss and backward with every parameter used."""
+    from ddptop.config import RunConfig
+    from ddptop.train import specs
+
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "my_model.py")
+    parts = specs.build(RunConfig(model=f"{example}:model", dataset=f"{example}:data", loss=f"{example}:loss",
+                                  synthetic_size=64))
+    assert (parts.num_classes, parts.classification, parts.unused) == (4, False, ())
+    assert parts.model(parts.train[0][0].unsqueeze(0)).shape == (1, 4) and len(parts.test) == 12
