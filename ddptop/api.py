@@ -148,7 +148,7 @@ class Job:
         config = {**self.cfg.to_dict(), "model": f"own:{type(model).__name__}", "dataset": "own"}
         options = self._stack.enter_context(hosting(config, self.rdv, options, self.log_every, self.record,
                                                      own_store=True))
-        self._rank = self._stack.enter_context(joined(self.cfg, self.rdv, options))
+        self._rank = self._stack.enter_context(joined(self.cfg, self.rdv, options, model))
         self.device = self._rank.device
         self.model, self.optimizer = model.to(self.device), optimizer  # .to keeps the same Parameter objects
         self._probe = make_probe(self.cfg, self.rank, self.device, self._rank.emit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,8 +14,10 @@ RUNS_DIR_ENV = "DDPTOP_RUNS_DIR"  # the folder of default recordings (tests poin
 DEFAULT_RUNS_DIR = "ddptop-runs"  # also where a --save that failed at the end keeps the model (train.save)
 
 STRATEGIES = ("single", "gather-scatter", "allreduce", "ddp")
-MODELS = ("vgg11", "resnet18", "tiny")
-DATASETS = ("synthetic", "cifar10", "mnist")
+MODELS = ("vgg11", "resnet18", "tiny", "resnet50", "bert-mini")
+DATASETS = ("synthetic", "cifar10", "mnist", "tokens")
+IMAGE_DATASETS = ("synthetic", "cifar10", "mnist")  # the rest (tokens, the user's own) count samples, not images
+LOSSES = ("cross-entropy", "mse")
 BACKENDS = ("auto", "gloo", "nccl")
 PROBE_LEVELS = ("all", "system", "off")
 DEVICES = ("auto", "cpu", "cuda")
@@ -26,6 +29,23 @@ MAX_BUCKET_MB = 4096.0
 def _check_choice(what: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise UsageError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}")
+
+
+_SPEC = re.compile(r"^(?P<where>[^:]+):(?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)$")
+
+
+def is_spec(value: Any) -> bool:
+    """`MODULE:CALLABLE`, `path/file.py:CALLABLE` or `torchvision:NAME`: the user's code, not a built-in name."""
+    return isinstance(value, str) and _SPEC.match(value) is not None
+
+
+def _check_spec(flag: str, value: Any, builtins: tuple[str, ...], torchvision: bool = False) -> None:
+    """A built-in name or the text of a spec; whether the code imports is train.specs' to say, on the rank side."""
+    if value in builtins or is_spec(value):
+        return
+    forms = "torchvision:NAME, MODULE:CALLABLE or path/file.py:CALLABLE" if torchvision else \
+        "MODULE:CALLABLE or path/file.py:CALLABLE"
+    raise UsageError(f"unknown {flag} {value!r}: choose one of {', '.join(builtins)}, or {forms}")
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,7 @@ class RunConfig:
 
     model: str = "vgg11"
     dataset: str = "synthetic"
+    loss: str = "cross-entropy"
     data_dir: str = "./data"
     sync: SyncConfig = field(default_factory=SyncConfig)
     epochs: int = 1
@@ -116,8 +137,9 @@ class RunConfig:
     save: str = ""  # --save FILE: rank 0 writes its final state_dict here (torch.save)
 
     def __post_init__(self) -> None:
-        _check_choice("model", self.model, MODELS)
-        _check_choice("dataset", self.dataset, DATASETS)
+        _check_spec("model", self.model, MODELS, torchvision=True)
+        _check_spec("dataset", self.dataset, DATASETS)
+        _check_spec("loss", self.loss, LOSSES)
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("device", self.device, DEVICES)
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < -1:

@@ -106,12 +106,13 @@ def cmd_export(argv: Sequence[str]) -> int:
                 os.makedirs(args.csv, exist_ok=True)
             except OSError as exc:
                 raise UsageError(f"cannot create {args.csv}: {exc.strerror or exc}") from None
+            rate = export.rate_column(rec)
             steps = export.write_csv(os.path.join(args.csv, "steps.csv"), export.STEP_COLUMNS,
-                                     export.step_rows(rec, first, stop))
+                                     export.step_rows(rec, first, stop), rate)
             system = export.write_csv(os.path.join(args.csv, "system.csv"), export.SYSTEM_COLUMNS,
                                       export.system_rows(rec, first, stop))
             segments = export.write_csv(os.path.join(args.csv, "segments.csv"), export.SEGMENT_COLUMNS,
-                                        export.segment_rows(rec))
+                                        export.segment_rows(rec), rate)
             print(f"wrote {os.path.join(args.csv, 'steps.csv')} ({steps} rows), "
                   f"{os.path.join(args.csv, 'system.csv')} ({system} rows), "
                   f"{os.path.join(args.csv, 'segments.csv')} ({segments} rows: the whole file's segment table)")

@@ -9,7 +9,8 @@ from typing import Sequence
 
 from ddptop import __version__
 from ddptop.cli.parser import Parser, check_port, parse_bool
-from ddptop.config import BACKENDS, DATASETS, DEVICES, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig, SyncConfig
+from ddptop.config import (BACKENDS, DATASETS, DEVICES, LOSSES, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig,
+                           SyncConfig, is_spec)
 from ddptop.errors import UsageError
 
 
@@ -66,10 +67,17 @@ def run_parser() -> argparse.ArgumentParser:
                        help="a collective (or step-boundary exchange) that waits longer than S seconds means a peer "
                             "is gone: the job fails with exit 5 (300)")
     what = p.add_argument_group("what to train")
-    what.add_argument("--model", choices=MODELS, default="vgg11",
-                      help="VGG-11 as in the course (9.23M parameters), ResNet-18, or a 21k-parameter CNN (vgg11)")
-    what.add_argument("--dataset", choices=DATASETS, default="synthetic",
-                      help="a learnable set generated from the seed, or the real sets from --data-dir (synthetic)")
+    what.add_argument("--model", default="vgg11", metavar="|".join(MODELS) + "|SPEC",
+                      help="VGG-11 as in the course (9.23M parameters), ResNet-18, a 21k-parameter CNN, the "
+                           "lecture's ResNet-50 and BERT-mini; or your own: torchvision:NAME, MODULE:CALLABLE, "
+                           "path/file.py:CALLABLE (README: Your own model) (vgg11)")
+    what.add_argument("--dataset", default=None, metavar="|".join(DATASETS) + "|SPEC",
+                      help="a learnable image set generated from the seed, the real sets from --data-dir, token "
+                           "sequences (bert-mini's default); or your own: MODULE:CALLABLE, path/file.py:CALLABLE "
+                           "(synthetic)")
+    what.add_argument("--loss", default="cross-entropy", metavar="|".join(LOSSES) + "|SPEC",
+                      help="the training loss; accuracy and the test-set line only with cross-entropy "
+                           "(cross-entropy)")
     what.add_argument("--data-dir", help="the existing folder that holds the cifar10 / mnist files (./data); "
                                          "refused with the synthetic set, which reads no files")
     what.add_argument("--batch-size", type=int, default=64, help="per rank (64)")
@@ -128,15 +136,16 @@ def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> R
     if bucket_given and args.strategy != "ddp" and not any(s.strategy == "ddp" for s in sweep):
         raise UsageError(f"--bucket-mb applies only to ddp, not to {args.strategy}")
     sync = sweep[0] if sweep else sync  # what runs first is what every report of the start says
-    if args.data_dir is not None and args.dataset == "synthetic":
+    dataset = args.dataset or ("tokens" if args.model == "bert-mini" else "synthetic")
+    if args.data_dir is not None and dataset in ("synthetic", "tokens"):
         # refused, not warned: a run on the synthetic set that the user meant to run on their files wastes the
         # run, and a warning line is gone as soon as the screen takes the terminal
-        raise UsageError("--data-dir is for --dataset cifar10 or mnist; the synthetic set reads no files "
+        raise UsageError(f"--data-dir is for --dataset cifar10, mnist or your own; the {dataset} set reads no files "
                          "(add --dataset cifar10|mnist, or drop --data-dir)")
     extra = {"sweep": sweep, "sweep_warmup": profile["warmup"], "sweep_measure": profile["measure"],
              "sweep_until_oom": profile["until_oom"], "profile": profile["name"]} if profile else {}
     data_dir = os.path.abspath(args.data_dir or "./data")
-    return RunConfig(**extra, model=args.model, dataset=args.dataset, data_dir=data_dir, sync=sync,
+    return RunConfig(**extra, model=args.model, dataset=dataset, loss=args.loss, data_dir=data_dir, sync=sync,
                      epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend,
                      device=args.device, workers=args.workers, probes=args.probes,
                      span_every=args.span_every, iface=args.iface, threads=args.threads,
@@ -178,6 +187,10 @@ def cmd_run(argv: Sequence[str]) -> int:
     if placement.note:
         print(f"ddptop: {placement.note}", file=sys.stderr)
     ensure_dataset(cfg)
+    if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss)):
+        from ddptop.train import specs
+
+        specs.build(cfg)  # the user's code on one sample batch, before any rank starts: one line for what is wrong
     from ddptop.record.paths import choose
     from ddptop.front.run import records_here, run
 

@@ -30,7 +30,9 @@ MUST_MATCH = {
     "protocol": "protocol version",
     "torch_version": "torch version",
     "run_config": "run configuration (model, data set, steps, seed, probes)",
+    "params_sha256": "model",
 }
+PARAMS_SHOWN = 400  # [name, shape] pairs in a hello: ~40 bytes each, well inside MAX_HELLO_BYTES
 POLL_S = 0.1
 
 
@@ -64,8 +66,24 @@ def mismatch(hellos: list[dict[str, Any]]) -> str | None:
                 theirs, ours = hello.get(field), first.get(field)
                 if field == "run_config":
                     return f"rank {hello.get('rank')} was started with another {label} than rank 0"
+                if field == "params_sha256":
+                    difference = _first_difference(hello.get("params"), first.get("params"))
+                    return f"rank {hello.get('rank')} built another model than rank 0: {difference}"
                 return f"rank {hello.get('rank')} has {label} {clean(theirs, 80)}, rank 0 has {clean(ours, 80)}"
     return None
+
+
+def _first_difference(theirs: Any, ours: Any) -> str:
+    """The first parameter whose name or shape differs: `[name, shape]` lists, the model's order."""
+    theirs, ours = theirs if isinstance(theirs, list) else [], ours if isinstance(ours, list) else []
+    for index, (a, b) in enumerate(zip(theirs, ours)):
+        if a != b:
+            return f"its parameter {index} is {clean(a, 100)}, rank 0's is {clean(b, 100)}"
+    if len(theirs) == len(ours):
+        return f"its parameters differ after the first {len(ours)}"
+    shorter = min(len(theirs), len(ours))
+    longer, who = (theirs, "it") if len(theirs) > len(ours) else (ours, "rank 0")
+    return f"{who} has more parameters, the first extra one {clean(longer[shorter], 100)}"
 
 
 def join(store: dist.Store, rank: int, world_size: int, hello: dict[str, Any], timeout_s: float,

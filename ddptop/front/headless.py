@@ -20,14 +20,15 @@ from ddptop.metrics.traffic import not_comparable
 MB = 1e6
 
 
-def progress_line(step: int, total: int, loss: float, recent: Figures, job: Figures, ranks: int, segment: int) -> str:
+def progress_line(step: int, total: int, loss: float, recent: Figures, job: Figures, ranks: int, segment: int,
+                  unit: str = "img/s") -> str:
     """`step 20/196 loss 2.3100 (rank 0) | job: 0.650 s/it 197 img/s (segment 1, 2 ranks) | rank 0: comm …`.
 
     Every figure is over the steps since the last line within ONE segment (a window never spans a switch) and says
     whose it is: the job's step time is the slowest rank's and its img/s every rank's images over the slowest
     rank's time, as in the segment table (ddptop.metrics); comm, overlap and bytes (with --probes all) are rank 0's."""
     line = (f"step {step}{f'/{total}' if total else ''} loss {loss:.4f} (rank 0) | job: {job.step_s:.3f} s/it "
-            f"{job.images_per_s:.0f} img/s (segment {segment}, {ranks} rank{'s' if ranks != 1 else ''})")
+            f"{job.images_per_s:.0f} {unit} (segment {segment}, {ranks} rank{'s' if ranks != 1 else ''})")
     if recent.comm_s > 0 or recent.tx_bytes > 0:
         line += (f" | rank 0: comm {recent.share(recent.comm_s):.0%} overlap {recent.overlap:.0%} exposed "
                  f"{recent.exposed_comm_s * 1e3:.0f} ms sent {recent.tx_bytes / MB:.1f} MB/step")
@@ -74,6 +75,7 @@ class HeadlessPrinter:
     def __init__(self, total_steps: int = 0, every: int = 10, out: TextIO | None = None, bar: bool | None = None,
                  state: SharedState | None = None):
         self.total = total_steps
+        self.unit = "img/s"  # metrics.rate_unit of the run's data set, once RunStarted names it
         self.every = max(1, every)
         self.out = out or sys.stdout
         self.finished: dict[int, RunFinished] = {}
@@ -101,6 +103,7 @@ class HeadlessPrinter:
                 self.total = event.total_steps or self.total  # the trainer's own count
                 # 0 steps per epoch: unknown (a user's own loop, whose loader is its own)
                 per_epoch = f", {event.steps_per_epoch} steps/epoch" if event.steps_per_epoch else ""
+                self.unit = metrics.rate_unit(event.dataset)
                 self._print(f"training {event.model} ({event.param_count / 1e6:.2f}M parameters in "
                             f"{event.param_tensors} tensors, {event.param_bytes / MB:.1f} MB of gradients) on "
                             f"{event.dataset}, {event.world_size} ranks, {event.strategy}, batch {event.batch_size}"
@@ -142,9 +145,10 @@ class HeadlessPrinter:
         mine = windows.get(0, metrics.Figures())
         if self.bar is not None:
             self.bar.update(step, self.total, f"loss {done.loss:.3f}  job {job.step_s:.3f} s/it  "
-                                              f"{job.images_per_s:.0f} img/s")
+                                              f"{job.images_per_s:.0f} {self.unit}")
         if line_due:
-            self._print(progress_line(step, self.total, done.loss, mine, job, len(windows), done.segment))
+            self._print(progress_line(step, self.total, done.loss, mine, job, len(windows), done.segment,
+                                      self.unit))
 
     def _print(self, line: str) -> None:
         line = clean_lines(line)  # events were cleaned when decoded; printed lines are cleaned again all the same
@@ -159,7 +163,7 @@ class HeadlessPrinter:
         if self.finished:
             segments = snap.segment_figures
             if segments and any(s.measured_steps for s in segments):
-                for line in ["segments:", *tables.lines(segments, indent="  ")]:
+                for line in ["segments:", *tables.lines(segments, indent="  ", unit=self.unit)]:
                     self._print(line)
             for line in traffic_lines(snap) if traffic else []:
                 self._print(line)

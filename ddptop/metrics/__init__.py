@@ -12,6 +12,7 @@ from array import array
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
+from ddptop.config import IMAGE_DATASETS
 from ddptop.events import ConfigApplied, Event, StepDone
 
 # name → (unit, definition). The README glossary is this table in prose.
@@ -21,7 +22,8 @@ GLOSSARY: dict[str, tuple[str, str]] = {
                        "the first boundary for every rank to start and the end-of-epoch test are not part of any "
                        "step"),
     "images/s": ("img/s", "images trained in a window of steps divided by the wall time of those steps; for the "
-                          "job, every rank's images divided by the slowest rank's time"),
+                          "job, every rank's images divided by the slowest rank's time; samples/s (the same count) "
+                          "where the inputs are not images: the token set and the user's own data sets"),
     "data": ("s", "waiting for the next batch and copying it to the device"),
     "compute": ("s", "forward (with the loss), backward and the optimizer step, from the step's phase marks; "
                      "under DDP the backward ends when the last bucket is launched; per-layer hook time is "
@@ -49,6 +51,17 @@ GLOSSARY: dict[str, tuple[str, str]] = {
 }
 
 DEFAULT_WARMUP = 1
+
+
+def rate_unit(dataset: Any) -> str:
+    """`img/s` where a run's samples are images (the built-in image sets; a recording that names none), else
+    `samples/s`: what the screen, headless lines, info, report and CSV call the images/s figure."""
+    return "img/s" if dataset is None or dataset in IMAGE_DATASETS else "samples/s"
+
+
+def rate_column(dataset: Any) -> str:
+    """The images/s figure's CSV column: images_per_s, or samples_per_s (rate_unit)."""
+    return "images_per_s" if rate_unit(dataset) == "img/s" else "samples_per_s"
 
 
 def warmup_for(run_config: Mapping[str, Any] | None) -> int:

@@ -37,16 +37,21 @@ def cells(row: dict[str, Any]) -> tuple[str, ...]:
             "nan" if math.isnan(loss) else f"{loss:.4f}")
 
 
-def lines(segments: Iterable[SegmentFigures], indent: str = "") -> list[str]:
+def header(unit: str = "img/s") -> tuple[str, ...]:
+    """HEADER with the run's rate unit (metrics.rate_unit)."""
+    return tuple(unit if name == "img/s" else name for name in HEADER)
+
+
+def lines(segments: Iterable[SegmentFigures], indent: str = "", unit: str = "img/s") -> list[str]:
     """The table, aligned, and one line saying which steps it counts."""
-    return row_lines(table_rows(segments), indent)
+    return row_lines(table_rows(segments), indent, unit)
 
 
-def row_lines(rows: list[dict[str, Any]], indent: str = "") -> list[str]:
+def row_lines(rows: list[dict[str, Any]], indent: str = "", unit: str = "img/s") -> list[str]:
     """`lines` for rows already made by `metrics.table_rows`."""
     if not rows:
         return []
-    body = [HEADER, *(cells(r) for r in rows)]
+    body = [header(unit), *(cells(r) for r in rows)]
     widths = [max(len(line[i]) for line in body) for i in range(len(HEADER))]
     out = [indent + "  ".join(c.rjust(w) if i not in (2,) else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
            for line in body]

@@ -189,12 +189,20 @@ def _r(x: float) -> float:
     return round(x, 6)
 
 
-def write_csv(path: str, columns: tuple[str, ...], rows: Iterable[dict]) -> int:
+def rate_column(rec: Recording) -> str:
+    """images_per_s, or samples_per_s where the recorded run's inputs were not images (metrics.rate_column)."""
+    return metrics.rate_column(rec.config.get("dataset"))
+
+
+def write_csv(path: str, columns: tuple[str, ...], rows: Iterable[dict], rate: str = "images_per_s") -> int:
+    """The rows under `columns`, with the images_per_s column named `rate` (rate_column)."""
     count = 0
     with _replacing(path) as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
+        writer = csv.DictWriter(f, fieldnames=[rate if c == "images_per_s" else c for c in columns])
         writer.writeheader()
         for row in rows:
+            if rate != "images_per_s" and "images_per_s" in row:
+                row[rate] = row.pop("images_per_s")
             writer.writerow(row)
             count += 1
     return count

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from ddptop.metrics import table_rows, tables
+from ddptop.metrics import rate_unit, table_rows, tables
 from ddptop.metrics.stragglers import Stragglers, analyse
 from ddptop.events import ClockSync, LogLine, ModelsDiverged, RunFinished
 from ddptop.record.reader import WHOLE_STEP, Recording, damaged
@@ -195,7 +195,8 @@ def render(s: dict[str, Any]) -> str:
     ]
     timed = [seg for seg in s["segments"] if "step_s_slowest" in seg]
     if timed:
-        lines += ["segments", *tables.row_lines(_figures_only(timed), indent="  ")]
+        unit = rate_unit(None if s["dataset"] == "?" else s["dataset"])
+        lines += ["segments", *tables.row_lines(_figures_only(timed), indent="  ", unit=unit)]
     for seg in s["segments"]:
         if seg.get("buckets"):
             sizes = " ".join(f"{b[1] / 1e6:.{1 if b[1] >= 1e6 else 3}f}" for b in seg["buckets"]

@@ -56,10 +56,11 @@ def row(s: SegmentStats) -> list[str]:
             _opt(s.bus_gbit_s, ".3f"), f"{s.final_loss:.4f}"]
 
 
-def segment_table(stats: list[SegmentStats]) -> tuple:
-    """The page's table: the ESSENTIAL columns (all of them: `segment_csv`)."""
+def segment_table(stats: list[SegmentStats], unit: str = "img/s") -> tuple:
+    """The page's table: the ESSENTIAL columns (all of them: `segment_csv`); `unit` names the images/s column
+    (metrics.rate_unit of the runs' data sets)."""
     keep = [COLUMNS.index(c) for c in ESSENTIAL]
-    return ("table", list(ESSENTIAL), [[r[i] for i in keep] for r in (row(s) for s in stats)])
+    return ("table", [unit if c == "img/s" else c for c in ESSENTIAL], [[r[i] for i in keep] for r in (row(s) for s in stats)])
 
 
 def segment_csv(stats: list[SegmentStats]) -> str:

@@ -77,7 +77,8 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
         blocks.append(("list", run_lines(run, kept, reasons, out)))
     blocks += [b for run, kept in zip(runs, shown)
                for b in handin.blocks(run, kept, any(c.run == run.name for c in compared or []))]
-    blocks += [("h2", "Per segment"), markdown.segment_table(stats), ("p", TABLE_NOTE)]
+    units = sorted({metrics.rate_unit(None if r.dataset == "?" else r.dataset) for r in runs})
+    blocks += [("h2", "Per segment"), markdown.segment_table(stats, " or ".join(units) or "img/s"), ("p", TABLE_NOTE)]
     blocks += hints.blocks(runs, shown)
     blocks += straggler_blocks(runs)
     gpu = markdown.gpu_table(stats)

@@ -1,4 +1,5 @@
-"""Training data: a learnable synthetic set, CIFAR-10 and MNIST as 3x32x32 images, sharded per rank."""
+"""Training data: a learnable synthetic set, CIFAR-10 and MNIST as 3x32x32 images, a synthetic token-sequence set,
+sharded per rank."""
 
 from __future__ import annotations
 
@@ -78,13 +79,53 @@ class SlowItems(Dataset):
         return self.dataset[index]
 
 
+# The token set (for bert-mini): sequences of TOKEN_LENGTH ids drawn from BERT's vocabulary; TOKEN_CLASSES marker
+# tokens (picked by the seed) each stand for a class, and a sequence holds the markers of its class 3 times at
+# random places among 28 ordinary tokens, plus one marker of another class once: the label is the marker that
+# occurs most. A model must learn which 4 of 30522 embeddings matter and which of two markers it saw more often
+# (a model that only spots markers is right half the time).
+TOKEN_VOCAB = 30522
+TOKEN_LENGTH = 32
+TOKEN_CLASSES = 4
+TOKEN_MARKS = 3
+
+
+def token_datasets(seed: int, size: int) -> tuple[TensorDataset, TensorDataset]:
+    """`size` training and size // 5 test sequences (int64 ids, int label), the same for a seed."""
+    generator = torch.Generator().manual_seed(seed)
+    markers = torch.randperm(TOKEN_VOCAB, generator=generator)[:TOKEN_CLASSES]
+    return _token_set(markers, size, generator), _token_set(markers, max(1, size // 5), generator)
+
+
+def _token_set(markers: torch.Tensor, count: int, generator: torch.Generator) -> TensorDataset:
+    ids = torch.randint(0, TOKEN_VOCAB, (count, TOKEN_LENGTH), generator=generator)
+    filler = next(i for i in range(TOKEN_CLASSES + 1) if i not in markers.tolist())
+    ids[torch.isin(ids, markers)] = filler  # ordinary tokens are never markers
+    labels = torch.randperm(count, generator=generator) % TOKEN_CLASSES
+    other = (labels + torch.randint(1, TOKEN_CLASSES, (count,), generator=generator)) % TOKEN_CLASSES
+    places = torch.argsort(torch.rand(count, TOKEN_LENGTH, generator=generator), dim=1)[:, :TOKEN_MARKS + 1]
+    ids.scatter_(1, places[:, :TOKEN_MARKS], markers[labels].unsqueeze(1).expand(-1, TOKEN_MARKS))
+    ids.scatter_(1, places[:, TOKEN_MARKS:], markers[other].unsqueeze(1))
+    return LabelledTokens(ids, labels)
+
+
+class LabelledTokens(TensorDataset):
+    """Token sequences and labels; an item is (int64 ids of shape (TOKEN_LENGTH,), int label)."""
+
+    num_classes = TOKEN_CLASSES
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        ids, labels = self.tensors
+        return ids[index], int(labels[index])
+
+
 def ensure_dataset(cfg: RunConfig) -> None:
     """Check the data set named by cfg.dataset is usable, downloading cifar10/mnist into an existing --data-dir.
 
     Nothing is created that the user did not ask for (issue 26): a --data-dir that does not exist is an error, not
     a folder made on the spot (a typo would otherwise leave /nonexistent/dir behind), and a download goes to a
     temporary folder inside it whose files move into place only once all of them are there."""
-    if cfg.dataset == "synthetic":
+    if cfg.dataset not in _FILES:  # generated from the seed, or the user's own (train.specs)
         return
     files, root = _FILES[cfg.dataset], _root(cfg)
     if not os.path.isdir(root):
@@ -121,9 +162,12 @@ def _download(files: _Files, root: str) -> None:
 
 
 def build_datasets(cfg: RunConfig) -> tuple[Dataset, Dataset]:
-    """(train, test) datasets, never downloading; every item is (float tensor 3x32x32, int label 0..9)."""
+    """A built-in set's (train, test), never downloading; every item is (float tensor 3x32x32, int label 0..9),
+    or for `tokens` (int64 ids, int label 0..3)."""
     if cfg.dataset == "synthetic":
         return synthetic_datasets(cfg.seed, cfg.synthetic_size)
+    if cfg.dataset == "tokens":
+        return token_datasets(cfg.seed, cfg.synthetic_size)
     files, root = _FILES[cfg.dataset], _root(cfg)
     if files.missing(root):
         raise DataError(f"{files.not_found(root)}; put the files there or pass --data-dir")
@@ -154,7 +198,7 @@ def make_loader(
                         pin_memory=pin, persistent_workers=workers > 0)
     if len(loader) == 0:
         raise DataError(
-            f"{len(dataset)} images give no full batch of {batch_size} to each of {world_size} rank(s): "
+            f"{len(dataset)} samples give no full batch of {batch_size} to each of {world_size} rank(s): "
             "use a smaller batch size or a larger data set (--synthetic-size)"
         )
     return loader, sampler

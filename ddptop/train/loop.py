@@ -20,9 +20,10 @@ from ddptop.events import ClockSync, EpochDone, LogLine, OutOfMemory, RunFinishe
 from ddptop.metrics.buckets import same_layout
 from ddptop.probes.clocksync import ping_pong
 from ddptop.probes.own import now
-from ddptop.train.data import SlowItems, build_datasets, make_loader
+from ddptop.train import specs
+from ddptop.train.data import make_loader
 from ddptop.train.devices import check_strategy, loader_workers
-from ddptop.train.models import build_model, layer_param_counts, test_tweaks
+from ddptop.train.models import layer_param_counts, test_tweaks
 from ddptop.train.save import SaveFailed, save
 from ddptop.train.strategies import Strategy, build_strategy
 from ddptop.train.sync_state import broadcast_state, fingerprint, model_bytes
@@ -32,20 +33,19 @@ class Trainer:
     """Trains one rank. `emit` receives every event; it must not block (the bus queues them)."""
 
     def __init__(self, cfg: RunConfig, rank: int, world_size: int, device: torch.device,
-                 emit: Callable[[Any], None], probe: Any, model: nn.Module | None = None, local_ranks: int = 1):
+                 emit: Callable[[Any], None], probe: Any, model: nn.Module | None = None, local_ranks: int = 1,
+                 parts: specs.Parts | None = None):
         self.cfg = cfg
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.emit = emit
         self.probe = probe
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        tweaks = test_tweaks(rank)
-        slow_data = tweaks.pop("data_sleep_s", 0.0)
-        self.model = (model or build_model(cfg.model, **tweaks)).to(device)
-        self.train_set, self.test_set = build_datasets(cfg)
-        if slow_data:
-            self.train_set = SlowItems(self.train_set, slow_data)
+        parts = parts or specs.build(cfg, test_tweaks(rank))  # seeded: the same initial weights on every rank
+        self.model = (model or parts.model).to(device)
+        self.train_set, self.test_set = parts.train, parts.test
+        self.criterion, self.unused = parts.loss, parts.unused
+        self.evaluates = cfg.eval and parts.classification and parts.test is not None  # accuracy means something
         self.workers = loader_workers(cfg.workers, device.type, local_ranks)
         self.pin = device.type == "cuda"  # page-locked batches: the copy to the GPU really is asynchronous
         self.sync: SyncConfig | None = None
@@ -82,7 +82,7 @@ class Trainer:
         self.segment += 1
         self.segment_start = self.step
         self.strategy, self.forward_module = build_for(self.model, sync, self.rank, self.world_size, self.device,
-                                                       self.probe)
+                                                       self.probe, find_unused=bool(self.unused))
         if previous is None or previous.batch_size != sync.batch_size:
             # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)
             self.loader, self.sampler = make_loader(self.train_set, sync.batch_size, self.rank, self.world_size,
@@ -105,7 +105,7 @@ class Trainer:
             check_strategy("cuda", dist.get_backend(), sync.strategy)
         if sync.batch_size * self.world_size > len(self.train_set):
             raise UsageError(f"batch size {sync.batch_size} x {self.world_size} ranks is more than the "
-                             f"{len(self.train_set)} training images")
+                             f"{len(self.train_set)} training {'images' if specs.samples_are_images(self.cfg.dataset) else 'samples'}")
 
     # -- the run ----------------------------------------------------------------------------------------
     def total_steps(self) -> int:
@@ -128,7 +128,7 @@ class Trainer:
             self.emit(started)
             self._sweep_warning(started)
         self._sync_clocks("start", agent)
-        criterion = nn.CrossEntropyLoss()
+        criterion = self.criterion
         total = self.total_steps()
         self._evaluated_at = -1
         probe = self.probe
@@ -144,7 +144,7 @@ class Trainer:
                 break
         probe.close()  # waits for the device once, so the last step's marks can be read
         self._sync_clocks("end", agent)  # every rank leaves the loop at the same step (a stop is broadcast)
-        if self.cfg.eval and self.stop_reason == "done" and self._evaluated_at != self.step:
+        if self.evaluates and self.stop_reason == "done" and self._evaluated_at != self.step:
             self._evaluate(criterion)
         self._finish()
         return self.step
@@ -185,7 +185,7 @@ class Trainer:
                 return next(self._iterator)
             except StopIteration:
                 began = now()
-                if self.cfg.eval:
+                if self.evaluates:
                     self._evaluate(criterion)
                     self._evaluated_at = self.step
                 self.epoch += 1
@@ -206,7 +206,7 @@ class Trainer:
         probe.mark("sync")
         self.optimizer.step()
         probe.mark("opt")
-        probe.finish(loss, epoch=self.epoch, batch_size=int(labels.shape[0]))
+        probe.finish(loss, epoch=self.epoch, batch_size=int(inputs.shape[0]))
         self.step += 1
 
     def _trial_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, agent) -> bool:
@@ -340,10 +340,13 @@ def exchange(agent, probe: Any, step: int):
 
 
 def build_for(model: nn.Module, sync: SyncConfig, rank: int, world_size: int, device: torch.device,
-              probe: Any) -> tuple[Strategy, nn.Module]:
-    """The strategy for `sync` on `model`, and the module to run forward on; the probe watches the plain model."""
+              probe: Any, find_unused: bool = False) -> tuple[Strategy, nn.Module]:
+    """The strategy for `sync` on `model`, and the module to run forward on; the probe watches the plain model.
+    `find_unused`: the model has parameters that get no gradient (DDP's find_unused_parameters; the others send
+    zeros for them)."""
     device_ids = [device.index] if device.type == "cuda" else None
     strategy = build_strategy(sync, rank, world_size, probe.comm, device_ids)
+    strategy.find_unused = find_unused
     forward_module = strategy.prepare(model)
     probe.watch(model, overlapped_backward=sync.strategy == "ddp")
     return strategy, forward_module

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import signal
@@ -30,7 +32,8 @@ from ddptop.probes.step import StepProbe
 from ddptop.sources.gpu import cuda_uuid
 from ddptop.sources.sampler import SystemSampler
 from ddptop.sources.system import job_interface
-from ddptop.train import devices
+from ddptop.train import devices, specs
+from ddptop.train.models import test_tweaks
 from ddptop.train.loop import Trainer
 from ddptop.rendezvous import Rendezvous
 
@@ -66,8 +69,12 @@ def thread_count(cfg: RunConfig, rdv: Rendezvous) -> int:
     return cfg.threads or max(1, (os.cpu_count() or 1) // max(1, rdv.local_world_size))
 
 
-def hello(cfg: RunConfig, rdv: Rendezvous, device: torch.device, backend: str, threads: int) -> dict:
-    return {
+def hello(cfg: RunConfig, rdv: Rendezvous, device: torch.device, backend: str, threads: int,
+          model: torch.nn.Module | None = None) -> dict:
+    params = [[name, list(p.shape)] for name, p in model.named_parameters()] if model is not None else []
+    # the digest covers every parameter; the first PARAMS_SHOWN name the first difference within the hello's 64 KB
+    digest = hashlib.sha256(json.dumps(params).encode()).hexdigest()
+    return {"params_sha256": digest, "params": params[:handshake.PARAMS_SHOWN],
         "rank": rdv.rank, "world_size": rdv.world_size, "host": socket.gethostname(), "pid": os.getpid(),
         "device": str(device), "backend": backend, "threads": threads, "torch_version": torch.__version__,
         "ddptop_version": ddptop.__version__, "protocol": ddptop.PROTOCOL_VERSION, "rank_source": rdv.source,
@@ -79,7 +86,8 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     """Train as one rank. Raises DdptopError for anything the user can act on."""
     with joined(cfg, rdv, options) as rank:
         trainer = Trainer(cfg, rdv.rank, rdv.world_size, rank.device, rank.emit,
-                          make_probe(cfg, rdv.rank, rank.device, rank.emit), local_ranks=rdv.local_world_size)
+                          make_probe(cfg, rdv.rank, rank.device, rank.emit), local_ranks=rdv.local_world_size,
+                          parts=rank.parts)
         rank.agent = ControlAgent(rdv.rank, rdv.world_size, rank.job, rank.connect, rank.emit, trainer.check,
                                   cfg.first_sync, group=rank.group, sweep_segments=len(cfg.sweep))
         return trainer.run(rank.agent)
@@ -95,12 +103,14 @@ class Joined:
     connect: Callable[[], Any]  # a new channel client, as the control agent's thread needs one
     emit: Callable[[Any], None]
     agent: ControlAgent | None = None  # set by the trainer once it exists: closed on the way out
+    parts: Any = None  # ddptop's own loop: the model, data and loss built from the spec (train/specs.py)
 
 
 @contextmanager
-def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions):
+def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, model: torch.nn.Module | None = None):
     """Join the job (handshake, process groups, the job's channel, system samples) for the block; on the way out
-    a peer's failure becomes PeerLost (one line), and the agent, sampler, publisher and process groups close."""
+    a peer's failure becomes PeerLost (one line), and the agent, sampler, publisher and process groups close.
+    `model`: the user's own (ddptop/api.py); None builds ddptop's from cfg's spec (Joined.parts)."""
     threads = thread_count(cfg, rdv)
     torch.set_num_threads(threads)
     device, backend = pick_device(cfg, rdv)
@@ -115,7 +125,9 @@ def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions):
     secure = options.check_token
     control = _control_key(rdv.rank, options, public)
     view = stores.job_view(base, prefix, namespace(control)) if secure else public
-    me = hello(cfg, rdv, device, backend, threads)
+    # the model before the handshake: rank 0 compares every rank's parameter names and shapes (one spec, one model)
+    parts = specs.build(cfg, test_tweaks(rdv.rank)) if model is None else None
+    me = hello(cfg, rdv, device, backend, threads, parts.model if parts is not None else model)
     handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, control if secure else b"")
     group, job = connect_ranks(rdv, backend, view, options, control)
     port = channel.read_port(public, options.timeout_s)
@@ -135,7 +147,7 @@ def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions):
         sampler = SystemSampler(rdv.rank, me["host"], iface, publisher.emit, gpu_indices=gpus,
                                 gpu_uuids=[cuda_uuid(i) for i in gpus])
         sampler.start()
-    rank = Joined(device, group, job, connect, publisher.emit)
+    rank = Joined(device, group, job, connect, publisher.emit, parts=parts)
     try:
         yield rank
     except RuntimeError as exc:

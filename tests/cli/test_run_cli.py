@@ -50,8 +50,8 @@ def test_epoch_end_prints_the_course_test_line():
 
 @pytest.mark.parametrize("args,words", [
     (["--strategy", "ring"], ["invalid choice", "ring"]),
-    (["--model", "gpt"], ["invalid choice", "gpt"]),
-    (["--dataset", "imagenet"], ["invalid choice", "imagenet"]),
+    (["--model", "gpt"], ["unknown model", "gpt", "MODULE:CALLABLE"]),
+    (["--dataset", "imagenet"], ["unknown dataset", "imagenet"]),
     (["--batch-size", "0"], ["batch size"]),
     (["--bucket-mb", "-1"], ["bucket size"]),
     (["--local", "0"], ["--local"]),

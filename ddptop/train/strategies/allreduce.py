@@ -21,7 +21,7 @@ class AllReduce(Strategy):
         n = self.world_size
         self._pending = []
         for name, param in self.named_params:
-            grad = param.grad
+            grad = self.grad(param)
             size = grad.numel() * grad.element_size()
             start = self.comm.arrive()
             if self.sync.async_op:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ddptop.config import SyncConfig
@@ -17,6 +18,7 @@ class Strategy:
     """
 
     name = "base"
+    find_unused = False  # the model has parameters that get no gradient (train.specs.try_batch found them)
 
     def __init__(self, sync: SyncConfig, rank: int, world_size: int, comm: CommRecorder, device_ids=None):
         self.sync = sync
@@ -29,6 +31,13 @@ class Strategy:
         self.model = model
         self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         return model
+
+    def grad(self, param):
+        """The parameter's gradient; zeros for one that got none this step (its layer was not used), so that every
+        rank runs the same collectives (a rank that skipped one would leave its peers waiting)."""
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        return param.grad
 
     def after_backward(self) -> None:
         pass

@@ -21,7 +21,9 @@ class DDP(Strategy):
 
     def prepare(self, model: nn.Module) -> nn.Module:
         super().prepare(model)
-        self.ddp = DistributedDataParallel(model, device_ids=self.device_ids, bucket_cap_mb=self.sync.bucket_mb)
+        # find_unused_parameters only where needed: it walks the autograd graph after every forward
+        self.ddp = DistributedDataParallel(model, device_ids=self.device_ids, bucket_cap_mb=self.sync.bucket_mb,
+                                           find_unused_parameters=self.find_unused)
         if self.comm.enabled:
             self.ddp.register_comm_hook(self, _timed_allreduce)
         return self.ddp
@@ -35,9 +37,7 @@ class DDP(Strategy):
         """The mean gradient DDP's buckets would give, one all_reduce per parameter (the trial step only)."""
         n = self.world_size
         for name, param in self.named_params:
-            grad = param.grad
-            if grad is None:  # unused by forward: the same parameters on every rank (one model)
-                continue
+            grad = self.grad(param)
             size = grad.numel() * grad.element_size()
             start = self.comm.arrive()
             dist.all_reduce(grad, op=dist.ReduceOp.SUM)

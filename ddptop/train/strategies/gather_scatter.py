@@ -18,7 +18,7 @@ class GatherScatter(Strategy):
         root = self.rank == 0
         n = self.world_size
         for name, param in self.named_params:
-            grad = param.grad
+            grad = self.grad(param)
             size = grad.numel() * grad.element_size()
             gathered = [torch.empty_like(grad) for _ in range(n)] if root else None
             start = self.comm.arrive()

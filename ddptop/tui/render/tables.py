@@ -33,16 +33,21 @@ def ranks_table(snap: Snapshot, selected: int | None = None, width: int = 160, w
     table = _table()
     wide = width >= WIDE
     columns = [("rank", "right"), ("host", "left"), ("state", "left"), ("step", "right"), ("s/step", "right"),
-               (f"mean{window}", "right"), ("img/s", "right"), ("comm", "right"), ("exposed", "right"),
+               (f"mean{window}", "right"), (rate_unit(snap), "right"), ("comm", "right"), ("exposed", "right"),
                ("overlap", "right"), ("ddptop", "right"), ("loss", "right"), ("CPU%", "right"), ("GPU%", "right")]
     keep = [i for i, (name, _) in enumerate(columns)
-            if wide or name not in ("host", "img/s", "overlap", "CPU%", "GPU%")]
+            if wide or name not in ("host", "img/s", "samples/s", "overlap", "CPU%", "GPU%")]
     for i in keep:
         table.add_column(columns[i][0], justify=columns[i][1], no_wrap=True)
     for r in snap.ranks:
         table.add_row(*[c for i, c in enumerate(_rank_cells(snap, r, window, wide)) if i in keep],
                       style=(("underline" if r.rank == selected else "") or None))
     return table
+
+
+def rate_unit(snap: Snapshot) -> str:
+    """img/s or samples/s, by the run's data set (metrics.rate_unit)."""
+    return metrics.rate_unit(getattr(snap.run, "dataset", None))
 
 
 def _rank_cells(snap: Snapshot, r, window: int, wide: bool = True) -> list:
@@ -81,8 +86,8 @@ def segment_table(snap: Snapshot, width: int = 160, last: int | None = None) -> 
     segment in force is marked ▶, one still in its warm-up says so; `last` keeps the newest segments only."""
     table = _table()
     wide = width >= WIDE
-    header = list(tables.HEADER)
-    keep = [i for i, name in enumerate(header) if wide or name in SEGMENT_NARROW]
+    header = list(tables.header(rate_unit(snap)))
+    keep = [i for i, name in enumerate(header) if wide or name in SEGMENT_NARROW or name == "samples/s"]
     for i in keep:
         table.add_column(header[i] if wide else NARROW_NAMES.get(header[i], header[i]), no_wrap=True,
                          justify="left" if header[i] == "config" else "right", min_width=2 if i == 0 else None)

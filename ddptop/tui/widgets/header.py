@@ -10,6 +10,7 @@ from textual.widget import Widget
 from ddptop.metrics import tables
 from ddptop.state.session import Snapshot
 from ddptop.tui.render.palette import STATES, VERMILLION
+from ddptop.tui.render.tables import rate_unit
 from ddptop.tui.render.units import fmt_bytes, fmt_s, safe
 
 
@@ -75,9 +76,9 @@ class StatusHeader(Widget):
         sweep = getattr(snap.run, "sweep_segments", 0)  # a profile's sweep: which configuration of how many
         out.append(f" · segment {snap.segment}" + (f" (sweep {min(snap.segment + 1, sweep)}/{sweep})" if sweep else ""))
         if snap.paused and live:
-            out.append(" · img/s paused", style="yellow")
+            out.append(f" · {rate_unit(snap)} paused", style="yellow")
         elif not snap.finished:
-            out.append(f" · {snap.images_per_s:,.0f} img/s")
+            out.append(f" · {snap.images_per_s:,.0f} {rate_unit(snap)}")
         cost = own_cost(snap)
         if cost and wide and not snap.finished:
             out.append(f" · {cost}")
