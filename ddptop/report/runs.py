@@ -108,7 +108,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         warnings=[f"**Incomplete:** {untrusted(reason)}" for reason in incomplete] + _warnings(events),
         pauses=_pauses(events, start + duration),
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
-        epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0)
+        epoch_images=(started.steps_per_epoch * started.accum * started.batch_size * world) if started else 0)
 
 
 def _slim(event):
