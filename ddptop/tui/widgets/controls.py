@@ -56,7 +56,8 @@ def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: 
         wanted["compress"] = str(compress)
     if warmup is not None:
         wanted["lr_warmup_steps"] = _number(warmup, int, "lr warm-up steps")
-    changes = {k: v for k, v in wanted.items() if current.get(k) != v}
+    known = {**SyncConfig().to_dict(), **current}  # a recording from before accum/compress: their defaults ran
+    changes = {k: v for k, v in wanted.items() if known.get(k) != v}
     if wanted["async_op"] and "strategy" in changes:  # asked for with a new strategy: rank 0 would judge it, so do we
         changes["async_op"] = True
     if not changes:
