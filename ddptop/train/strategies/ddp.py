@@ -34,7 +34,7 @@ class DDP(Strategy):
     def prepare(self, model: nn.Module) -> nn.Module:
         super().prepare(model)
         self.ddp = DistributedDataParallel(model, device_ids=self.device_ids, bucket_cap_mb=self.sync.bucket_mb)
-        self.powersgd = None
+        self.powersgd, self._previous = None, None
         if self.sync.powersgd_rank:  # a new state per segment: the error feedback restarts at every switch
             self.powersgd = powerSGD_hook.PowerSGDState(
                 process_group=None, matrix_approximation_rank=self.sync.powersgd_rank,
@@ -42,7 +42,7 @@ class DDP(Strategy):
         if self.comm.enabled:
             self.ddp.register_comm_hook(self, _timed_hook)
         elif self.powersgd is not None:
-            self.ddp.register_comm_hook(self.powersgd, powerSGD_hook.powerSGD_hook)
+            self.ddp.register_comm_hook(self, lambda strategy, bucket: strategy.hook(bucket)[0])
         elif self.sync.compress != "none":
             self.ddp.register_comm_hook(None, HOOKS[self.sync.compress])
         return self.ddp
@@ -85,7 +85,13 @@ class DDP(Strategy):
             return powerSGD_hook.powerSGD_hook(state, bucket), (size, *wire.ring_allreduce(size, self.world_size))
         shapes = [tuple(g.shape) for g in bucket.gradients()]
         counted = wire.powersgd_allreduce(shapes, self.sync.powersgd_rank, self.world_size, buffer.element_size())
-        return powerSGD_hook.powerSGD_hook(state, bucket), counted
+        if self._previous is not None:
+            # PowerSGD starts a bucket's P and Q all-reduces from callbacks in gloo's threads: with two buckets in
+            # flight the ranks issued them in different orders (gloo: "960 vs 192 bytes ... collective mismatch",
+            # rank 0 aborted). One bucket at a time keeps every rank's order the same
+            self._previous.wait()
+        self._previous = future = powerSGD_hook.powerSGD_hook(state, bucket)
+        return future, counted
 
     def teardown(self) -> None:
         # dropping the wrapper releases its reducer; parameters stay with the plain model
