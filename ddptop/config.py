@@ -83,8 +83,8 @@ class SyncConfig:
 
         A setting that means nothing for the resulting strategy is refused (bucket_mb is DDP's, async_op is
         allreduce's, powersgd is DDP's, compression is nothing to single); leaving allreduce turns async_op off
-        and leaving for a strategy that cannot carry the compression turns it off, unless the change names it. bucket_mb is kept
-        while another strategy runs, for the next switch to DDP, but only DDP shows it."""
+        and leaving for a strategy that cannot carry the compression turns it off, unless the change names it.
+        bucket_mb is kept while another strategy runs, for the next switch to DDP, but only DDP shows it."""
         strategy = changes.get("strategy", self.strategy)
         cleared = {"async_op": False} if changes.get("strategy", "allreduce") != "allreduce" else {}
         if "strategy" in changes and (strategy == "single" or (strategy != "ddp" and self.powersgd_rank)):

@@ -22,8 +22,8 @@ assert set(LANE_OF_KIND) == set(SPAN_KINDS)
 
 STEP_COLUMNS = ("rank", "step", "time", "iter_s", "data_s", "compute_s", "fwd_s", "bwd_s", "opt_s", "comm_s",
                 "exposed_comm_s", "overlap", "own_s", "other_s", "loss", "strategy", "bucket_mb", "async_op",
-                "batch_size", "accum", "compress", "segment", "epoch", "comm_bytes", "tx_bytes", "rx_bytes", "images_per_s", "sampled",
-                "wall_time")
+                "batch_size", "accum", "compress", "segment", "epoch", "comm_bytes", "tx_bytes", "rx_bytes",
+                "images_per_s", "sampled", "wall_time")
 SEGMENT_COLUMNS = ("segment", "first_step", "last_step", "strategy", "bucket_mb", "async_op", "batch_size", "lr",
                    "accum", "compress", "lr_warmup_steps",
                    "warmup", "measured_steps", "sampled_left_out", "slowest_rank", "step_s_slowest",
