@@ -24,6 +24,10 @@ DEVICES = ("auto", "cpu", "cuda")
 
 MAX_BATCH_SIZE = 65536
 MAX_BUCKET_MB = 4096.0
+MAX_ACCUM = 1024  # micro-steps per step: 1024 × batch 64 is a 65k-sample step, past any large-batch recipe
+MAX_WARMUP_STEPS = 10**7
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")  # powersgd:R names the rank R (1 when left out)
+MAX_POWERSGD_RANK = 64
 
 
 def _check_choice(what: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -55,8 +59,11 @@ class SyncConfig:
     strategy: str = "ddp"
     bucket_mb: float = 25.0
     async_op: bool = False
-    batch_size: int = 64  # per rank
+    batch_size: int = 64  # per rank, per micro-step
     lr: float = 0.1
+    accum: int = 1  # micro-steps per step (gradient accumulation): a step trains accum × batch_size per rank
+    compress: str = "none"  # gradients on the wire: none, fp16, bf16, powersgd:R (DDP only)
+    lr_warmup_steps: int = 0  # gradual warm-up (Goyal et al.): lr × (k+1)/N at the k-th step after lr is set
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
@@ -72,6 +79,21 @@ class SyncConfig:
             raise UsageError(f"async_op must be true or false, got {self.async_op!r}")
         if self.async_op and self.strategy != "allreduce":
             raise UsageError(f"async_op applies only to allreduce, not to {self.strategy}")
+        for name, top in (("accum", MAX_ACCUM), ("lr_warmup_steps", MAX_WARMUP_STEPS)):
+            value = getattr(self, name)
+            low = 1 if name == "accum" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top:
+                raise UsageError(f"{name} must be a whole number between {low} and {top}, got {value!r}")
+        object.__setattr__(self, "compress", _compression(self.compress))  # powersgd → powersgd:1, one spelling
+        if self.compress != "none" and self.strategy == "single":
+            raise UsageError(f"compress={self.compress} means nothing for single, which sends no gradients")
+        if self.compress.startswith("powersgd") and self.strategy != "ddp":
+            raise UsageError(f"compress={self.compress} applies only to ddp (a DDP comm hook), not to {self.strategy}")
+
+    @property
+    def powersgd_rank(self) -> int:
+        """PowerSGD's matrix_approximation_rank R (0: not PowerSGD)."""
+        return int(self.compress.partition(":")[2]) if self.compress.startswith("powersgd") else 0
 
     def replace(self, **changes: Any) -> "SyncConfig":
         return dataclasses.replace(self, **changes)
@@ -80,10 +102,14 @@ class SyncConfig:
         """This configuration with `changes` (strategy, bucket_mb, async_op, batch_size, lr), as a user means them.
 
         A setting that means nothing for the resulting strategy is refused (bucket_mb is DDP's, async_op is
-        allreduce's); leaving allreduce turns async_op off unless the change names it. bucket_mb is kept
-        while another strategy runs, for the next switch to DDP, but only DDP shows it."""
-        result = dataclasses.replace(self, **{**({"async_op": False} if changes.get("strategy", "allreduce")
-                                                != "allreduce" else {}), **changes})
+        allreduce's, powersgd is DDP's, compression is nothing to single); leaving allreduce turns async_op off
+        and leaving for a strategy that cannot carry the compression turns it off, unless the change names it.
+        bucket_mb is kept while another strategy runs, for the next switch to DDP, but only DDP shows it."""
+        strategy = changes.get("strategy", self.strategy)
+        cleared = {"async_op": False} if changes.get("strategy", "allreduce") != "allreduce" else {}
+        if "strategy" in changes and (strategy == "single" or (strategy != "ddp" and self.powersgd_rank)):
+            cleared["compress"] = "none"  # a compression the new strategy cannot carry ends with it, as async_op
+        result = dataclasses.replace(self, **{**cleared, **changes})
         if "bucket_mb" in changes and result.strategy != "ddp":
             raise UsageError(f"bucket_mb applies only to ddp, not to {result.strategy}: set strategy=ddp too")
         return result
@@ -97,7 +123,24 @@ class SyncConfig:
             text += f" bucket={self.bucket_mb:g}MB"
         if self.strategy == "allreduce" and self.async_op:
             text += " async"
-        return f"{text} batch={self.batch_size}"
+        if self.compress != "none":
+            text += f" {self.compress}"
+        text += f" batch={self.batch_size}"
+        if self.accum > 1:
+            text += f" accum={self.accum}"
+        return text + (f" warmup={self.lr_warmup_steps}" if self.lr_warmup_steps else "")
+
+
+def _compression(text: Any) -> str:
+    """`none`, `fp16`, `bf16`, `powersgd`, `powersgd:R` → the one spelling (powersgd:R), or UsageError."""
+    name, colon, rank = str(text).partition(":") if isinstance(text, str) else ("", "", "")
+    if name not in COMPRESSIONS or (colon and name != "powersgd"):
+        raise UsageError(f"unknown compression {text!r}: choose one of none, fp16, bf16, powersgd[:R]")
+    if name != "powersgd":
+        return name
+    if colon and not (rank.isdigit() and 1 <= int(rank) <= MAX_POWERSGD_RANK):
+        raise UsageError(f"powersgd's rank R must be a whole number from 1 to {MAX_POWERSGD_RANK}, got {rank!r}")
+    return f"powersgd:{int(rank) if colon else 1}"
 
 
 def _is_number(value: Any) -> bool:

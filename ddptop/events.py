@@ -90,6 +90,8 @@ class RunStarted(Event):
     total_steps: int = 0  # added after schema 1 shipped: older files decode with 0 ("unknown")
     sweep_segments: int = 0  # a profile's sweep: how many configurations it runs one after another
     warmup: int = 1  # steps at each segment's start left out of its figures (metrics.warmup_for)
+    accum: int = 1  # segment 0's micro-steps per step (older files: 1); steps_per_epoch counts steps
+    param_shapes: tuple[tuple[int, ...], ...] = ()  # each gradient's shape (PowerSGD's bytes; older files: ())
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 PROFILE_DIRS = (Path.cwd() / "profiles", Path(__file__).resolve().parent.parent / "profiles")
-SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr"}
+SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr", "accum", "compress", "lr_warmup_steps"}
 
 
 def find_profile(name: str) -> Path:
@@ -41,7 +41,7 @@ def read_profile(path: Path) -> dict[str, Any]:
 
 MAX_SWEEP_STEPS = 1_000_000  # warm-up or measured steps per configuration: more is a typo, not a plan
 SWEEP_TYPES = {"strategy": (str,), "bucket_mb": (int, float), "async_op": (bool,), "batch_size": (int,),
-               "lr": (int, float)}
+               "lr": (int, float), "accum": (int,), "compress": (str,), "lr_warmup_steps": (int,)}
 NOT_IN_PROFILES = {"help", "version", "profile"}
 
 

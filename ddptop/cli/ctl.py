@@ -70,7 +70,8 @@ def format_status(status: dict[str, Any], where: str, steps: dict[int, list[Step
 
 
 CTL_OPS = {"status": "the job's step, config in force and each rank's recent step time and comm",
-           "set": "change the configuration: KEY=VALUE … (strategy, bucket_mb, async_op, batch_size, lr, scale_lr)",
+           "set": "change the configuration: KEY=VALUE … (strategy, bucket_mb, async_op, batch_size, lr, scale_lr, "
+                  "accum, compress, lr_warmup_steps)",
            "pause": "pause every rank at the next step boundary", "resume": "resume a paused job",
            "stop": "stop every rank at the next step boundary"}
 
@@ -86,7 +87,8 @@ def ctl_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a change to be applied (30)")
     p.add_argument("op", nargs="?", metavar="OP", help="status, set, pause, resume or stop")
     p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
-                   help="for set: strategy, bucket_mb, async_op, batch_size, lr, scale_lr")
+                   help="for set: strategy, bucket_mb, async_op, batch_size, lr, scale_lr, accum, "
+                   "compress, lr_warmup_steps")
     return p
 
 

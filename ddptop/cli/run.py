@@ -97,6 +97,13 @@ def run_parser() -> argparse.ArgumentParser:
     sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb (25)")
     sync.add_argument("--async-op", type=parse_bool, nargs="?", const=True, default=False,
                       help="allreduce: launch every collective with async_op=True")
+    sync.add_argument("--accum", type=int, default=1, metavar="K",
+                      help="micro-steps per step (gradient accumulation): K batches per optimizer step, synced "
+                           "once (DDP: the first K-1 under no_sync) (1)")
+    sync.add_argument("--compress", default="none", metavar="NAME",
+                      help="gradients on the wire: none, fp16, bf16, or powersgd[:R] (DDP only, rank R, 1) (none)")
+    what.add_argument("--lr-warmup-steps", type=int, default=0, metavar="N",
+                      help="gradual warm-up (Goyal et al.): lr·(k+1)/N at the k-th step after lr is set (0: off)")
     look = p.add_argument_group("what to measure and show")
     look.add_argument("--headless", action="store_true", help="no screen: progress lines")
     look.add_argument("--probes", choices=PROBE_LEVELS, default="all",
@@ -131,7 +138,8 @@ def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None
 def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> RunConfig:
     bucket_given = args.bucket_mb is not None
     sync = SyncConfig(strategy=args.strategy, bucket_mb=args.bucket_mb if bucket_given else 25.0, async_op=args.async_op,
-                      batch_size=args.batch_size, lr=args.lr)
+                      batch_size=args.batch_size, lr=args.lr, accum=args.accum, compress=args.compress,
+                      lr_warmup_steps=args.lr_warmup_steps)
     sweep = tuple(sync.changed(changes) for changes in profile["sweep"]) if profile else ()
     if bucket_given and args.strategy != "ddp" and not any(s.strategy == "ddp" for s in sweep):
         raise UsageError(f"--bucket-mb applies only to ddp, not to {args.strategy}")

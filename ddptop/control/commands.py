@@ -17,7 +17,8 @@ from ddptop.errors import UsageError
 from ddptop.safe import clean
 
 OPS = ("set", "pause", "resume", "stop")
-SETTABLE = {"strategy": str, "bucket_mb": float, "async_op": bool, "batch_size": int, "lr": float, "scale_lr": bool}
+SETTABLE = {"strategy": str, "bucket_mb": float, "async_op": bool, "batch_size": int, "lr": float, "scale_lr": bool,
+            "accum": int, "compress": str, "lr_warmup_steps": int}
 MAX_REQUEST_BYTES = 4096
 REQUEST_WINDOW_S = 60.0  # a request older (or newer) than this by rank 0's clock is refused: replays die with it
 
@@ -32,8 +33,9 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
             raise UsageError(f"cannot set {item!r}: use KEY=VALUE with KEY one of {', '.join(SETTABLE)}")
         changes[key] = _typed(key, text.strip())
         if key != "scale_lr":  # each value's own range, before anything connects (strategy name, batch 1..65536);
-            # on allreduce, where every setting means something (async_op's meaning is checked with the whole set)
-            SyncConfig(strategy="allreduce").replace(**{key: changes[key]})
+            # on allreduce, where every setting means something but PowerSGD, DDP's (the meanings are checked
+            # with the whole set)
+            SyncConfig(strategy="ddp" if key == "compress" else "allreduce").replace(**{key: changes[key]})
     if not changes:
         raise UsageError("nothing to set: give KEY=VALUE pairs, e.g. strategy=allreduce")
     return changes
@@ -72,9 +74,10 @@ def apply_changes(current: SyncConfig, changes: dict[str, Any]) -> SyncConfig:
         if not ok:
             raise UsageError(f"{key} must be {kind.__name__}, got {value!r}")
     new = current.changed(fields)
-    if changes.get("scale_lr") and "lr" not in fields and new.batch_size != current.batch_size:
-        # linear scaling rule: the learning rate follows the global batch size
-        new = new.replace(lr=current.lr * new.batch_size / current.batch_size)
+    before, after = current.batch_size * current.accum, new.batch_size * new.accum
+    if changes.get("scale_lr") and "lr" not in fields and after != before:
+        # linear scaling rule: the learning rate follows the global batch size, b·K·N per step
+        new = new.replace(lr=current.lr * after / before)
     return new
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ from ddptop.events import RankLost
 from ddptop.front.feed import Feed, SharedState
 from ddptop.front.pipeline import compose
 from ddptop.rendezvous import Rendezvous
-from ddptop.train.worker import WorkerOptions, rank_entry
+from ddptop.train.worker import WorkerOptions, rank_entry, thread_count
 
 GRACE_S = 15.0  # after one rank fails, the others get this long to notice before they are terminated
 STOP_WAIT_S = 20.0  # after a stop request, ranks get this long to finish their step and leave
@@ -199,11 +200,18 @@ def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> "Lo
     procs = [ctx.Process(target=rank_entry, args=(cfg, _for_rank(rdv, r), options), name=f"ddptop-rank-{r}")
              for r in ranks]
     interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    omp = os.environ.get("OMP_NUM_THREADS")
+    # every thread of a rank computes with its thread count, not only the main one (torch.set_num_threads):
+    # PowerSGD's math runs in gloo's callback threads, and there 2 OpenMP threads, not 1, made the two ranks'
+    # models differ by 2e-10 after 11 steps (fingerprints apart); torchrun sets 1 the same way
+    os.environ.setdefault("OMP_NUM_THREADS", str(thread_count(cfg, _for_rank(rdv, ranks[0]))))
     try:
         for p in procs:
             p.start()
     finally:
         signal.signal(signal.SIGINT, interrupt)
+        if omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
     return LocalJob(procs, ranks)
 
 

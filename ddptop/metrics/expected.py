@@ -5,19 +5,25 @@ from __future__ import annotations
 from typing import Mapping
 
 from ddptop.events import RunStarted
-from ddptop.metrics.wire import gather, ring_allreduce, scatter
+from ddptop.metrics.wire import compressed, gather, powersgd_allreduce, ring_allreduce, scatter
 
 
 def expected_bytes(run: RunStarted | None, config: Mapping, rank: int) -> tuple[int, int]:
     """(sent, received) per step by `rank` under `config`, for gradients of `run.param_bytes` bytes.
 
     single sends nothing; allreduce and ddp move 2(N−1)/N·S each way (ring); gather-scatter moves
-    (N−1)·S in and out at rank 0 and S each way at the others.
+    (N−1)·S in and out at rank 0 and S each way at the others. fp16/bf16 halve S; PowerSGD (after its warm-up
+    of plain all-reduce steps) sends its factors and the uncompressed tensors (wire.powersgd_allreduce).
+    A step is one optimizer step: accumulation leaves its bytes as they are (one sync per step).
     """
     if run is None:
         return 0, 0
-    size, world = run.param_bytes, run.world_size
+    compress = str(config.get("compress", "none"))
+    size, world = compressed(run.param_bytes, compress), run.world_size
     strategy = config.get("strategy", run.strategy)
+    if strategy == "ddp" and compress.startswith("powersgd") and run.param_shapes:
+        _, sent, received = powersgd_allreduce(list(run.param_shapes), int(compress.partition(":")[2] or 1), world)
+        return sent, received
     if strategy in ("allreduce", "ddp"):
         return ring_allreduce(size, world)
     if strategy == "gather-scatter":

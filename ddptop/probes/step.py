@@ -5,6 +5,8 @@ A step's phases, in order, each ending at its mark:
   ready  the step boundary: the control exchange (ddptop), a switch or a pause (set aside, not step time)
   data   the next batch, copied to the device (an end-of-epoch test is set aside)
   fwd    forward and loss      bwd  backward (DDP: its buckets go out meanwhile)
+         with accum K > 1 these three marks are the last (synchronized) micro-step's; the K−1 before it run
+         inside `fwd` and are marked apart (`micro`), so the spans show each one (compute, with no sync)
   sync   the strategy's collectives      opt  the optimizer step
   tail   until the next boundary: handing the step's record to the publisher (ddptop)
 """
@@ -44,6 +46,7 @@ class _Step:
     aside: dict[str, float] = field(default_factory=dict)  # seconds set aside (pause, switch, test) per phase
     own: dict[str, float] = field(default_factory=dict)  # ddptop's own seconds per phase
     comm: list[CommMark] = field(default_factory=list)
+    micro: list = field(default_factory=list)  # (phase, mark) of the unsynchronized micro-steps, in order
     layers: list = field(default_factory=list)
     loss: Any = None
     end: Any = None
@@ -140,6 +143,14 @@ class StepProbe:
             if name not in cur.marks and (self.detail or name == "ready"):
                 self.mark(name)
 
+    def micro(self, phase: str) -> None:
+        """The end of a micro-step's `phase` (data, fwd, bwd) other than the step's own marks (accum > 1)."""
+        if not self.detail:
+            return
+        began = now()
+        self._cur.micro.append((phase, self.clock.now()))
+        self.own.since(began)
+
     def finish(self, loss: Any, epoch: int, batch_size: int) -> None:
         """The step's training work is done; it ends at the next boundary (or `close`)."""
         began = now()
@@ -211,8 +222,11 @@ class StepProbe:
         spans = [Span("data", "data", at["ready"], at["data"] - at["ready"])]
         if p.layers:
             spans += [Span(kind, name, rel(a), rel(b) - rel(a)) for kind, name, a, b in p.layers]
+            spans += [s for s in _micro_spans(p.micro, at["data"], rel) if s.kind == "data"]  # layers show the rest
         else:
-            spans += [Span("fwd", "forward", at["data"], at["fwd"] - at["data"]),
+            spans += _micro_spans(p.micro, at["data"], rel)
+            last = rel(p.micro[-1][1]) if p.micro else at["data"]
+            spans += [Span("fwd", "forward", last, at["fwd"] - last),
                       Span("bwd", "backward", at["fwd"], bwd_end - at["fwd"])]
         spans += comm
         spans.append(Span("opt", "optimizer", at["sync"], at["opt"] - at["sync"]))
@@ -232,6 +246,20 @@ class StepProbe:
         for c in p.comm:
             wait(c.start)
             wait(c.end)
+
+
+MICRO_NAMES = {"data": "data", "fwd": "forward", "bwd": "backward (no sync)"}
+
+
+def _micro_spans(marks: list, start: float, rel: Callable[[Any], float]) -> list[Span]:
+    """The unsynchronized micro-steps as spans ("micro-step 1 forward", …), each from the mark before it."""
+    spans, micro = [], 1
+    for phase, mark in marks:
+        end = rel(mark)
+        micro += phase == "data"
+        spans.append(Span(phase, f"micro-step {micro} {MICRO_NAMES[phase]}", start, end - start))
+        start = end
+    return spans
 
 
 def net_seconds(clock_s: float, host_s: float, removed_s: float) -> float:

@@ -22,9 +22,10 @@ assert set(LANE_OF_KIND) == set(SPAN_KINDS)
 
 STEP_COLUMNS = ("rank", "step", "time", "iter_s", "data_s", "compute_s", "fwd_s", "bwd_s", "opt_s", "comm_s",
                 "exposed_comm_s", "overlap", "own_s", "other_s", "loss", "strategy", "bucket_mb", "async_op",
-                "batch_size", "segment", "epoch", "comm_bytes", "tx_bytes", "rx_bytes", "images_per_s", "sampled",
-                "wall_time")
+                "batch_size", "accum", "compress", "segment", "epoch", "comm_bytes", "tx_bytes", "rx_bytes",
+                "images_per_s", "sampled", "wall_time")
 SEGMENT_COLUMNS = ("segment", "first_step", "last_step", "strategy", "bucket_mb", "async_op", "batch_size", "lr",
+                   "accum", "compress", "lr_warmup_steps",
                    "warmup", "measured_steps", "sampled_left_out", "slowest_rank", "step_s_slowest",
                    "median_step_s_slowest", "step_s_mean", "images_per_s", "data_s", "compute_s", "comm_s",
                    "exposed_comm_s", "overlap", "ddptop_s", "ddptop_share", "other_s", "sent_mb", "recv_mb",
@@ -157,7 +158,8 @@ def step_rows(rec: Recording, first: int | None = None, stop: int | None = None)
                "exposed_comm_s": d.exposed_comm_s, "overlap": d.overlap, "own_s": d.own_s,
                "other_s": metrics.other_s(d), "loss": d.loss, "strategy": config.get("strategy", ""),
                "bucket_mb": config.get("bucket_mb", ""), "async_op": config.get("async_op", ""),
-               "batch_size": d.batch_size, "segment": d.segment, "epoch": d.epoch, "comm_bytes": d.comm_bytes,
+               "batch_size": d.batch_size, "accum": config.get("accum", 1), "compress": config.get("compress", "none"),
+               "segment": d.segment, "epoch": d.epoch, "comm_bytes": d.comm_bytes,
                "tx_bytes": d.tx_bytes, "rx_bytes": d.rx_bytes, "images_per_s": _r(d.images_per_s),
                "sampled": int(d.sampled), "wall_time": d.t}
 
@@ -166,7 +168,9 @@ def segment_rows(rec: Recording) -> Iterator[dict]:
     """The per-segment table (ddptop.metrics) over the whole file: the numbers `info` and `report` show."""
     for row in metrics.table_rows(rec.segment_figures()):
         config = row.pop("config")
-        yield {**row, **{k: config.get(k, "") for k in ("strategy", "bucket_mb", "async_op", "batch_size", "lr")}}
+        yield {**row, **{k: config.get(k, "") for k in ("strategy", "bucket_mb", "async_op", "batch_size", "lr")},
+               "accum": config.get("accum", 1), "compress": config.get("compress", "none"),
+               "lr_warmup_steps": config.get("lr_warmup_steps", 0)}
 
 
 def system_rows(rec: Recording, first: int | None = None, stop: int | None = None) -> Iterator[dict]:

@@ -303,9 +303,9 @@ def _stats(label: str, fig: metrics.SegmentFigures, seg: _Segment, ctx: _Context
     ranks = tuple(rank_stats(r, fig.ranks[r], wire_steps[r], window, ctx.hosts, overlapped) for r in sorted(measured))
     nic_ok = ranks and all(r.nic_sent_mb is not None for r in ranks)
     mean = fig.mean
-    ring_bytes = wire.ring_allreduce(ctx.param_bytes, ctx.world)[0]
+    ring_bytes = wire.ring_allreduce(wire.compressed(ctx.param_bytes, config.compress), ctx.world)[0]
     gbps = (ring_bytes / mean.comm_s / 1e9 if mean.comm_s > 0 and config.strategy in ("allreduce", "ddp")
-            and ctx.world > 1 else None)
+            and ctx.world > 1 and not config.powersgd_rank else None)  # PowerSGD: its factors, not S
     slow = list(measured[fig.slowest_rank].times) if fig.slowest_rank in measured else []
     cpus = [s.proc_cpu_percent for s in window]
     return SegmentStats(

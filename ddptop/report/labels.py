@@ -26,6 +26,10 @@ def short_names(stats: list[SegmentStats]) -> list[str]:
             words.append(f"batch {c.batch_size}")
         if len(lrs) > 1:
             words.append(f"lr {c.lr:g}")
+        if len({s.config.accum for s in stats}) > 1:
+            words.append(f"accum {c.accum}")
+        if len({s.config.compress for s in stats}) > 1:
+            words.append(c.compress)
         names.append(" ".join(words) or c.strategy)
     seen: dict[str, int] = {}
     for name in names:

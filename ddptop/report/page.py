@@ -139,7 +139,7 @@ def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scali
         return images.get(s.label, 0) / s.images_per_s if s.images_per_s else 0.0
 
     def steps(s: SegmentStats) -> float:
-        return images.get(s.label, 0) / (s.world_size * s.config.batch_size)
+        return images.get(s.label, 0) / (s.world_size * s.config.batch_size * s.config.accum)  # K·b·N a step
 
     t1, t2, t3 = [], [], []
     for n in worlds:

@@ -114,7 +114,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         + _loss_warning(points),
         pauses=_pauses(events, start + duration),
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
-        epoch_images=(started.steps_per_epoch * started.batch_size * world) if started else 0,
+        epoch_images=(started.steps_per_epoch * started.accum * started.batch_size * world) if started else 0,
         layers=started.layers if started else (), link=meta.get("link") if isinstance(meta.get("link"), dict) else {},
         stragglers=late)
 

@@ -1,9 +1,13 @@
 """The per-rank training loop: segments of one sync configuration, each started in one place, steps measured
 from one step boundary to the next; a batch that grows is tried first and rolled back on every rank if it does
-not fit."""
+not fit.
+
+A step is one optimizer step; it runs `accum` micro-steps (forward and backward of one batch each), the first
+accum−1 without synchronizing gradients, the last one synchronized (README's glossary)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable
 
@@ -59,6 +63,7 @@ class Trainer:
         self._iterator = None
         self._trial: Decision | None = None  # the configuration to go back to if the next step does not fit
         self._rolled_back_at = -1  # the step a roll-back happened at: a sweep does not retry its switch there
+        self._lr_from = 0  # the step lr or lr_warmup_steps was last set at: the warm-up counts from here
 
     # -- segments ---------------------------------------------------------------------------------------
     def start_segment(self, decision: Decision, agent=None) -> None:
@@ -83,13 +88,14 @@ class Trainer:
         self.segment_start = self.step
         self.strategy, self.forward_module = build_for(self.model, sync, self.rank, self.world_size, self.device,
                                                        self.probe, find_unused=bool(self.unused))
+        if previous is None or (previous.lr, previous.lr_warmup_steps) != (sync.lr, sync.lr_warmup_steps):
+            self._lr_from = self.step
         if previous is None or previous.batch_size != sync.batch_size:
             # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)
             self.loader, self.sampler = make_loader(self.train_set, sync.batch_size, self.rank, self.world_size,
                                                     self.cfg.seed, train=True, workers=self.workers, pin=self.pin)
             self._iterator = None
-        for group in self.optimizer.param_groups:
-            group["lr"] = sync.lr
+        self._set_lr()
         print_ = fingerprint(self.model)
         if agent is not None:  # a trial's `set` is answered once every rank knows whether the batch fits
             agent.applied(decision, self.step, self.segment, answer=not trial)
@@ -97,7 +103,19 @@ class Trainer:
         self.probe.aside(switch_s)
         self.emit(ConfigApplied(self.rank, self.step, self.segment, sync.to_dict(), decision.request_id,
                                 decision.who, time.time(), fingerprint=print_, sync_bytes=sync_bytes,
-                                switch_s=switch_s, steps_per_epoch=len(self.loader)))
+                                switch_s=switch_s, steps_per_epoch=self.steps_per_epoch()))
+
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch: the shard's micro-batches over accum (a step may span two epochs)."""
+        return max(1, len(self.loader) // self.sync.accum)
+
+    def _set_lr(self) -> None:
+        """lr, or during a gradual warm-up (Goyal et al.) lr·(k+1)/N at the k-th step since lr was set."""
+        sync, lr = self.sync, self.sync.lr
+        if sync.lr_warmup_steps:
+            lr *= min(1.0, (self.step - self._lr_from + 1) / sync.lr_warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def check(self, sync: SyncConfig) -> None:
         """Rank 0 refuses a configuration this data cannot train before any rank sees it."""
@@ -111,7 +129,7 @@ class Trainer:
     def total_steps(self) -> int:
         if self.cfg.sweep:
             return len(self.cfg.sweep) * self.cfg.sweep_steps()
-        return self.cfg.steps or len(self.loader) * self.cfg.epochs
+        return self.cfg.steps or max(1, len(self.loader) * self.cfg.epochs // self.sync.accum)
 
     def _sweep_decision(self) -> Decision | None:
         """The sweep's next configuration when this step starts a new sweep segment (the same on every rank)."""
@@ -194,20 +212,42 @@ class Trainer:
 
     def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module) -> None:
         probe = self.probe
-        inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-        probe.mark("data")
         self.optimizer.zero_grad(set_to_none=True)
-        loss = criterion(self.forward_module(inputs), labels)
-        probe.mark("fwd")
-        loss.backward()
-        probe.mark("bwd")
+        loss, samples = self._micro_steps(inputs, labels, criterion, self.forward_module, self.strategy.micro_step)
         self.strategy.after_backward()
         self.strategy.before_step()
         probe.mark("sync")
+        self._set_lr()
         self.optimizer.step()
         probe.mark("opt")
-        probe.finish(loss, epoch=self.epoch, batch_size=int(inputs.shape[0]))
+        probe.finish(loss, epoch=self.epoch, batch_size=samples)
         self.step += 1
+
+    def _micro_steps(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, module: nn.Module,
+                     context: Callable[[bool], Any]) -> tuple[torch.Tensor, int]:
+        """The step's accum micro-steps, gradients summed in place; (the mean loss, samples trained).
+
+        Each micro-step's loss is divided by accum, so the summed gradient is the mean over all accum·b samples;
+        `context(last)` wraps each (DDP: no_sync() for all but the last). The phase marks belong to the last,
+        synchronized micro-step; the accum−1 before it are marked apart (their spans say "no sync")."""
+        probe, accum = self.probe, self.sync.accum
+        losses, samples = [], 0
+        for index in range(accum):
+            last = index == accum - 1
+            if index:
+                inputs, labels = self._next_batch(criterion)
+            inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+            probe.mark("data") if index == 0 else probe.micro("data")
+            with context(last):
+                loss = criterion(module(inputs), labels)
+                probe.mark("fwd") if last else probe.micro("fwd")
+                (loss / accum if accum > 1 else loss).backward()
+            if not last:
+                probe.micro("bwd")
+            losses.append(loss.detach())
+            samples += int(labels.shape[0])
+        probe.mark("bwd")
+        return (losses[0] if accum == 1 else torch.stack(losses).mean()), samples
 
     def _trial_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, agent) -> bool:
         """The first step after the batch grew. Forward and backward run without any collective (DDP's plain
@@ -217,13 +257,9 @@ class Trainer:
         False: stop here (a sweep that grows the batch until it does not fit)."""
         probe, loss = self.probe, None
         try:
-            inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-            probe.mark("data")
             self.optimizer.zero_grad(set_to_none=True)
-            loss = criterion(self.strategy.trial_module()(inputs), labels)
-            probe.mark("fwd")
-            loss.backward()
-            probe.mark("bwd")
+            loss, samples = self._micro_steps(inputs, labels, criterion, self.strategy.trial_module(),
+                                              lambda last: contextlib.nullcontext())
         except torch.cuda.OutOfMemoryError:  # leaving this block drops the traceback and the tensors it held
             loss = None
         del inputs, labels
@@ -236,9 +272,10 @@ class Trainer:
             return self._roll_back(trial, failed, agent)
         self.strategy.trial_sync()
         probe.mark("sync")
+        self._set_lr()
         self.optimizer.step()
         probe.mark("opt")
-        probe.finish(loss, epoch=self.epoch, batch_size=self.sync.batch_size)
+        probe.finish(loss, epoch=self.epoch, batch_size=samples)
         self.step += 1
         if agent is not None:
             agent.answer(trial.request_id, self.step - 1, self.segment)
@@ -309,9 +346,9 @@ class Trainer:
         return RunStarted(
             model=self.cfg.model, dataset=self.cfg.dataset, world_size=self.world_size, strategy=sync.strategy,
             bucket_mb=sync.bucket_mb, async_op=sync.async_op, batch_size=sync.batch_size, lr=sync.lr,
-            **model_layout(self.model), steps_per_epoch=len(self.loader), t=time.time(),
+            **model_layout(self.model), steps_per_epoch=self.steps_per_epoch(), t=time.time(),
             total_steps=self.total_steps(), sweep_segments=len(self.cfg.sweep),
-            warmup=metrics.warmup_for(self.cfg.to_dict()),
+            warmup=metrics.warmup_for(self.cfg.to_dict()), accum=sync.accum,
         )
 
 
@@ -357,4 +394,4 @@ def model_layout(model: nn.Module) -> dict[str, Any]:
     params = [p for p in model.parameters() if p.requires_grad]
     return {"param_count": sum(p.numel() for p in params),
             "param_bytes": sum(p.numel() * p.element_size() for p in params), "param_tensors": len(params),
-            "layers": layer_param_counts(model)}
+            "layers": layer_param_counts(model), "param_shapes": tuple(tuple(p.shape) for p in params)}

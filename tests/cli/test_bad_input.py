@@ -206,9 +206,10 @@ FLAGS = ["--local", "--master", "--rank", "--world-size", "--port", "--strategy"
          "--model", "--dataset", "--batch-size", "--lr", "--epochs", "--steps", "--seed", "--synthetic-size",
          "--threads", "--timeout", "--lost-after", "--collective-timeout", "--token", "--probes", "--span-every",
          "--log-every", "--record", "--record-required", "--profile", "--headless", "--no-eval", "--backend", "--iface",
-         "--", "-x"]
+         "--accum", "--compress", "--lr-warmup-steps", "--", "-x"]
 WORDS = st.one_of(st.sampled_from(FLAGS), st.text(max_size=8), st.integers(-10**12, 10**12).map(str),
-                  st.floats().map(repr), st.sampled_from(["tiny", "ddp", "smoke", "70000", "nan", "inf", "-1"]))
+                  st.floats().map(repr), st.sampled_from(["tiny", "ddp", "smoke", "70000", "nan", "inf", "-1",
+                                                          "powersgd:0", "powersgd", "fp16"]))
 
 
 @FAST
@@ -229,3 +230,12 @@ def test_any_recording_command_line_is_one_line(tmp_path_factory, command, argv)
         os.chdir(cwd)
         shutil.rmtree(folder, ignore_errors=True)
     one_line(code, err, {2, 6})
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--strategy", "allreduce", "--compress", "powersgd"], "applies only to ddp"),
+    (["--strategy", "single", "--compress", "bf16"], "means nothing for single"),
+    (["--compress", "powersgd:0"], "powersgd's rank R"), (["--compress", "zip"], "unknown compression"),
+    (["--accum", "0"], "accum must be"), (["--lr-warmup-steps", "-1"], "lr_warmup_steps must be")])
+def test_accum_and_compress_that_mean_nothing_are_one_line_exit_2(argv, words):
+    one_line(*main(*argv, "--steps", "1")[::2], {2}, words)

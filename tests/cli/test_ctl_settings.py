@@ -26,7 +26,15 @@ CHANGES = [
     (["strategy=gather-scatter"], {"strategy": "gather-scatter"}),
     (["strategy=single"], {"strategy": "single"}),
     (["strategy=ddp"], {"strategy": "ddp"}),  # bucket_mb 0.02 was remembered for the next switch to DDP
+    # issue 25: K micro-steps per optimizer step and gradients on the wire in 2 bytes, then PowerSGD (rank 2)
+    (["accum=3", "compress=fp16"], {"accum": 3, "compress": "fp16"}),
+    (["strategy=allreduce", "compress=bf16", "accum=2"], {"strategy": "allreduce", "compress": "bf16", "accum": 2}),
+    (["strategy=ddp", "compress=powersgd:2"], {"strategy": "ddp", "compress": "powersgd:2"}),
 ]
+# set while the allreduce segment runs: meaningless there, each refused with one line and exit 2
+REFUSED = [(["compress=powersgd"], "applies only to ddp"), (["strategy=single", "compress=fp16"], "means nothing"),
+           (["accum=0"], "accum must be"), (["compress=zip"], "unknown compression")]
+POWERSGD_STEPS = 14  # past its 10 warm-up steps of plain all-reduce (ddp.POWERSGD_START_STEP)
 PAUSE_S = 1.5
 
 
@@ -65,13 +73,16 @@ def driven(tmp_path_factory):
     applied, paused = [], {}
     with killed_if_left(job):
         wait_until(env, lambda step, held: step >= 2, "trained")
-        for args, _ in CHANGES:
+        for args, changes in CHANGES:
             result = ctl("set", *args, env=env)
             assert result.returncode == 0, result.stderr
             said = re.fullmatch(r"applied at step (\d+) \(segment (\d+)\) on every rank\n", result.stdout)
             assert said, result.stdout
             applied.append((int(said.group(1)), int(said.group(2))))
-            wait_until(env, lambda step, held: step >= applied[-1][0] + 3, "trained on")  # a few steps of each
+            if changes.get("compress") == "bf16":
+                paused["refused"] = [ctl("set", *args, env=env) for args, _ in REFUSED]
+            more = POWERSGD_STEPS if changes.get("compress", "").startswith("powersgd") else 3
+            wait_until(env, lambda step, held: step >= applied[-1][0] + more, "trained on")  # a few steps of each
         assert ctl("pause", env=env).returncode == 0
         paused["step"], _ = wait_until(env, lambda step, held: held, "paused")
         paused["from"] = time.time()  # nothing may train between here and the resume, on any rank
@@ -93,7 +104,8 @@ def events(db: sqlite3.Connection, kind: str) -> list[dict]:
 
 
 def expected_configs() -> list[dict]:
-    configs, config = [], {"strategy": "ddp", "bucket_mb": 25.0, "async_op": False, "batch_size": 16, "lr": 0.1}
+    configs, config = [], {"strategy": "ddp", "bucket_mb": 25.0, "async_op": False, "batch_size": 16, "lr": 0.1,
+                           "accum": 1, "compress": "none", "lr_warmup_steps": 0}
     for _, changes in CHANGES:
         config = {**config, **changes}
         configs.append(config)
@@ -116,9 +128,10 @@ def test_each_setting_is_the_config_of_its_segment_from_the_step_ctl_named_on_ev
         rows = db.execute("SELECT step, segment, batch_size FROM steps WHERE rank = ? ORDER BY step",
                           (rank,)).fetchall()
         assert [r[0] for r in rows] == list(range(len(rows)))  # each step once
-        for step, seg, batch in rows:
+        for step, seg, batch in rows:  # a step trains accum micro-batches: accum × batch_size samples per rank
             in_force = max(s for start, s in starts if start <= step)
-            assert (seg, batch) == (in_force, segments[in_force][1]["batch_size"]), (rank, step)
+            config = segments[in_force][1]
+            assert (seg, batch) == (in_force, config["batch_size"] * config["accum"]), (rank, step)
 
 
 def test_every_rank_holds_the_same_model_at_every_switch_and_at_the_end(driven):
@@ -172,3 +185,23 @@ def test_pause_holds_every_rank_at_one_step_until_resume(driven):
         assert during == 0, rank
         after = db.execute("SELECT count(*) FROM steps WHERE rank = ? AND step > ?", (rank, paused["step"])).fetchone()
         assert after[0] >= 3
+
+
+def test_accum_and_compression_move_what_they_mean_and_meaningless_ones_are_refused(driven):
+    """From each rank's own spans and steps: fp16/bf16 hand half of float32's bytes per optimizer step to the
+    collectives whatever accum is (one sync per step), and DDP syncs once per step under accum 3 (its buckets,
+    once); PowerSGD's steps after its warm-up move far less. Each meaningless `set` was one line, exit 2."""
+    db, _, paused = driven
+    for result, (_, words) in zip(paused["refused"], REFUSED):
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+
+    def per_step(segment: int, skip: int = 1) -> set[int]:
+        return {b for (b,) in db.execute("SELECT comm_bytes FROM steps WHERE segment = ? AND rank = 0 AND step > "
+                                         "(SELECT step FROM segments WHERE segment = ?) + ?", (segment, segment, skip))}
+
+    full = 83_944  # the tiny model's float32 gradients (README: "tiny: 83.9 KB")
+    assert per_step(8) == {full} and per_step(9) == {full // 2} and per_step(10) == {full // 2}
+    assert {name for _, _, name in collectives(db, 9)} == {"bucket 0", "bucket 1"}  # once per step, not 3 times
+    powersgd = per_step(11, POWERSGD_STEPS - 3)  # its steps from the 11th on: the rank-2 factors and the vectors
+    assert powersgd and max(powersgd) < full // 5, powersgd

@@ -235,14 +235,15 @@ async def test_controls_check_input_inline_and_send_only_valid_changes(replay_at
         await apply("bucket size")
         panel.query_one("#bucket", Input).value = "10"
         panel.query_one("#strategy", Select).focus()
-        await pilot.press(*["tab"] * 6)  # strategy → bucket → async → batch → lr → scale_lr → Apply
+        # strategy → bucket → async → batch → lr → scale_lr → accum → compress → lr warm-up → Apply
+        await pilot.press(*["tab"] * 9)
         assert app.focused.id == "apply"
-        await pilot.press(*["shift+tab"] * 4)
+        await pilot.press(*["shift+tab"] * 7)
         assert app.focused.id == "async"
         await pilot.press("space")  # async_op on with ddp: refused inline
         await pilot.pause()
         assert "async_op applies only to allreduce" in str(panel.query_one("#preview").render())
-        await pilot.press("space", *["tab"] * 4, "enter")
+        await pilot.press("space", *["tab"] * 7, "enter")
         await app.workers.wait_for_complete()
         await pilot.pause()
         sent = list({id(m): m.changes for m in posted if isinstance(m, ApplyRequested)}.values())  # one per hop
@@ -295,7 +296,7 @@ async def test_a_number_field_takes_digits_esc_discards_and_the_footer_says_so(r
         assert app.focused.id == "strategy"
         await pilot.press("1")
         assert _active(app) == "overview"
-        await pilot.press("7", "tab", "tab", "tab", "1", *["tab"] * 4)  # 1 again; lr, scale_lr, Apply, out
+        await pilot.press("7", "tab", "tab", "tab", "1", *["tab"] * 7)  # 1 again; lr … lr warm-up, Apply, out
         assert _active(app) == "overview" and batch.value == "16"  # left the form: nobody is editing it
         await pilot.press("7")
         await pilot.click("#apply")

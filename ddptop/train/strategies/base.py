@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -9,12 +11,15 @@ from ddptop.config import SyncConfig
 from ddptop.probes.comm import CommRecorder
 
 
+WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 class Strategy:
     """Makes every rank's gradients the global mean before the optimizer step.
 
     The loop calls, per configuration segment: `prepare` once (returns the module to run forward on),
-    then per step `after_backward` (launch or run the collectives) and `before_step` (wait for async
-    handles); `teardown` when the configuration changes.
+    then per step `micro_step(last)` around each micro-step, `after_backward` (launch or run the collectives)
+    and `before_step` (wait for async handles); `teardown` when the configuration changes.
     """
 
     name = "base"
@@ -38,6 +43,15 @@ class Strategy:
         if param.grad is None:
             param.grad = torch.zeros_like(param)
         return param.grad
+
+    def micro_step(self, last: bool):
+        """The context a micro-step's forward and backward run in (`last`: the one whose gradients are synced).
+        Collectives that run after backward need nothing here: they run once, after the last."""
+        return contextlib.nullcontext()
+
+    def wire_dtype(self) -> torch.dtype | None:
+        """The dtype gradients travel in under `compress` (fp16, bf16), or None: as they are."""
+        return WIRE_DTYPES.get(self.sync.compress)
 
     def after_backward(self) -> None:
         pass

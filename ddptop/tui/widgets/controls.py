@@ -1,4 +1,5 @@
-"""Provides the controls panel: strategy, bucket MB, async_op, batch size, lr, scale_lr and Apply; every request is
+"""Provides the controls panel: strategy, bucket MB, async_op, batch size, lr, scale_lr, accum, compress, lr warm-up
+and Apply; every request is
 checked here as rank 0 will check it (SyncConfig.changed), refusals inline; a preview of DDP's bucket layout.
 
 The fields show the config in force; a field the user has changed keeps the user's text (an edit) until Apply, esc or
@@ -24,7 +25,8 @@ from ddptop.tui.messages import ApplyRequested
 from ddptop.tui.render.units import fmt_bytes, safe
 from ddptop.tui.widgets.number_input import NumberInput
 
-FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "apply")
+FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "accum", "compress", "warmup", "apply")
+COMPRESS_CHOICES = ("none", "fp16", "bf16", "powersgd:1", "powersgd:2", "powersgd:4")  # ctl sets any powersgd:R
 INTRO = ("Change the running job; every rank switches at the same step. The fields show the config in force "
          "until you edit them; esc discards your edits. tab / ↑↓ move between fields; digits go into number fields "
          "(1-7 switch panels elsewhere); enter opens the strategy list, applies from a number field or Apply.")
@@ -38,7 +40,8 @@ def _number(text: str, kind: type, what: str) -> Any:
 
 
 def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: Mapping, lr: str | None = None,
-               scale_lr: bool = False) -> tuple[dict[str, Any], SyncConfig]:
+               scale_lr: bool = False, accum: str | None = None, compress: Any = None,
+               warmup: str | None = None) -> tuple[dict[str, Any], SyncConfig]:
     """(the changes the form asks for, the config they give), checked as rank 0 checks them (apply_changes and
     SyncConfig.changed refuse a setting that means nothing for the strategy); UsageError: one line to show."""
     if strategy not in STRATEGIES:
@@ -47,7 +50,14 @@ def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: 
               "batch_size": _number(batch, int, "batch size")}
     if lr is not None:
         wanted["lr"] = _number(lr, float, "learning rate")
-    changes = {k: v for k, v in wanted.items() if current.get(k) != v}
+    if accum is not None:
+        wanted["accum"] = _number(accum, int, "accum")
+    if compress is not None:
+        wanted["compress"] = str(compress)
+    if warmup is not None:
+        wanted["lr_warmup_steps"] = _number(warmup, int, "lr warm-up steps")
+    known = {**SyncConfig().to_dict(), **current}  # a recording from before accum/compress: their defaults ran
+    changes = {k: v for k, v in wanted.items() if known.get(k) != v}
     if wanted["async_op"] and "strategy" in changes:  # asked for with a new strategy: rank 0 would judge it, so do we
         changes["async_op"] = True
     if not changes:
@@ -65,7 +75,8 @@ def form_text(config: Mapping) -> dict[str, Any]:
     """What each field shows for `config` (the config in force): field id → the widget's value."""
     return {"strategy": config.get("strategy", "ddp"), "bucket": f"{config.get('bucket_mb', 25):g}",
             "async": bool(config.get("async_op")), "batch": str(config.get("batch_size", 64)),
-            "lr": f"{config.get('lr', 0.1):g}"}
+            "lr": f"{config.get('lr', 0.1):g}", "accum": str(config.get("accum", 1)),
+            "compress": str(config.get("compress", "none")), "warmup": str(config.get("lr_warmup_steps", 0))}
 
 
 class StrategySelect(Select, inherit_bindings=False):
@@ -145,7 +156,14 @@ class ControlsPanel(VerticalScroll, can_focus=False):
                 ("batch size", NumberInput("64", id="batch", disabled=disabled, compact=True), "per rank"),
                 ("lr", NumberInput("0.1", id="lr", disabled=disabled, compact=True), "learning rate"),
                 ("scale_lr", Switch(False, id="scale", disabled=disabled, animate=False),
-                 "lr follows the batch size (linear scaling) unless lr is changed too"))
+                 "lr follows the batch size (linear scaling) unless lr is changed too"),
+                ("accum", NumberInput("1", id="accum", disabled=disabled, compact=True),
+                 "micro-steps per step (gradient accumulation)"),
+                ("compress", StrategySelect([(c, c) for c in COMPRESS_CHOICES], allow_blank=False, value="none",
+                                            id="compress", disabled=disabled, compact=True),
+                 "gradients on the wire; powersgd: ddp only"),
+                ("lr warm-up", NumberInput("0", id="warmup", disabled=disabled, compact=True),
+                 "steps of gradual warm-up (0: off)"))
         for label, field, hint in rows:
             with Horizontal():
                 yield Label(label)
@@ -180,6 +198,8 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         config in force (the user changed it) keeps it. scale_lr is a request, not a setting: off once no edit is
         left."""
         shown = form_text(config)
+        if shown["compress"] not in COMPRESS_CHOICES:  # a powersgd:R that `ddptop ctl` set
+            self.query_one("#compress", Select).set_options([(c, c) for c in (*COMPRESS_CHOICES, shown["compress"])])
         for key, value in shown.items():
             field = self.query_one(f"#{key}")
             if not (keep_edits and key in self._shown and field.value != self._shown[key]):
@@ -200,7 +220,8 @@ class ControlsPanel(VerticalScroll, can_focus=False):
     def read(self, current: Mapping) -> tuple[dict[str, Any], SyncConfig]:
         q = self.query_one
         return parse_form(q("#strategy", Select).value, q("#bucket", Input).value, q("#async", Switch).value,
-                          q("#batch", Input).value, current, q("#lr", Input).value, q("#scale", Switch).value)
+                          q("#batch", Input).value, current, q("#lr", Input).value, q("#scale", Switch).value,
+                          q("#accum", Input).value, q("#compress", Select).value, q("#warmup", Input).value)
 
     def refresh_preview(self) -> None:
         """What Apply would send, checked now; and for DDP the bucket layout the size gives."""
@@ -239,8 +260,12 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         self.refresh_preview()
 
     def on_select_changed(self, event: Select.Changed) -> None:
-        if event.value != "allreduce":  # async_op is allreduce's: leaving it turns it off (as SyncConfig.changed)
-            self.query_one("#async", Switch).value = False
+        if event.select.id == "strategy" and event.value != "allreduce":  # async_op is allreduce's: leaving it
+            self.query_one("#async", Switch).value = False  # turns it off (as SyncConfig.changed)
+        compress = self.query_one("#compress", Select)
+        if event.select.id == "strategy" and (event.value == "single" or (
+                event.value != "ddp" and str(compress.value).startswith("powersgd"))):
+            compress.value = "none"  # a compression the strategy cannot carry ends with it (SyncConfig.changed)
         self.refresh_preview()
 
     def on_input_changed(self, event: Input.Changed) -> None:
