@@ -16,7 +16,7 @@ OTHER_COMMANDS = ("ctl", "attach", "info", "replay", "export", "report", "lab", 
 @pytest.mark.parametrize("argv, code, words", [
     (["--dataset", "cifar10", "--data-dir", "nonexistent/dir"], 3, ["nonexistent/dir does not exist"]),
     (["--dataset", "mnist"], 3, ["data does not exist"]),  # the default ./data
-    (["--data-dir", "mydata"], 2, ["--data-dir is for --dataset cifar10 or mnist"]),
+    (["--data-dir", "mydata"], 2, ["--data-dir is for --dataset cifar10, mnist or your own"]),
 ], ids=["typo", "default", "synthetic"])
 def test_a_data_dir_is_never_created(tmp_path, argv, code, words):
     result = ddptop(*argv, "--local", "1", "--headless", "--model", "tiny", "--no-record", cwd=tmp_path, timeout=60)
