@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass
@@ -181,6 +182,28 @@ class NicStat:
     tx_drops: int
     peak_rx_rate: float
     peak_tx_rate: float
+    # the interface's known rate (bits/s, each way) and who says so: LINK_BY when `ddptop lab` shaped the link,
+    # else NIC_BY (the kernel's link speed); None: unknown. Recordings from before these fields read None.
+    speed_bits_per_s: float | None = None
+    speed_by: str = ""
+
+    def __post_init__(self) -> None:
+        if self.speed_bits_per_s is not None and not (math.isfinite(self.speed_bits_per_s) and self.speed_bits_per_s > 0):
+            raise EventDecodeError(f"a NIC speed must be positive, found {self.speed_bits_per_s!r}")
+
+
+LINK_ENV = "DDPTOP_LAB_LINK_BITS"  # `ddptop lab` gives its jobs the rate it shaped each link to (bits/s, each way)
+LINK_BY = "shaped by ddptop lab"
+NIC_BY = "reported by the NIC"
+
+
+def link_bits() -> float | None:
+    """The rate `ddptop lab` shaped this job's link to, from LINK_ENV; None outside the lab or when unreadable."""
+    try:
+        bits = float(os.environ.get(LINK_ENV, ""))
+    except ValueError:
+        return None
+    return bits if math.isfinite(bits) and bits > 0 else None
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import time
 import psutil
 
 from ddptop.control.token import TOKEN_ENV
+from ddptop.events import LINK_ENV
 from ddptop.lab.cluster import Lab
-from ddptop.record.sqlite import LINK_ENV
 
 FRONT_STOP_S = 60.0  # after a stop, the front's own STOP_WAIT_S (20 s) and its closing, then it is killed
 WORKER_EXIT_S = 30.0  # after the front ends, the other hosts' ranks get this long to finish and leave

@@ -144,6 +144,7 @@ _STEP_CHECKS = [(lambda v: math.nan if v is None else _float(v)) if f.name in LO
                 for f in dataclasses.fields(StepDone)]
 
 _NIC_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(NicStat)]
+_NIC_REQUIRED = sum(f.default is dataclasses.MISSING for f in dataclasses.fields(NicStat))
 _GPU_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(GpuStat)]
 _GPU_REQUIRED = sum(f.default is dataclasses.MISSING for f in dataclasses.fields(GpuStat))
 
@@ -152,6 +153,13 @@ def _typed(checks: list[Callable], values: Any) -> list:
     if not isinstance(values, (list, tuple)) or len(values) != len(checks):
         raise EventDecodeError("a row has the wrong number of values")
     return [check(v) for check, v in zip(checks, values)]
+
+
+def _nic(values: Any) -> NicStat:
+    """A NIC as a JSON list; lists from before the speed fields stop early and read speed unknown."""
+    if isinstance(values, list) and len(values) == _NIC_REQUIRED:
+        return NicStat(*_typed(_NIC_CHECKS[:_NIC_REQUIRED], values))
+    return NicStat(*_typed(_NIC_CHECKS, values))
 
 
 def _gpu(values: Any) -> GpuStat:
@@ -212,7 +220,7 @@ def decode_system(row: tuple) -> SystemSample:
     if len(values) != len(checks):
         raise EventDecodeError("a system row has the wrong number of values")
     typed = {name: checks[name](v) for name, v in values.items()}
-    return SystemSample(**typed, nics=tuple(NicStat(*_typed(_NIC_CHECKS, n)) for n in nics),
+    return SystemSample(**typed, nics=tuple(_nic(n) for n in nics),
                         gpus=tuple(_gpu(g) for g in gpus))
 
 

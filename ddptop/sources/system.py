@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 import psutil
 
 from ddptop.errors import UsageError
-from ddptop.events import NicStat
+from ddptop.events import LINK_BY, NIC_BY, NicStat, link_bits
 
 # psutil's snetio fields, in the order NicStat wants them.
 _FIELDS = ("bytes_recv", "bytes_sent", "packets_recv", "packets_sent", "errin", "errout", "dropin", "dropout")
@@ -80,6 +80,19 @@ def _read_pernic() -> Mapping[str, Any]:
     return psutil.net_io_counters(pernic=True)
 
 
+Speeds = Mapping[str, tuple[float, str]]  # interface → (bits/s each way, who says so)
+
+
+def nic_speeds(job_iface: str | None = None) -> Speeds:
+    """Each interface's known rate: the rate `ddptop lab` shaped the job's link to (the veth itself claims 10 Gbit/s),
+    else the kernel's link speed where it reports one (psutil says 0 for unknown, e.g. loopback)."""
+    speeds = {name: (stats.speed * 1e6, NIC_BY) for name, stats in psutil.net_if_stats().items() if stats.speed > 0}
+    shaped = link_bits()
+    if shaped is not None and job_iface is not None:
+        speeds[job_iface] = (shaped, LINK_BY)
+    return speeds
+
+
 @dataclass
 class _Nic:
     last: tuple[int, ...] | None  # the previous raw reading; None while the interface is absent
@@ -99,9 +112,11 @@ class NicTracker:
         self,
         read_counters: Callable[[], Mapping[str, Any]] = _read_pernic,
         clock: Callable[[], float] = time.monotonic,
+        speeds: Callable[[], Speeds] = nic_speeds,
     ) -> None:
         self._read = read_counters
         self._clock = clock
+        self._speeds = speeds
         self._nics = {name: _Nic(_raw(c)) for name, c in read_counters().items()}
         self._t = clock()
 
@@ -111,9 +126,10 @@ class NicTracker:
         dt, self._t = now - self._t, now
         for name in self._nics.keys() - counters.keys():
             self._nics[name].last = None
-        return tuple(self._advance(name, _raw(counters[name]), dt) for name in sorted(counters))
+        speeds = self._speeds()
+        return tuple(self._advance(name, _raw(counters[name]), dt, speeds.get(name)) for name in sorted(counters))
 
-    def _advance(self, name: str, raw: tuple[int, ...], dt: float) -> NicStat:
+    def _advance(self, name: str, raw: tuple[int, ...], dt: float, speed: tuple[float, str] | None) -> NicStat:
         nic = self._nics.setdefault(name, _Nic(None))
         delta = _ZERO if nic.last is None else tuple(new - old for new, old in zip(raw, nic.last))
         if min(delta) < 0:
@@ -124,7 +140,9 @@ class NicTracker:
         tx_rate = delta[1] / dt if dt > 0 else 0.0
         nic.peak_rx, nic.peak_tx = max(nic.peak_rx, rx_rate), max(nic.peak_tx, tx_rate)
         rx, tx, rx_p, tx_p, rx_e, tx_e, rx_d, tx_d = nic.totals
-        return NicStat(name, rx_rate, tx_rate, rx, tx, rx_p, tx_p, rx_e, tx_e, rx_d, tx_d, nic.peak_rx, nic.peak_tx)
+        bits, by = speed or (None, "")
+        return NicStat(name, rx_rate, tx_rate, rx, tx, rx_p, tx_p, rx_e, tx_e, rx_d, tx_d, nic.peak_rx, nic.peak_tx,
+                       bits, by)
 
 
 def _raw(counters: Any) -> tuple[int, ...]:

@@ -15,6 +15,8 @@ from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop.errors import RecordingError
 from ddptop.events import (EVENT_TYPES, EpochDone, GpuStat, LogLine, NicStat, RankJoined, RunFinished, RunStarted,
                            Span, StepDone, StepSpans, SystemSample)
+from ddptop.events import EventDecodeError, event_from_dict
+from ddptop.record import schema
 from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter, base_meta
 
@@ -24,6 +26,7 @@ T0 = 1.7e9
 def one_of_each() -> list:
     """Every event kind with awkward values: NaN loss, missing GPU readings, unicode, big byte counts."""
     nic = NicStat("eth0", 1.5e8, 1.25e8, 1 << 40, 3, 10, 11, 1, 2, 3, 4, 2e8, 2.5e8)
+    shaped = NicStat("veth0", 1.5e8, 1.25e8, 1 << 40, 3, 10, 11, 1, 2, 3, 4, 2e8, 2.5e8, 1e9, "shaped by ddptop lab")
     gpu = GpuStat(0, "H100 ✓", None, 1 << 33, None, 301.25, 55.0)
     spans = (Span("data", "data", 0.0, 1e-4), Span("fwd", "features.0", 1e-4, 0.1 / 3),
              Span("comm", "bucket 0", 0.05, 0.02, 1 << 30, 1 << 30, 1 << 29), Span("opt", "optimizer", 0.07, 1e-3))
@@ -37,7 +40,7 @@ def one_of_each() -> list:
                  36924456, 36924456, True),
         StepSpans(0, 0, 0, T0 + 0.6, spans),
         StepDone(1, 0, 0, 0, T0 + 0.99, 0.4, 0.0, 0.3, 0.1, 0.0, 0.0, 64, math.nan, 0, 0, 0, False),
-        SystemSample(0, "node-ü", T0 + 1.1, 99.5, 87.25, 1 << 31, 1 << 33, 1 << 35, "eth0", (nic, nic), (gpu,), "ok"),
+        SystemSample(0, "node-ü", T0 + 1.1, 99.5, 87.25, 1 << 31, 1 << 33, 1 << 35, "eth0", (nic, shaped), (gpu,), "ok"),
         SystemSample(1, "node2", T0 + 1.2, 0.0, 0.0, 0, 0, 0, "lo"),
         EpochDone(0, 0, 390, 2.0345, 2292, 10000, T0 + 2.0),
         LogLine(1, "warning", "línea ✓ (control characters come back escaped: tests/security)", T0 + 2.1),
@@ -78,6 +81,31 @@ def test_every_event_kind_round_trips_exactly_and_in_order(tmp_path):
     assert [type(e) for e in back] == [type(e) for e in events]
     assert as_json(back) == as_json(events)
     assert math.isnan(back[5].loss) and back[6].gpus[0].util_percent is None and back[3].sampled is True
+    assert back[6].nics[1].speed_bits_per_s == 1e9 and back[6].nics[0].speed_bits_per_s is None
+
+
+def test_nic_speeds_are_typed_at_decoding_and_old_recordings_read_unknown(tmp_path):
+    """A NIC list from before the speed fields (13 values) reads speed unknown; a speed that is not a positive
+    number, from the file or from the store, is a decoding error, not a share of zero or infinity on screen."""
+    path = str(tmp_path / "old.db")
+    write(path, one_of_each()[6:7])
+    db = sqlite3.connect(path)
+    (nics,) = db.execute("SELECT nics FROM system").fetchone()
+    old = [n[:13] for n in json.loads(nics)]
+    db.execute("UPDATE system SET nics = ?", (json.dumps(old),))
+    db.commit()
+    with Recording.open(path) as rec:
+        (back,) = [e for e in rec.events() if isinstance(e, SystemSample)]
+    assert [n.speed_bits_per_s for n in back.nics] == [None, None] and back.nics[1].rx_bytes == 1 << 40
+    for bad in (0, -1e9, "1e9"):
+        row = json.loads(nics)
+        row[1][13] = bad
+        with pytest.raises(EventDecodeError):
+            schema.decode_system((0, "h", T0, 1.0, 1.0, 1, 1, 1, "eth0", json.dumps(row), "[]", "ok"))
+        event = one_of_each()[6].to_dict()
+        event["nics"][1]["speed_bits_per_s"] = bad
+        with pytest.raises(EventDecodeError):
+            event_from_dict(event)
 
 
 def test_a_real_job_round_trips(recording, job_events):

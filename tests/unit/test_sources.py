@@ -46,7 +46,7 @@ def by_name(stats):
 
 def assert_non_negative(stat):
     for name, value in vars(stat).items():
-        if name != "iface":
+        if name not in ("iface", "speed_by", "speed_bits_per_s"):  # a speed is None (unknown) or positive
             assert value >= 0, (name, value)
 
 
@@ -210,6 +210,34 @@ def test_job_interface_in_network_namespaces(netns_pair):
     assert routed == own == veth_b
     assert loop == "lo"
     assert unroutable == "lo"  # no default route inside the namespace: fall back, never raise
+
+
+SPEEDS = """
+import json, os, sys
+from ddptop.events import LINK_ENV
+from ddptop.sources import SystemSampler
+veth = sys.argv[1]
+out = []
+for env in ("", "1e9"):
+    os.environ[LINK_ENV] = env
+    sample = SystemSampler(0, "a", veth, lambda s: None).sample()
+    out.append({n.iface: [n.speed_bits_per_s, n.speed_by] for n in sample.nics})
+print(json.dumps(out))
+"""
+
+
+def test_sampled_nics_carry_the_kernels_link_speed_or_the_labs_shaped_rate(netns_pair):
+    """Ground truth: the kernel's own /sys/class/net/<veth>/speed (Mbit/s) in the namespace, and the rate the lab
+    hands its jobs in LINK_ENV, which wins on the job's interface; loopback has no speed and says unknown."""
+    ns_a, veth_a, _, _ = netns_pair
+    sysfs = float(ip("netns", "exec", ns_a, "cat", f"/sys/class/net/{veth_a}/speed").stdout)
+    proc = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", SPEEDS, veth_a], cwd=REPO,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    plain, lab = json.loads(proc.stdout)
+    assert sysfs > 0 and plain[veth_a] == [sysfs * 1e6, "reported by the NIC"]
+    assert lab[veth_a] == [1e9, "shaped by ddptop lab"]
+    assert plain["lo"] == lab["lo"] == [None, ""]
 
 
 RECEIVER = """
