@@ -206,6 +206,18 @@ def link_bits() -> float | None:
     return bits if math.isfinite(bits) and bits > 0 else None
 
 
+CPUS_ENV = "DDPTOP_LAB_CPUS"  # the CPU quota (cores) of each `ddptop lab` node, which its jobs cannot read there
+
+
+def lab_cpus() -> float | None:
+    """The lab node's CPU quota from CPUS_ENV; None outside the lab, without a quota, or when unreadable."""
+    try:
+        cores = float(os.environ.get(CPUS_ENV, ""))
+    except ValueError:
+        return None
+    return cores if math.isfinite(cores) and cores > 0 else None
+
+
 @dataclass(frozen=True)
 class GpuStat:
     """One GPU a rank trains on, through NVML. None: the device does not report that metric (MIG slices, some
@@ -244,6 +256,13 @@ class SystemSample(Event):
     nics: tuple[NicStat, ...] = ()
     gpus: tuple[GpuStat, ...] = ()
     gpu_status: str = "not available"  # "ok" or why there is no GPU reading
+    # cores of the CPU quota of the cgroup the rank runs in (a `ddptop lab` node): node_cpu_percent is then that
+    # cgroup's CPU time as a share of its quota; None: the whole machine's CPU, as psutil reads it
+    node_cpu_quota: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.node_cpu_quota is not None and not (math.isfinite(self.node_cpu_quota) and self.node_cpu_quota > 0):
+            raise EventDecodeError(f"a CPU quota must be positive, found {self.node_cpu_quota!r}")
 
     def nic(self, iface: str | None = None) -> NicStat | None:
         name = iface or self.job_iface

@@ -25,7 +25,7 @@ SCHEMA_VERSION = 2  # of the file layout; events inside carry their own events.S
 
 STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepDone))
 SYSTEM_FIELDS = tuple(f.name for f in dataclasses.fields(SystemSample))
-_SQL_TYPES = {"int": "INTEGER", "bool": "INTEGER", "float": "REAL", "str": "TEXT"}
+_SQL_TYPES = {"int": "INTEGER", "bool": "INTEGER", "float": "REAL", "str": "TEXT", "float | None": "REAL"}
 
 
 def _columns(cls: type) -> str:
@@ -240,17 +240,20 @@ SELECT = {
 def select_for(columns: dict[str, set[str]]) -> dict[str, str]:
     """SELECT statements for a file whose tables have `columns` (older files lack newer step columns)."""
     out = dict(SELECT)
-    have = columns.get("steps", set(STEP_FIELDS))
-    if not set(STEP_FIELDS) <= have:
-        defaults = {f.name: f.default for f in dataclasses.fields(StepDone)}
-        picked = [name if name in have else f"{_literal(defaults.get(name))} AS {name}" for name in STEP_FIELDS]
-        out["steps"] = f"SELECT seq, at, {', '.join(picked)} FROM steps"
+    for table, cls, fields in (("steps", StepDone, STEP_FIELDS), ("system", SystemSample, SYSTEM_FIELDS)):
+        have = columns.get(table, set(fields))
+        if not set(fields) <= have:
+            defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+            picked = [name if name in have else f"{_literal(defaults.get(name))} AS {name}" for name in fields]
+            out[table] = f"SELECT seq, at, {', '.join(picked)} FROM {table}"
     return out
 
 
 def _literal(value: Any) -> str:
+    if value is None:  # an optional column: NULL reads as None
+        return "NULL"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise EventDecodeError("a recording lacks a step column that has no default")
+        raise EventDecodeError("a recording lacks a column that has no default")
     return repr(value)
 
 

@@ -75,6 +75,7 @@ class SystemSampler:
             nics=nics,
             gpus=gpus,
             gpu_status=gpu_status,
+            node_cpu_quota=cpu.node_cpu_quota,
         )
 
     def _run(self) -> None:

@@ -40,7 +40,8 @@ def one_of_each() -> list:
                  36924456, 36924456, True),
         StepSpans(0, 0, 0, T0 + 0.6, spans),
         StepDone(1, 0, 0, 0, T0 + 0.99, 0.4, 0.0, 0.3, 0.1, 0.0, 0.0, 64, math.nan, 0, 0, 0, False),
-        SystemSample(0, "node-ü", T0 + 1.1, 99.5, 87.25, 1 << 31, 1 << 33, 1 << 35, "eth0", (nic, shaped), (gpu,), "ok"),
+        SystemSample(0, "node-ü", T0 + 1.1, 99.5, 87.25, 1 << 31, 1 << 33, 1 << 35, "eth0", (nic, shaped), (gpu,), "ok",
+                     0.67),
         SystemSample(1, "node2", T0 + 1.2, 0.0, 0.0, 0, 0, 0, "lo"),
         EpochDone(0, 0, 390, 2.0345, 2292, 10000, T0 + 2.0),
         LogLine(1, "warning", "línea ✓ (control characters come back escaped: tests/security)", T0 + 2.1),
@@ -82,6 +83,23 @@ def test_every_event_kind_round_trips_exactly_and_in_order(tmp_path):
     assert as_json(back) == as_json(events)
     assert math.isnan(back[5].loss) and back[6].gpus[0].util_percent is None and back[3].sampled is True
     assert back[6].nics[1].speed_bits_per_s == 1e9 and back[6].nics[0].speed_bits_per_s is None
+    assert back[6].node_cpu_quota == 0.67 and back[7].node_cpu_quota is None
+
+
+def test_recordings_from_before_the_cpu_quota_column_read_the_whole_machine(tmp_path):
+    path = str(tmp_path / "old.db")
+    write(path, one_of_each()[6:8])
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE system DROP COLUMN node_cpu_quota")
+    db.commit()
+    db.close()
+    with Recording.open(path) as rec:
+        back = [e for e in rec.events() if isinstance(e, SystemSample)]
+    assert [s.node_cpu_quota for s in back] == [None, None] and back[0].node_cpu_percent == 87.25
+    event = one_of_each()[6].to_dict()
+    event["node_cpu_quota"] = -1
+    with pytest.raises(EventDecodeError):
+        event_from_dict(event)
 
 
 def test_nic_speeds_are_typed_at_decoding_and_old_recordings_read_unknown(tmp_path):
@@ -101,7 +119,7 @@ def test_nic_speeds_are_typed_at_decoding_and_old_recordings_read_unknown(tmp_pa
         row = json.loads(nics)
         row[1][13] = bad
         with pytest.raises(EventDecodeError):
-            schema.decode_system((0, "h", T0, 1.0, 1.0, 1, 1, 1, "eth0", json.dumps(row), "[]", "ok"))
+            schema.decode_system((0, "h", T0, 1.0, 1.0, 1, 1, 1, "eth0", json.dumps(row), "[]", "ok", None))
         event = one_of_each()[6].to_dict()
         event["nics"][1]["speed_bits_per_s"] = bad
         with pytest.raises(EventDecodeError):
