@@ -202,3 +202,22 @@ def test_the_record_package_never_imports_torch_or_textual():
             "print(sorted(m for m in ('torch', 'textual') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_lab_recordings_from_before_nic_speeds_replay_the_job_interfaces_rate_from_meta_link(tmp_path, monkeypatch):
+    """The lab's rate is in meta.link (read back here with plain SQL); the job's interface gets it on replay, the
+    others stay unknown, and a recording without meta.link stays unknown."""
+    monkeypatch.setenv("DDPTOP_LAB_LINK_BITS", "1e8")
+    path = str(tmp_path / "lab.db")
+    write(path, one_of_each()[6:7])  # its job interface eth0 carries no speed, as before NICs had one
+    (meta,) = sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'link'").fetchone()
+    with Recording.open(path) as rec:
+        (sample,) = [e for e in rec.events() if isinstance(e, SystemSample)]
+    eth0, veth0 = sample.nics
+    assert eth0.speed_bits_per_s == json.loads(meta)["bits_per_s"] == 1e8 and eth0.speed_by == "shaped by ddptop lab"
+    assert veth0.speed_bits_per_s == 1e9  # carried its own
+    monkeypatch.delenv("DDPTOP_LAB_LINK_BITS")
+    write(str(tmp_path / "plain.db"), one_of_each()[6:7])
+    with Recording.open(str(tmp_path / "plain.db")) as rec:
+        (sample,) = [e for e in rec.events() if isinstance(e, SystemSample)]
+    assert sample.nics[0].speed_bits_per_s is None
