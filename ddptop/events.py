@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass
@@ -181,6 +182,40 @@ class NicStat:
     tx_drops: int
     peak_rx_rate: float
     peak_tx_rate: float
+    # the interface's known rate (bits/s, each way) and who says so: LINK_BY when `ddptop lab` shaped the link,
+    # else NIC_BY (the kernel's link speed); None: unknown. Recordings from before these fields read None.
+    speed_bits_per_s: float | None = None
+    speed_by: str = ""
+
+    def __post_init__(self) -> None:
+        if self.speed_bits_per_s is not None and not (math.isfinite(self.speed_bits_per_s) and self.speed_bits_per_s > 0):
+            raise EventDecodeError(f"a NIC speed must be positive, found {self.speed_bits_per_s!r}")
+
+
+LINK_ENV = "DDPTOP_LAB_LINK_BITS"  # `ddptop lab` gives its jobs the rate it shaped each link to (bits/s, each way)
+LINK_BY = "shaped by ddptop lab"
+NIC_BY = "reported by the NIC"
+
+
+def link_bits() -> float | None:
+    """The rate `ddptop lab` shaped this job's link to, from LINK_ENV; None outside the lab or when unreadable."""
+    try:
+        bits = float(os.environ.get(LINK_ENV, ""))
+    except ValueError:
+        return None
+    return bits if math.isfinite(bits) and bits > 0 else None
+
+
+CPUS_ENV = "DDPTOP_LAB_CPUS"  # the CPU quota (cores) of each `ddptop lab` node, which its jobs cannot read there
+
+
+def lab_cpus() -> float | None:
+    """The lab node's CPU quota from CPUS_ENV; None outside the lab, without a quota, or when unreadable."""
+    try:
+        cores = float(os.environ.get(CPUS_ENV, ""))
+    except ValueError:
+        return None
+    return cores if math.isfinite(cores) and cores > 0 else None
 
 
 @dataclass(frozen=True)
@@ -221,6 +256,13 @@ class SystemSample(Event):
     nics: tuple[NicStat, ...] = ()
     gpus: tuple[GpuStat, ...] = ()
     gpu_status: str = "not available"  # "ok" or why there is no GPU reading
+    # cores of the CPU quota of the cgroup the rank runs in (a `ddptop lab` node): node_cpu_percent is then that
+    # cgroup's CPU time as a share of its quota; None: the whole machine's CPU, as psutil reads it
+    node_cpu_quota: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.node_cpu_quota is not None and not (math.isfinite(self.node_cpu_quota) and self.node_cpu_quota > 0):
+            raise EventDecodeError(f"a CPU quota must be positive, found {self.node_cpu_quota!r}")
 
     def nic(self, iface: str | None = None) -> NicStat | None:
         name = iface or self.job_iface

@@ -20,8 +20,8 @@ import time
 import psutil
 
 from ddptop.control.token import TOKEN_ENV
+from ddptop.events import CPUS_ENV, LINK_ENV
 from ddptop.lab.cluster import Lab
-from ddptop.record.sqlite import LINK_ENV
 
 FRONT_STOP_S = 60.0  # after a stop, the front's own STOP_WAIT_S (20 s) and its closing, then it is killed
 WORKER_EXIT_S = 30.0  # after the front ends, the other hosts' ranks get this long to finish and leave
@@ -103,8 +103,11 @@ def run_job(lab: Lab, nodes: int, run_argv: list[str], record: str | None, signa
     env = {**os.environ, "DDPTOP_STATE_DIR": os.path.join(lab.folder, "jobs"),  # this lab's own job files
            TOKEN_ENV: secrets.token_hex(16)}
     env.pop(LINK_ENV, None)
+    env.pop(CPUS_ENV, None)
     if lab.link.bits_per_s is not None:  # the recording keeps it: the hints compare the link's bytes with it
         env[LINK_ENV] = repr(lab.link.bits_per_s)
+    if lab.cpus is not None:  # a node's ranks see no cgroup files under `ip netns exec`: its node CPU needs it
+        env[CPUS_ENV] = repr(lab.cpus)
     front = lab.popen(0, node_argv(run_argv, lab, nodes, 0, record), quota=False, group=True, env=env)
     try:
         os.setpgid(front.pid, front.pid)  # also from this side, before the terminal is handed over

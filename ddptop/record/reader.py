@@ -6,6 +6,7 @@ RecordingError with one line; nothing in a file is executed or unpickled (typed 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import heapq
 import json
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ddptop.errors import RecordingError
-from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, Event, EventDecodeError
+from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, LINK_BY, Event, EventDecodeError, SystemSample
 from ddptop.record import schema
 from ddptop.safe import clean, clean_value
 
@@ -90,6 +91,7 @@ class Recording:
         self.path = path
         self.db = db
         self.meta = meta
+        self._link = _link_bits(meta)
         self.left_out: set[tuple[str, Any]] = set()  # (table, seq) of rows left out: a NULL, NaN or infinite number
         self.select = schema.select_for({table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
                                          for table in schema.TABLES})
@@ -286,7 +288,8 @@ class Recording:
         """The row's event; None for a row left out (a NULL, NaN or infinite number: `left_out` counts it)."""
         try:
             _finite_at(row[1])  # the playback clock places the row: without it the row has no place
-            return schema.decode_row(table, row)
+            event = schema.decode_row(table, row)
+            return _with_link(event, self._link) if table == "system" and self._link else event
         except schema.BadNumber:
             self.left_out.add((table, row[0]))
             return None
@@ -371,3 +374,20 @@ def _int(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     raise EventDecodeError(f"expected a whole number, found {value!r}")
+
+
+def _link_bits(meta: Any) -> float | None:
+    """meta.link's rate (a lab run's link, bits/s each way), or None where it is absent or not a positive number."""
+    link = meta.get("link") if isinstance(meta, dict) else None
+    bits = link.get("bits_per_s") if isinstance(link, dict) else None
+    ok = type(bits) in (int, float) and math.isfinite(bits) and bits > 0
+    return float(bits) if ok else None
+
+
+def _with_link(sample: Event, bits: float) -> Event:
+    """A lab recording from before NICs carried their speed: the job's interface gets meta.link's rate."""
+    if not isinstance(sample, SystemSample):
+        return sample
+    nics = tuple(dataclasses.replace(n, speed_bits_per_s=bits, speed_by=LINK_BY)
+                 if n.iface == sample.job_iface and n.speed_bits_per_s is None else n for n in sample.nics)
+    return dataclasses.replace(sample, nics=nics)

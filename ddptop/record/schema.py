@@ -25,7 +25,7 @@ SCHEMA_VERSION = 2  # of the file layout; events inside carry their own events.S
 
 STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepDone))
 SYSTEM_FIELDS = tuple(f.name for f in dataclasses.fields(SystemSample))
-_SQL_TYPES = {"int": "INTEGER", "bool": "INTEGER", "float": "REAL", "str": "TEXT"}
+_SQL_TYPES = {"int": "INTEGER", "bool": "INTEGER", "float": "REAL", "str": "TEXT", "float | None": "REAL"}
 
 
 def _columns(cls: type) -> str:
@@ -144,6 +144,7 @@ _STEP_CHECKS = [(lambda v: math.nan if v is None else _float(v)) if f.name in LO
                 for f in dataclasses.fields(StepDone)]
 
 _NIC_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(NicStat)]
+_NIC_REQUIRED = sum(f.default is dataclasses.MISSING for f in dataclasses.fields(NicStat))
 _GPU_CHECKS = [_CHECKS[f.type] for f in dataclasses.fields(GpuStat)]
 _GPU_REQUIRED = sum(f.default is dataclasses.MISSING for f in dataclasses.fields(GpuStat))
 
@@ -152,6 +153,13 @@ def _typed(checks: list[Callable], values: Any) -> list:
     if not isinstance(values, (list, tuple)) or len(values) != len(checks):
         raise EventDecodeError("a row has the wrong number of values")
     return [check(v) for check, v in zip(checks, values)]
+
+
+def _nic(values: Any) -> NicStat:
+    """A NIC as a JSON list; lists from before the speed fields stop early and read speed unknown."""
+    if isinstance(values, list) and len(values) == _NIC_REQUIRED:
+        return NicStat(*_typed(_NIC_CHECKS[:_NIC_REQUIRED], values))
+    return NicStat(*_typed(_NIC_CHECKS, values))
 
 
 def _gpu(values: Any) -> GpuStat:
@@ -212,7 +220,7 @@ def decode_system(row: tuple) -> SystemSample:
     if len(values) != len(checks):
         raise EventDecodeError("a system row has the wrong number of values")
     typed = {name: checks[name](v) for name, v in values.items()}
-    return SystemSample(**typed, nics=tuple(NicStat(*_typed(_NIC_CHECKS, n)) for n in nics),
+    return SystemSample(**typed, nics=tuple(_nic(n) for n in nics),
                         gpus=tuple(_gpu(g) for g in gpus))
 
 
@@ -232,17 +240,20 @@ SELECT = {
 def select_for(columns: dict[str, set[str]]) -> dict[str, str]:
     """SELECT statements for a file whose tables have `columns` (older files lack newer step columns)."""
     out = dict(SELECT)
-    have = columns.get("steps", set(STEP_FIELDS))
-    if not set(STEP_FIELDS) <= have:
-        defaults = {f.name: f.default for f in dataclasses.fields(StepDone)}
-        picked = [name if name in have else f"{_literal(defaults.get(name))} AS {name}" for name in STEP_FIELDS]
-        out["steps"] = f"SELECT seq, at, {', '.join(picked)} FROM steps"
+    for table, cls, fields in (("steps", StepDone, STEP_FIELDS), ("system", SystemSample, SYSTEM_FIELDS)):
+        have = columns.get(table, set(fields))
+        if not set(fields) <= have:
+            defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+            picked = [name if name in have else f"{_literal(defaults.get(name))} AS {name}" for name in fields]
+            out[table] = f"SELECT seq, at, {', '.join(picked)} FROM {table}"
     return out
 
 
 def _literal(value: Any) -> str:
+    if value is None:  # an optional column: NULL reads as None
+        return "NULL"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise EventDecodeError("a recording lacks a step column that has no default")
+        raise EventDecodeError("a recording lacks a column that has no default")
     return repr(value)
 
 

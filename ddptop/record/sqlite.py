@@ -14,7 +14,6 @@ room for that mark, the writer keeps RESERVE bytes beside the file (FILE-reserve
 from __future__ import annotations
 
 import importlib.metadata
-import math
 import os
 import platform
 import queue
@@ -27,7 +26,7 @@ from typing import Any, Callable
 
 import ddptop
 from ddptop.errors import RecordingError, RecordingExists
-from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, ConfigApplied, Event, RankJoined, RunStarted, StepSpans
+from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, ConfigApplied, Event, RankJoined, RunStarted, StepSpans, link_bits
 from ddptop.record import schema
 from ddptop.record.reader import Recording
 
@@ -36,27 +35,16 @@ RESERVE = 256 * 1024  # room for the failure mark (a few WAL pages) once the dis
 _STOP = object()
 
 
-LINK_ENV = "DDPTOP_LAB_LINK_BITS"  # `ddptop lab` gives its jobs the rate it shaped each link to (bits/s, each way)
-
-
 def base_meta(config: dict, rendezvous: dict, argv: list[str] | None = None) -> dict[str, Any]:
     """What a run knows before its ranks join; hosts, model and buckets are added as their events arrive."""
     meta = {"config": config, "rendezvous": rendezvous, "argv": redact(sys.argv if argv is None else argv),
             "versions": {"ddptop": ddptop.__version__, "python": platform.python_version(),
                          "torch": _version("torch"), "sqlite": sqlite3.sqlite_version},
             "created": time.time()}
-    link = _link_bits()
+    link = link_bits()
     if link is not None:  # only the lab knows the link's rate (the hints' "link at its rate")
         meta["link"] = {"bits_per_s": link, "by": "ddptop lab --link"}
     return meta
-
-
-def _link_bits() -> float | None:
-    try:
-        bits = float(os.environ.get(LINK_ENV, ""))
-    except ValueError:
-        return None
-    return bits if math.isfinite(bits) and bits > 0 else None
 
 
 SECRET_FLAGS = ("--token",)

@@ -149,6 +149,14 @@ def _network_finding(run: RunData, links: dict[str, list], stats, names) -> str:
     return text + "."
 
 
+def _node_cpu_label(samples: list) -> str:
+    """Lab nodes read their quota cgroup (issue 26: all hosts read the whole machine, the same line each)."""
+    quotas = {s.node_cpu_quota for s in samples}
+    if quotas == {None}:
+        return "node CPU, % of all cores"
+    return f"node CPU, % of its {next(iter(quotas)):.2g}-core quota" if len(quotas) == 1 else "node CPU, % of its quota"
+
+
 def system(run: RunData, stats: list[SegmentStats], names: list[str], positions: list[int], out: Path,
            several: bool) -> Made | None:
     if not run.samples:
@@ -162,7 +170,7 @@ def system(run: RunData, stats: list[SegmentStats], names: list[str], positions:
     gpu = any(s.gpus for s in run.samples)
     by_rank = dict(sorted(by_rank.items()))
     panels = [("process CPU, % of one core", by_rank, lambda s: [s.proc_cpu_percent], "rank {}"),
-              ("node CPU, % of all cores", hosts, lambda s: [s.node_cpu_percent], "{}"),
+              (_node_cpu_label(run.samples), hosts, lambda s: [s.node_cpu_percent], "{}"),
               ("process resident memory, MB", by_rank, lambda s: [s.proc_rss_bytes / 1e6], "rank {}")]
     if gpu:
         panels.append(("GPU utilization, %", by_rank, lambda s: [g.util_percent for g in s.gpus], "rank {} GPU"))

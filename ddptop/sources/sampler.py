@@ -9,7 +9,7 @@ from typing import Callable, Sequence, TypeVar
 
 from ddptop.events import SystemSample
 from ddptop.sources.gpu import GpuReader
-from ddptop.sources.system import CpuMem, CpuMemReader, NicTracker
+from ddptop.sources.system import CpuMem, CpuMemReader, NicTracker, nic_speeds
 
 T = TypeVar("T")
 _NO_CPU_MEM = CpuMem(0.0, 0.0, 0, 0, 0)
@@ -39,7 +39,7 @@ class SystemSampler:
         self.interval_s = interval_s
         self._sink = sink
         self._cpu = CpuMemReader()
-        self._nics = NicTracker()  # totals count from here: the run's start
+        self._nics = NicTracker(speeds=lambda: nic_speeds(job_iface))  # totals count from here: the run's start
         self._gpu = GpuReader(gpu_indices, uuids=gpu_uuids)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -75,6 +75,7 @@ class SystemSampler:
             nics=nics,
             gpus=gpus,
             gpu_status=gpu_status,
+            node_cpu_quota=cpu.node_cpu_quota,
         )
 
     def _run(self) -> None:

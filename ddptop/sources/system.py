@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 import psutil
 
 from ddptop.errors import UsageError
-from ddptop.events import NicStat
+from ddptop.events import LINK_BY, NIC_BY, NicStat, lab_cpus, link_bits
 
 # psutil's snetio fields, in the order NicStat wants them.
 _FIELDS = ("bytes_recv", "bytes_sent", "packets_recv", "packets_sent", "errin", "errout", "dropin", "dropout")
@@ -80,6 +80,19 @@ def _read_pernic() -> Mapping[str, Any]:
     return psutil.net_io_counters(pernic=True)
 
 
+Speeds = Mapping[str, tuple[float, str]]  # interface → (bits/s each way, who says so)
+
+
+def nic_speeds(job_iface: str | None = None) -> Speeds:
+    """Each interface's known rate: the rate `ddptop lab` shaped the job's link to (the veth itself claims 10 Gbit/s),
+    else the kernel's link speed where it reports one (psutil says 0 for unknown, e.g. loopback)."""
+    speeds = {name: (stats.speed * 1e6, NIC_BY) for name, stats in psutil.net_if_stats().items() if stats.speed > 0}
+    shaped = link_bits()
+    if shaped is not None and job_iface is not None:
+        speeds[job_iface] = (shaped, LINK_BY)
+    return speeds
+
+
 @dataclass
 class _Nic:
     last: tuple[int, ...] | None  # the previous raw reading; None while the interface is absent
@@ -99,9 +112,11 @@ class NicTracker:
         self,
         read_counters: Callable[[], Mapping[str, Any]] = _read_pernic,
         clock: Callable[[], float] = time.monotonic,
+        speeds: Callable[[], Speeds] = nic_speeds,
     ) -> None:
         self._read = read_counters
         self._clock = clock
+        self._speeds = speeds
         self._nics = {name: _Nic(_raw(c)) for name, c in read_counters().items()}
         self._t = clock()
 
@@ -111,9 +126,10 @@ class NicTracker:
         dt, self._t = now - self._t, now
         for name in self._nics.keys() - counters.keys():
             self._nics[name].last = None
-        return tuple(self._advance(name, _raw(counters[name]), dt) for name in sorted(counters))
+        speeds = self._speeds()
+        return tuple(self._advance(name, _raw(counters[name]), dt, speeds.get(name)) for name in sorted(counters))
 
-    def _advance(self, name: str, raw: tuple[int, ...], dt: float) -> NicStat:
+    def _advance(self, name: str, raw: tuple[int, ...], dt: float, speed: tuple[float, str] | None) -> NicStat:
         nic = self._nics.setdefault(name, _Nic(None))
         delta = _ZERO if nic.last is None else tuple(new - old for new, old in zip(raw, nic.last))
         if min(delta) < 0:
@@ -124,7 +140,9 @@ class NicTracker:
         tx_rate = delta[1] / dt if dt > 0 else 0.0
         nic.peak_rx, nic.peak_tx = max(nic.peak_rx, rx_rate), max(nic.peak_tx, tx_rate)
         rx, tx, rx_p, tx_p, rx_e, tx_e, rx_d, tx_d = nic.totals
-        return NicStat(name, rx_rate, tx_rate, rx, tx, rx_p, tx_p, rx_e, tx_e, rx_d, tx_d, nic.peak_rx, nic.peak_tx)
+        bits, by = speed or (None, "")
+        return NicStat(name, rx_rate, tx_rate, rx, tx, rx_p, tx_p, rx_e, tx_e, rx_d, tx_d, nic.peak_rx, nic.peak_tx,
+                       bits, by)
 
 
 def _raw(counters: Any) -> tuple[int, ...]:
@@ -138,6 +156,99 @@ class CpuMem:
     proc_rss_bytes: int
     node_mem_used_bytes: int
     node_mem_total_bytes: int
+    node_cpu_quota: float | None = None  # cores: node_cpu_percent is the quota cgroup's share of it
+
+
+@dataclass(frozen=True)
+class QuotaCgroup:
+    """The CPU quota cgroup this process runs in (a `ddptop lab` node is one) and where its CPU time is counted."""
+
+    cores: float
+    usage_s: Callable[[], float]  # CPU seconds the cgroup has used, a counter that only grows while it lives
+
+
+def quota_cgroup(proc: str = "/proc") -> QuotaCgroup | None:
+    """This process's CPU quota cgroup (from /proc/self/cgroup), or None: no quota, the node is the whole machine.
+
+    The quota: v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us. The CPU time: v2 cpu.stat usage_usec, v1
+    cpuacct.usage where cpuacct shares the cgroup. A lab node runs under `ip netns exec`, which mounts a fresh /sys
+    without the cgroup file systems: there the quota is the one the lab hands its jobs (CPUS_ENV) and the CPU time
+    the sum over the processes in the same cgroup, found through /proc (one that leaves takes its time with it)."""
+    line = _own_cgroup(f"{proc}/self/cgroup")
+    if line is None:
+        return None
+    version, path = line
+    root = _mount(proc, version)
+    folder = root + path if root else ""
+    members = lambda: _members_cpu_s(proc, line)  # noqa: E731
+    if version == 2 and folder:
+        limit = _text(f"{folder}/cpu.max").split()
+        if len(limit) != 2 or limit[0] == "max":
+            return None
+        usage = lambda: float(_stat(f"{folder}/cpu.stat").get("usage_usec", "nan")) / 1e6  # noqa: E731
+        return QuotaCgroup(int(limit[0]) / int(limit[1]), usage if _stat(f"{folder}/cpu.stat") else members)
+    if folder:
+        quota, period = _number(f"{folder}/cpu.cfs_quota_us"), _number(f"{folder}/cpu.cfs_period_us")
+        if quota is None or quota <= 0 or not period:
+            return None  # -1: no quota
+        acct = f"{folder}/cpuacct.usage"  # cpu and cpuacct mounted together
+        return QuotaCgroup(quota / period, (lambda: _number(acct) / 1e9) if _number(acct) is not None else members)
+    cores = lab_cpus()
+    return None if cores is None else QuotaCgroup(cores, members)
+
+
+def _own_cgroup(cgroup_file: str) -> tuple[int, str] | None:
+    """(1, path) of v1's cpu controller, else (2, path) of the v2 tree; None in the root cgroup."""
+    found = None
+    for entry in _text(cgroup_file).splitlines():
+        _, controllers, path = entry.split(":", 2)
+        if "cpu" in controllers.split(","):
+            found = (1, path)
+        elif controllers == "" and found is None:
+            found = (2, path)
+    return None if found is None or found[1] in ("/", "") else found
+
+
+def _mount(proc: str, version: int) -> str:
+    for entry in _text(f"{proc}/self/mounts").splitlines():
+        parts = entry.split()
+        if len(parts) >= 4 and (parts[2] == "cgroup2" if version == 2 else
+                                parts[2] == "cgroup" and "cpu" in parts[3].split(",")):
+            return parts[1]
+    return ""
+
+
+def _members_cpu_s(proc: str, line: tuple[int, str]) -> float:
+    """CPU seconds of every process in the cgroup `line` names (each one's /proc/<pid>/cgroup says where it is)."""
+    total = 0.0
+    for pid in psutil.pids():
+        if _own_cgroup(f"{proc}/{pid}/cgroup") != line:
+            continue
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:  # gone since the list was read
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _stat(path: str) -> dict[str, str]:
+    return dict(entry.split() for entry in _text(path).splitlines() if len(entry.split()) == 2)
+
+
+def _text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _number(path: str) -> float | None:
+    try:
+        return float(_text(path).strip())
+    except ValueError:
+        return None
 
 
 class CpuMemReader:
@@ -146,12 +257,16 @@ class CpuMemReader:
     def __init__(self, process: psutil.Process | None = None) -> None:
         self._proc = process or psutil.Process()
         self._primed_thread: int | None = None
+        self._cgroup = quota_cgroup()
+        self._used: tuple[float, float] = (0.0, 0.0)  # (monotonic time, cgroup CPU seconds) at the last read
         self.prime()
 
     def prime(self) -> None:
         """Start the CPU intervals now (the first psutil reading of an interval is meaningless)."""
         self._proc.cpu_percent(None)
         psutil.cpu_percent(None)
+        if self._cgroup is not None:
+            self._used = (time.monotonic(), self._cgroup.usage_s())
         self._primed_thread = threading.get_ident()
 
     def read(self) -> CpuMem:
@@ -160,7 +275,15 @@ class CpuMemReader:
         with self._proc.oneshot():
             proc_cpu = self._proc.cpu_percent(None)
             rss = self._proc.memory_info().rss
-        node_cpu = psutil.cpu_percent(None)
+        node_cpu = psutil.cpu_percent(None) if self._cgroup is None else self._quota_share(self._cgroup)
         vm = psutil.virtual_memory()
         # total - available counts what cannot be reclaimed; psutil's `used` differs by platform
-        return CpuMem(proc_cpu, node_cpu, rss, vm.total - vm.available, vm.total)
+        return CpuMem(proc_cpu, node_cpu, rss, vm.total - vm.available, vm.total,
+                      None if self._cgroup is None else self._cgroup.cores)
+
+    def _quota_share(self, cgroup: QuotaCgroup) -> float:
+        """The cgroup's CPU time since the last read over what its quota allowed (a lab node's own CPU; psutil's
+        node CPU is the whole machine, the same on every node). 0 when the counter fell (a process left)."""
+        (t0, used0), now, used = self._used, time.monotonic(), cgroup.usage_s()
+        self._used = (now, used)
+        return max(0.0, 100.0 * (used - used0) / ((now - t0) * cgroup.cores)) if now > t0 else 0.0

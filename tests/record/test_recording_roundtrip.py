@@ -15,6 +15,8 @@ from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop.errors import RecordingError
 from ddptop.events import (EVENT_TYPES, EpochDone, GpuStat, LogLine, NicStat, RankJoined, RunFinished, RunStarted,
                            Span, StepDone, StepSpans, SystemSample)
+from ddptop.events import EventDecodeError, event_from_dict
+from ddptop.record import schema
 from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter, base_meta
 
@@ -24,6 +26,7 @@ T0 = 1.7e9
 def one_of_each() -> list:
     """Every event kind with awkward values: NaN loss, missing GPU readings, unicode, big byte counts."""
     nic = NicStat("eth0", 1.5e8, 1.25e8, 1 << 40, 3, 10, 11, 1, 2, 3, 4, 2e8, 2.5e8)
+    shaped = NicStat("veth0", 1.5e8, 1.25e8, 1 << 40, 3, 10, 11, 1, 2, 3, 4, 2e8, 2.5e8, 1e9, "shaped by ddptop lab")
     gpu = GpuStat(0, "H100 ✓", None, 1 << 33, None, 301.25, 55.0)
     spans = (Span("data", "data", 0.0, 1e-4), Span("fwd", "features.0", 1e-4, 0.1 / 3),
              Span("comm", "bucket 0", 0.05, 0.02, 1 << 30, 1 << 30, 1 << 29), Span("opt", "optimizer", 0.07, 1e-3))
@@ -37,7 +40,8 @@ def one_of_each() -> list:
                  36924456, 36924456, True),
         StepSpans(0, 0, 0, T0 + 0.6, spans),
         StepDone(1, 0, 0, 0, T0 + 0.99, 0.4, 0.0, 0.3, 0.1, 0.0, 0.0, 64, math.nan, 0, 0, 0, False),
-        SystemSample(0, "node-ü", T0 + 1.1, 99.5, 87.25, 1 << 31, 1 << 33, 1 << 35, "eth0", (nic, nic), (gpu,), "ok"),
+        SystemSample(0, "node-ü", T0 + 1.1, 99.5, 87.25, 1 << 31, 1 << 33, 1 << 35, "eth0", (nic, shaped), (gpu,), "ok",
+                     0.67),
         SystemSample(1, "node2", T0 + 1.2, 0.0, 0.0, 0, 0, 0, "lo"),
         EpochDone(0, 0, 390, 2.0345, 2292, 10000, T0 + 2.0),
         LogLine(1, "warning", "línea ✓ (control characters come back escaped: tests/security)", T0 + 2.1),
@@ -78,6 +82,48 @@ def test_every_event_kind_round_trips_exactly_and_in_order(tmp_path):
     assert [type(e) for e in back] == [type(e) for e in events]
     assert as_json(back) == as_json(events)
     assert math.isnan(back[5].loss) and back[6].gpus[0].util_percent is None and back[3].sampled is True
+    assert back[6].nics[1].speed_bits_per_s == 1e9 and back[6].nics[0].speed_bits_per_s is None
+    assert back[6].node_cpu_quota == 0.67 and back[7].node_cpu_quota is None
+
+
+def test_recordings_from_before_the_cpu_quota_column_read_the_whole_machine(tmp_path):
+    path = str(tmp_path / "old.db")
+    write(path, one_of_each()[6:8])
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE system DROP COLUMN node_cpu_quota")
+    db.commit()
+    db.close()
+    with Recording.open(path) as rec:
+        back = [e for e in rec.events() if isinstance(e, SystemSample)]
+    assert [s.node_cpu_quota for s in back] == [None, None] and back[0].node_cpu_percent == 87.25
+    event = one_of_each()[6].to_dict()
+    event["node_cpu_quota"] = -1
+    with pytest.raises(EventDecodeError):
+        event_from_dict(event)
+
+
+def test_nic_speeds_are_typed_at_decoding_and_old_recordings_read_unknown(tmp_path):
+    """A NIC list from before the speed fields (13 values) reads speed unknown; a speed that is not a positive
+    number, from the file or from the store, is a decoding error, not a share of zero or infinity on screen."""
+    path = str(tmp_path / "old.db")
+    write(path, one_of_each()[6:7])
+    db = sqlite3.connect(path)
+    (nics,) = db.execute("SELECT nics FROM system").fetchone()
+    old = [n[:13] for n in json.loads(nics)]
+    db.execute("UPDATE system SET nics = ?", (json.dumps(old),))
+    db.commit()
+    with Recording.open(path) as rec:
+        (back,) = [e for e in rec.events() if isinstance(e, SystemSample)]
+    assert [n.speed_bits_per_s for n in back.nics] == [None, None] and back.nics[1].rx_bytes == 1 << 40
+    for bad in (0, -1e9, "1e9"):
+        row = json.loads(nics)
+        row[1][13] = bad
+        with pytest.raises(EventDecodeError):
+            schema.decode_system((0, "h", T0, 1.0, 1.0, 1, 1, 1, "eth0", json.dumps(row), "[]", "ok", None))
+        event = one_of_each()[6].to_dict()
+        event["nics"][1]["speed_bits_per_s"] = bad
+        with pytest.raises(EventDecodeError):
+            event_from_dict(event)
 
 
 def test_a_real_job_round_trips(recording, job_events):
@@ -156,3 +202,22 @@ def test_the_record_package_never_imports_torch_or_textual():
             "print(sorted(m for m in ('torch', 'textual') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_lab_recordings_from_before_nic_speeds_replay_the_job_interfaces_rate_from_meta_link(tmp_path, monkeypatch):
+    """The lab's rate is in meta.link (read back here with plain SQL); the job's interface gets it on replay, the
+    others stay unknown, and a recording without meta.link stays unknown."""
+    monkeypatch.setenv("DDPTOP_LAB_LINK_BITS", "1e8")
+    path = str(tmp_path / "lab.db")
+    write(path, one_of_each()[6:7])  # its job interface eth0 carries no speed, as before NICs had one
+    (meta,) = sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'link'").fetchone()
+    with Recording.open(path) as rec:
+        (sample,) = [e for e in rec.events() if isinstance(e, SystemSample)]
+    eth0, veth0 = sample.nics
+    assert eth0.speed_bits_per_s == json.loads(meta)["bits_per_s"] == 1e8 and eth0.speed_by == "shaped by ddptop lab"
+    assert veth0.speed_bits_per_s == 1e9  # carried its own
+    monkeypatch.delenv("DDPTOP_LAB_LINK_BITS")
+    write(str(tmp_path / "plain.db"), one_of_each()[6:7])
+    with Recording.open(str(tmp_path / "plain.db")) as rec:
+        (sample,) = [e for e in rec.events() if isinstance(e, SystemSample)]
+    assert sample.nics[0].speed_bits_per_s is None

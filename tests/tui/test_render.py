@@ -45,6 +45,16 @@ def test_slurm_stats_has_slurms_seven_lines():
     assert "Graph Top RX Speed: 5.79 KB/s" in text[2] and "Overall Top TX Speed: 2.06 KB/s" in text[3]
     assert "Received Packets: 34538632" in text[4] and "GBytes Received: 288.813 GB" in text[5]
     assert "Errors on Transmission: 2" in text[6]
+    assert text[0].endswith("Interface Speed: unknown")  # nothing says this NIC's rate
+
+
+def test_slurm_stats_says_a_known_link_rate_and_the_share_in_use():
+    """53.75 MB/s each way is 430 Mbit/s: 43% of the lab's 1 Gbit/s link, whichever direction is busier."""
+    nic = NicStat("veth0", 12e6, 53.75e6, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1e9, "shaped by ddptop lab")
+    line = slurm_stats(nic, [1], [1], width=120).plain.split("\n")[0]
+    assert line.endswith("Interface Speed: 1.0 Gbit/s (shaped by ddptop lab), in use 43%")
+    nic = NicStat("eth0", 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 25e9, "reported by the NIC")
+    assert "Interface Speed: 25.0 Gbit/s (reported by the NIC), in use 0%" in slurm_stats(nic, [1], [1], 120).plain
 
 
 def _spans():

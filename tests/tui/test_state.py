@@ -12,6 +12,7 @@ from ddptop.events import EpochDone, GpuStat, NicStat, RankJoined, RunFinished, 
 from ddptop.state import session as session_mod
 from ddptop.metrics.expected import expected_bytes
 from ddptop.state.session import SessionState
+from ddptop.tui.render.tables import node_memory_line
 
 
 def _step(rank, step, iter_s=0.1, loss=1.0, segment=0, tx=100, rx=100, comm_s=0.02):
@@ -141,3 +142,14 @@ def test_state_imports_neither_textual_nor_torch():
             "bad = [m for m in ('textual', 'torch') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_node_cpu_line_says_when_it_is_a_share_of_the_nodes_cpu_quota():
+    """A lab node's sample carries its cgroup's quota: the line names it; a plain node's line stays as it was."""
+    state = SessionState()
+    plain = _sample(0, "node0", 10)
+    lab = SystemSample(1, "node1", 1000.0, 50.0, 98.0, 1000, 2000, 4000, "eth0", (), (), "not available", 0.67)
+    state.apply_all([_run(), plain, lab])
+    lines = node_memory_line(state.snapshot()).plain.split("\n")
+    assert lines[0].startswith("node0          node CPU ") and "quota" not in lines[0]
+    assert lines[1].startswith("node1          node CPU (of its 0.67-core quota) ") and "98" in lines[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def by_name(stats):
 
 def assert_non_negative(stat):
     for name, value in vars(stat).items():
-        if name != "iface":
+        if name not in ("iface", "speed_by", "speed_bits_per_s"):  # a speed is None (unknown) or positive
             assert value >= 0, (name, value)
 
 
@@ -212,6 +213,34 @@ def test_job_interface_in_network_namespaces(netns_pair):
     assert unroutable == "lo"  # no default route inside the namespace: fall back, never raise
 
 
+SPEEDS = """
+import json, os, sys
+from ddptop.events import LINK_ENV
+from ddptop.sources import SystemSampler
+veth = sys.argv[1]
+out = []
+for env in ("", "1e9"):
+    os.environ[LINK_ENV] = env
+    sample = SystemSampler(0, "a", veth, lambda s: None).sample()
+    out.append({n.iface: [n.speed_bits_per_s, n.speed_by] for n in sample.nics})
+print(json.dumps(out))
+"""
+
+
+def test_sampled_nics_carry_the_kernels_link_speed_or_the_labs_shaped_rate(netns_pair):
+    """Ground truth: the kernel's own /sys/class/net/<veth>/speed (Mbit/s) in the namespace, and the rate the lab
+    hands its jobs in LINK_ENV, which wins on the job's interface; loopback has no speed and says unknown."""
+    ns_a, veth_a, _, _ = netns_pair
+    sysfs = float(ip("netns", "exec", ns_a, "cat", f"/sys/class/net/{veth_a}/speed").stdout)
+    proc = subprocess.run(["ip", "netns", "exec", ns_a, sys.executable, "-c", SPEEDS, veth_a], cwd=REPO,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    plain, lab = json.loads(proc.stdout)
+    assert sysfs > 0 and plain[veth_a] == [sysfs * 1e6, "reported by the NIC"]
+    assert lab[veth_a] == [1e9, "shaped by ddptop lab"]
+    assert plain["lo"] == lab["lo"] == [None, ""]
+
+
 RECEIVER = """
 import socket
 srv = socket.create_server(("192.0.2.2", 0))
@@ -309,3 +338,77 @@ def test_sampler_survives_failing_reader_and_sink(capsys):
     assert len(calls) >= 2 and all(s.nics == () and s.node_mem_total_bytes > 0 for s in calls)
     err = capsys.readouterr().err
     assert err.count("network counters failed") == 1 and err.count("sink failed") == 1
+
+
+# ---- node CPU inside a CPU quota cgroup (a lab node) ------------------------------------------------------------
+
+BUSY_NODE = """
+import json, subprocess, sys, time
+from ddptop.sources.system import CpuMemReader
+busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # the node's only load: it inherits the cgroup
+time.sleep(0.5)
+reader = CpuMemReader()
+print("ready", flush=True)
+time.sleep(1.5)
+cpu = reader.read()
+busy.kill()
+print(json.dumps([cpu.node_cpu_percent, cpu.node_cpu_quota]), flush=True)
+"""
+
+
+def _v1_cgroup(controller):
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point, kind, options = line.split()[1:4]
+        if kind == "cgroup" and controller in options.split(","):
+            return Path(point)
+    pytest.skip(f"no cgroup v1 {controller} hierarchy here (this check reads cgroup v1's cpuacct.usage)")
+
+
+@pytest.mark.alone
+@pytest.mark.parametrize("netns", [False, True], ids=["cgroup files", "ip netns exec"])
+def test_node_cpu_in_a_quota_cgroup_is_its_share_of_the_quota(netns):
+    """A cgroup with a 0.5-core quota and one busy loop in it: the node CPU is the cgroup's CPU time over its
+    quota, checked against the kernel's own cpuacct.usage for the same cgroup (a twin in the cpuacct hierarchy) over
+    the same window, and far from the whole machine's share. Under `ip netns exec` (how the lab starts its ranks)
+    no cgroup files are mounted: the lab's DDPTOP_LAB_CPUS gives the quota there."""
+    tag = f"ddptop-test-{uuid.uuid4().hex[:8]}"
+    cpu, acct = _v1_cgroup("cpu") / tag, _v1_cgroup("cpuacct") / tag
+    made, ns = [], f"ddptop-c-{tag[-8:]}"
+    try:
+        for group in (cpu, acct):
+            group.mkdir()
+            made.append(group)
+        (cpu / "cpu.cfs_period_us").write_text("10000")
+        (cpu / "cpu.cfs_quota_us").write_text("5000")
+
+        def join():
+            for group in (cpu, acct):
+                (group / "cgroup.procs").write_text(str(os.getpid()))
+
+        argv = [sys.executable, "-c", BUSY_NODE]
+        if netns:
+            ip("netns", "add", ns)
+            argv = ["ip", "netns", "exec", ns, *argv]
+        env = {**os.environ, "DDPTOP_LAB_CPUS": "0.5"}
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, preexec_fn=join)
+        assert proc.stdout.readline().strip() == "ready"
+        used0, t0 = int((acct / "cpuacct.usage").read_text()), time.monotonic()
+        share, quota = json.loads(proc.stdout.readline())
+        used1, t1 = int((acct / "cpuacct.usage").read_text()), time.monotonic()
+        proc.wait(timeout=10)
+        truth = 100 * (used1 - used0) / 1e9 / ((t1 - t0) * 0.5)
+        assert quota == 0.5 and truth > 70  # the busy loop fills its quota: the kernel counted it
+        assert abs(share - truth) < 15, (share, truth)
+        assert share > 100 * 0.5 / psutil.cpu_count() + 25  # not the machine's share: a half core of all of them
+    finally:
+        if netns:
+            ip("netns", "del", ns, check=False)
+        for group in reversed(made):
+            for pid in (group / "cgroup.procs").read_text().split():
+                os.kill(int(pid), 9)
+            for _ in range(100):
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)

@@ -11,7 +11,7 @@ from ddptop.metrics.expected import formula
 from ddptop.state.views import NodeView
 from ddptop.metrics.traffic import SHARED_IFACES, not_comparable
 from ddptop.tui.render.palette import RX as RX_STYLE, TX as TX_STYLE
-from ddptop.tui.render.units import fmt_bytes, fmt_count, fmt_rate, safe
+from ddptop.tui.render.units import fmt_bits, fmt_bytes, fmt_count, fmt_rate, safe
 
 
 def _heights(values: Sequence[float], top: float, rows: int) -> list[int]:
@@ -46,7 +46,7 @@ def slurm_graph(rx: Sequence[float], tx: Sequence[float], width: int, height: in
 def slurm_stats(nic: NicStat, rx: Sequence[float], tx: Sequence[float], width: int = 80) -> Text:
     """slurm's seven lines: interface, current / graph-top / overall-top speeds, packets, GB, errors."""
     rows = [
-        (f"Active Interface: {safe(nic.iface)}", "Interface Speed: unknown"),
+        (f"Active Interface: {safe(nic.iface)}", f"Interface Speed: {speed_text(nic)}"),
         (f"Current RX Speed: {fmt_rate(nic.rx_rate)}", f"Current TX Speed: {fmt_rate(nic.tx_rate)}"),
         (f"Graph Top RX Speed: {fmt_rate(max(rx, default=0.0))}", f"Graph Top TX Speed: {fmt_rate(max(tx, default=0.0))}"),
         (f"Overall Top RX Speed: {fmt_rate(nic.peak_rx_rate)}", f"Overall Top TX Speed: {fmt_rate(nic.peak_tx_rate)}"),
@@ -62,6 +62,15 @@ def slurm_stats(nic: NicStat, rx: Sequence[float], tx: Sequence[float], width: i
         out.append(a.ljust(left)[:left], style=RX_STYLE if "RX" in a or "Received" in a else "")
         out.append(b[: max(0, width - left)], style=TX_STYLE if "TX" in b or "Transmi" in b else "")
     return out
+
+
+def speed_text(nic: NicStat) -> str:
+    """`1.0 Gbit/s (shaped by ddptop lab), in use 43%`: the share is the busier direction's rate over the link's
+    rate (each way; full duplex); `unknown` where nothing says the rate."""
+    if nic.speed_bits_per_s is None:
+        return "unknown"
+    used = 8 * max(nic.rx_rate, nic.tx_rate) / nic.speed_bits_per_s
+    return f"{fmt_bits(nic.speed_bits_per_s)} ({safe(nic.speed_by)}), in use {used:.0%}"
 
 
 def nic_summary_line(host: str, nic: NicStat, width: int) -> str:

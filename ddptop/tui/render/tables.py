@@ -181,7 +181,9 @@ def node_memory_line(snap: Snapshot) -> Text:
             continue
         seen.add(s.host)
         pct = 100.0 * s.node_mem_used_bytes / s.node_mem_total_bytes if s.node_mem_total_bytes else None
-        out.append(f"{safe(s.host)[:14]:<15}node CPU ")
+        # in a CPU quota cgroup (a lab node) the share is of that quota, not of the machine: it says so
+        quota = "" if s.node_cpu_quota is None else f"(of its {s.node_cpu_quota:.2g}-core quota) "
+        out.append(f"{safe(s.host)[:14]:<15}node CPU {quota}")
         out.append_text(pct_bar(s.node_cpu_percent, 14, style=part_style("optimizer")))
         out.append(" mem ")
         out.append_text(pct_bar(pct, 14, style=part_style("forward"),

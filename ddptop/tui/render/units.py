@@ -27,6 +27,14 @@ def fmt_rate(bps: float | None) -> str:
     return f"{bps / 1e3:.2f} KB/s"
 
 
+def fmt_bits(bits_per_s: float) -> str:
+    """`1.0 Gbit/s`, `100 Mbit/s`: a link's rate, in the unit links are rated in."""
+    for scale, unit in ((1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
+        if bits_per_s >= scale:
+            return f"{bits_per_s / scale:.1f} {unit}" if bits_per_s < 100 * scale else f"{bits_per_s / scale:.0f} {unit}"
+    return f"{bits_per_s:.0f} bit/s"
+
+
 def fmt_s(seconds: float | None) -> str:
     """`41 ms`, `1.02 s`, `350 µs`."""
     if seconds is None:
