@@ -129,7 +129,7 @@ def exposed(x: Inputs) -> Hint | None:
         config, saved_s = x.predicted
         text += f"; {config} is predicted to save {_ms(saved_s)}/step ({saved_s / x.step_s:.0%})"
         numbers.update(predicted_saving_s=saved_s, predicted_share=saved_s / x.step_s)
-        source += "; the saving: the what-if model fitted on this segment, as `ddptop advise --segment` it prints"
+        source += "; the saving: the what-if model fitted on this segment, as ddptop advise --segment prints it"
     return Hint("exposed communication", text, numbers, source)
 
 
