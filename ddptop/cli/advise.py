@@ -4,7 +4,7 @@ predicted, each beside the recording's own measurement where it ran."""
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Sequence
 
 from ddptop.cli.parser import Parser
 from ddptop.errors import UsageError
@@ -53,61 +53,22 @@ def cmd_advise(argv: Sequence[str]) -> int:
     if len(links) > 1 and not args.link:
         raise UsageError("--links needs --link: the rate the recording ran on, to tell the link from the CPU")
     from ddptop.cli.recordings import emit, reading
-    from ddptop.metrics.whatif import model as whatif
-    from ddptop.record.whatif import measured_steps, segment_data
+    from ddptop.record.whatif import predictions
 
     with reading(args.file) as rec:
-        seg = segment_data(rec, args.segment, _rate(args.link) if args.link else None)
-        measured = measured_steps(rec)
-    configs = whatif.grid(seg, buckets, worlds, links)
-    fitted = whatif.fit(seg)
-    rows = [_row(whatif.predict(fitted, c), seg, measured, args.links and args.link) for c in configs]
+        seg, rows = predictions(rec, args.segment, _rate(args.link) if args.link else None, buckets, worlds, links,
+                                args.links and args.link)
     out = {"from_segment": seg.segment, "predictions": rows}
     emit(json.dumps(out, indent=1) if args.json else render({**out, "link": rows[0]["link"]}, seg))
     return 0
 
 
-def _row(p, seg, measured: list[tuple[int, dict, float]], recorded_link: str | None) -> dict[str, Any]:
-    c = p.config
-    world = c.world_size or seg.world_size
-    link = recorded_link or None
-    if c.link_bps is not None:
-        link = "unlimited" if c.link_bps == 0 else _describe(c.link_bps)
-    match = None
-    if c.world_size is None and c.link_bps is None:
-        same = [(i, step) for i, cfg, step in measured if _same(cfg, c, seg)]
-        match = next((m for m in same if m[0] == seg.segment), same[0] if same else None)  # the fitted one first
-    return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "world_size": world,
-            "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
-            "overlap": round(p.overlap, 4), "measured_step_s": None if match is None else round(match[1], 6),
-            "segment": None if match is None else match[0]}
-
-
-def _describe(bps: float) -> str:
-    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:g}{unit}"
-    return f"{bps:g}bit"
-
-
-def _same(cfg: dict, c, seg) -> bool:
-    """The recording's segment ran configuration `c` (at the fitted segment's batch size)."""
-    if cfg.get("strategy") != c.strategy or cfg.get("batch_size") != seg.config.get("batch_size"):
-        return False
-    if c.strategy == "ddp":
-        return float(cfg.get("bucket_mb", 25.0)) == c.bucket_mb
-    return c.strategy != "allreduce" or bool(cfg.get("async_op")) == c.async_op
-
-
-def _name(r: dict) -> str:
-    text = r["strategy"] + (f" {r['bucket_mb']:g} MB" if r["bucket_mb"] is not None else "")
-    text += " async" if r["async_op"] else ""
-    return text
-
-
 def render(out: dict, seg) -> str:
+
     """The table, best first, with the fitted segment's line and the best configuration's predicted gain (among
     the rows on the recording's own link and world size: out["link"])."""
+    from ddptop.record.whatif import name as _name
+
     rows = sorted(out["predictions"], key=lambda r: r["step_s"])
     ddp = seg.config.get("strategy") == "ddp"
     fitted = _name({"strategy": seg.config.get("strategy"), "bucket_mb": seg.config.get("bucket_mb") if ddp else None,

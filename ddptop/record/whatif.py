@@ -3,9 +3,13 @@ measured step time of every segment to set beside the predictions."""
 
 from __future__ import annotations
 
+import statistics
+from typing import Any, Sequence
+
 from ddptop.errors import RecordingError, UsageError
 from ddptop.events import RunStarted, StepSpans
 from ddptop.metrics.whatif.compute import layer_times
+from ddptop.metrics.whatif import model as whatif
 from ddptop.metrics.whatif.data import CommSample, SegmentData
 from ddptop.record.reader import Recording
 
@@ -13,9 +17,11 @@ _KINDS = {"bucket": "allreduce", "allreduce": "allreduce", "gather": "gather", "
           "broadcast": "broadcast"}
 
 
-def segment_data(rec: Recording, segment: int | None = None, link_bps: float | None = None) -> SegmentData:
-    """The segment `segment` (default: the first DDP segment with sampled steps, else segment 0) of `rec`."""
-    figures = {f.index: f for f in rec.segment_figures() if f.measured_steps}
+def segment_data(rec: Recording, segment: int | None = None, link_bps: float | None = None,
+                 table: list | None = None) -> SegmentData:
+    """The segment `segment` (default: the first DDP segment with sampled steps, else segment 0) of `rec`.
+    `table`: rec.segment_figures() where the caller has it (one pass over the steps, not one per call)."""
+    figures = {f.index: f for f in (rec.segment_figures() if table is None else table) if f.measured_steps}
     if not figures:
         raise UsageError(f"{rec.path}: no segment has measured steps to fit the model on")
     if segment is None:  # the first DDP segment, else the first that communicates
@@ -96,8 +102,107 @@ def _pooled(name: str, seen: list[tuple[int, float, float, int, list]]) -> CommS
     return CommSample(_KINDS[name.split(" ")[0]], nbytes, b - a, min(overlap, b - a))
 
 
-def measured_steps(rec: Recording) -> list[tuple[int, dict, float]]:
+def measured_steps(rec: Recording, table: list | None = None) -> list[tuple[int, dict, float]]:
     """(segment, config, the slowest rank's mean step time) of every segment with measured steps."""
-    return [(f.index, dict(f.config), f.slowest.step_s) for f in rec.segment_figures() if f.measured_steps]
+    table = rec.segment_figures() if table is None else table
+    return [(f.index, dict(f.config), f.slowest.step_s) for f in table if f.measured_steps]
 
 
+
+
+def predictions(rec: Recording, segment: int | None = None, link_bps: float | None = None,
+                buckets: Sequence[float] = whatif.BUCKETS_MB, worlds: Sequence[int] = (),
+                links: Sequence[float | None] = (None,), recorded_link: str | None = None,
+                table: list | None = None) -> tuple[SegmentData, list[dict[str, Any]]]:
+    """`ddptop advise`'s rows (its --json "predictions"): the model fitted on `segment` (default: the first DDP
+    one), every configuration of the grid predicted, each beside the recording's segment of that configuration."""
+    table = rec.segment_figures() if table is None else table
+    seg = segment_data(rec, segment, link_bps, table)
+    fitted = whatif.fit(seg)
+    measured = measured_steps(rec, table)
+    return seg, [_row(whatif.predict(fitted, c), seg, measured, recorded_link)
+                 for c in whatif.grid(seg, buckets, worlds, links)]
+
+
+def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float]], recorded_link: str | None) -> dict[str, Any]:
+    c = p.config
+    world = c.world_size or seg.world_size
+    link = recorded_link or None
+    if c.link_bps is not None:
+        link = "unlimited" if c.link_bps == 0 else _describe(c.link_bps)
+    match = None
+    if c.world_size is None and c.link_bps is None:
+        same = [(i, step) for i, cfg, step in measured if same_config(cfg, c, seg)]
+        match = next((m for m in same if m[0] == seg.segment), same[0] if same else None)  # the fitted one first
+    return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "world_size": world,
+            "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
+            "overlap": round(p.overlap, 4), "measured_step_s": None if match is None else round(match[1], 6),
+            "segment": None if match is None else match[0]}
+
+
+def _describe(bps: float) -> str:
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g}{unit}"
+    return f"{bps:g}bit"
+
+
+def same_config(cfg: dict, c: whatif.Config, seg: SegmentData) -> bool:
+    """The recording's segment ran configuration `c` (at the fitted segment's batch size)."""
+    if cfg.get("strategy") != c.strategy or cfg.get("batch_size") != seg.config.get("batch_size"):
+        return False
+    if c.strategy == "ddp":
+        return float(cfg.get("bucket_mb", 25.0)) == c.bucket_mb
+    return c.strategy != "allreduce" or bool(cfg.get("async_op")) == c.async_op
+
+
+def name(row: dict) -> str:
+    """A prediction row's configuration in words: "ddp 10 MB", "allreduce async"."""
+    text = row["strategy"] + (f" {row['bucket_mb']:g} MB" if row["bucket_mb"] is not None else "")
+    return text + (" async" if row["async_op"] else "")
+
+
+def best(rec: Recording, segment: int, table: list | None = None) -> dict[str, Any] | None:
+    """The configuration predicted fastest from `segment` itself (on its own link and world size), with
+    "saving_s": the segment's measured step time (the slowest rank's mean, which the fit reproduces) less the
+    prediction. None where the model cannot fit the segment (no sampled collectives, no parameter layout)."""
+    try:
+        seg, rows = predictions(rec, segment, table=table)
+    except (UsageError, RecordingError, ValueError, KeyError):
+        return None
+    top = min(rows, key=lambda r: r["step_s"])
+    return {**top, "from_segment": seg.segment, "fitted_step_s": seg.step_s, "saving_s": seg.step_s - top["step_s"]}
+
+
+def bests(rec: Recording, table: list | None = None) -> dict[int, dict[str, Any]]:
+    """best() of every DDP and allreduce segment with measured steps (the hints' prediction)."""
+    table = rec.segment_figures() if table is None else table
+    found = {index: best(rec, index, table) for index, cfg, _ in measured_steps(rec, table)
+             if cfg.get("strategy") in ("ddp", "allreduce")}
+    return {index: b for index, b in found.items() if b is not None}
+
+
+def versus(rec: Recording, table: list | None = None) -> tuple[int, list[dict[str, Any]], float, float] | None:
+    """Predicted vs measured: the model fitted on advise's default segment, each other segment of a predicted
+    configuration beside its prediction. (fitted segment, rows, median |error|, max |error|); None where the
+    model cannot fit or no other segment ran a predicted configuration."""
+    try:
+        table = rec.segment_figures() if table is None else table
+        seg, rows = predictions(rec, table=table)
+    except (UsageError, RecordingError, ValueError, KeyError):
+        return None
+    out = []
+    for index, cfg, step_s in measured_steps(rec, table):
+        row = next((r for r in rows if index != seg.segment and _as_config(r, cfg, seg)), None)
+        if row is not None and step_s > 0:
+            out.append({**row, "segment": index, "measured_step_s": step_s,
+                        "error": (row["step_s"] - step_s) / step_s})
+    if not out:
+        return None
+    errors = [abs(r["error"]) for r in out]
+    return seg.segment, out, statistics.median(errors), max(errors)
+
+
+def _as_config(row: dict, cfg: dict, seg: SegmentData) -> bool:
+    c = whatif.Config(row["strategy"], row["bucket_mb"], row["async_op"])
+    return row["world_size"] == seg.world_size and row["link"] is None and same_config(cfg, c, seg)

@@ -8,6 +8,7 @@ from ddptop import metrics
 from ddptop.events import RunStarted
 from ddptop.metrics import hints as rules
 from ddptop.metrics.buckets import ddp_buckets
+from ddptop.record import whatif
 from ddptop.report import markdown
 from ddptop.report.analysis import SegmentStats, segment_stats
 from ddptop.report.runs import RunData
@@ -33,7 +34,7 @@ def for_recording(rec) -> list[tuple[SegmentStats, list[rules.Hint]]]:
     run = RunData(path=rec.path, label="", sha256="", size_bytes=0, model="", dataset="", world_size=0, warmup=0,
                   start=0.0, duration=0.0, segments=stats, points=[], samples=[], evals=[], provenance={},
                   param_bytes=started.param_bytes if started else 0, layers=started.layers if started else (),
-                  link=meta.get("link") if isinstance(meta.get("link"), dict) else {})
+                  link=meta.get("link") if isinstance(meta.get("link"), dict) else {}, predicted=whatif.bests(rec))
     return of_run(run, stats)
 
 
@@ -48,13 +49,15 @@ def inputs(s: SegmentStats, run: RunData) -> rules.Inputs:
         per_param = run.param_bytes / count if count else 4.0
         buckets, by = tuple(b.nbytes for b in ddp_buckets(run.layers, per_param, s.config.bucket_mb)), "layout"
     rate, rate_by = link_rate(run.link)
+    best = run.predicted.get(s.index)
     return rules.Inputs(
         strategy=s.config.strategy, bucket_mb=s.config.bucket_mb, world_size=s.world_size,
         step_s=s.mean_rank_step_s, data_s=s.parts.get("data", 0.0), comm_s=s.comm_s, exposed_comm_s=s.exposed_comm_s,
         moved={r: (a * 1e6, b * 1e6) for r, (a, b) in moved.items()}, moved_by="NIC" if nic else "formula",
         formula={r.rank: (r.sent_mb * 1e6, r.recv_mb * 1e6) for r in s.ranks},
         least_comm_s=min((r.comm_s for r in s.ranks), default=0.0),
-        gradient_bytes=s.param_bytes, buckets=buckets, buckets_by=by, link_bytes_per_s=rate, link_by=rate_by)
+        gradient_bytes=s.param_bytes, buckets=buckets, buckets_by=by, link_bytes_per_s=rate, link_by=rate_by,
+        predicted=None if best is None else (whatif.name(best), best["saving_s"]))
 
 
 def of_run(run: RunData, shown: list[SegmentStats]) -> list[tuple[SegmentStats, list[rules.Hint]]]:

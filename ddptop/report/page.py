@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.metrics import stragglers
+from ddptop.record import whatif
 from ddptop.report import handin, hints, markdown, reference
 from ddptop.report.analysis import Scaling, SegmentStats
 from ddptop.report.runs import RunData
@@ -80,6 +81,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     units = sorted({metrics.rate_unit(None if r.dataset == "?" else r.dataset) for r in runs})
     blocks += [("h2", "Per segment"), markdown.segment_table(stats, " or ".join(units) or "img/s"), ("p", TABLE_NOTE)]
     blocks += hints.blocks(runs, shown)
+    blocks += versus_blocks(runs)
     blocks += straggler_blocks(runs)
     gpu = markdown.gpu_table(stats)
     if gpu:
@@ -115,6 +117,27 @@ def straggler_blocks(runs: list[RunData]) -> list[tuple]:
         return []
     return [("h2", "Stragglers"), ("table", ["run", "segment", "arrivals at the collectives"], rows),
             ("p", STRAGGLER_NOTE)]
+
+
+def versus_blocks(runs: list[RunData]) -> list[tuple]:
+    """Predicted vs measured: the what-if model fitted on the segment `ddptop advise` picks, every other segment of
+    a predicted configuration beside its prediction (ddptop.record.whatif.versus; README: What-if / advise)."""
+    rows, notes = [], []
+    for run in runs:
+        if run.versus is None:
+            continue
+        fitted, found, median, worst = run.versus
+        rows += [[markdown.untrusted(run.name), str(r["segment"]), whatif.name(r), f"{r['measured_step_s']:.3f}",
+                  f"{r['step_s']:.3f}", f"{100 * r['error']:+.1f}%"] for r in found]
+        notes.append(f"{markdown.untrusted(run.name)}: fitted on segment {fitted}, median |error| {median:.1%}, "
+                     f"max {worst:.1%} over {len(found)} segment{'s' if len(found) > 1 else ''}")
+    if not rows:
+        return []
+    return [("h2", "Predicted vs measured"),
+            ("table", ["run", "segment", "configuration", "measured s/step", "predicted s/step", "error"], rows),
+            ("p", "; ".join(notes) + ". The what-if model is fitted on one segment (the first DDP one, as `ddptop "
+                  "advise FILE` picks) and predicts each other segment's configuration; measured: the slowest rank's "
+                  "mean step time over the segment's measured steps, as in the table above.")]
 
 
 STRAGGLER_NOTE = ("On the sampled steps each rank stamps its arrival at every collective (the moment it calls it); "

@@ -60,6 +60,8 @@ class RunData:
     layers: tuple = ()  # ((layer name, parameter count), ...) from RunStarted: DDP's bucket layout (hints)
     link: dict = field(default_factory=dict)  # the lab's link rate, where the recording has it (meta "link")
     stragglers: dict = field(default_factory=dict)  # segment (None: the whole run) → metrics.stragglers.Stragglers
+    predicted: dict = field(default_factory=dict)  # segment → ddptop.record.whatif.best (the exposed hint's saving)
+    versus: tuple | None = None  # ddptop.record.whatif.versus: predicted vs measured from advise's segment
 
     @property
     def name(self) -> str:
@@ -71,6 +73,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
     a file of 10^6 steps reports in under 200 MB, see README's Recordings)."""
     from ddptop.record.info import note_incomplete
     from ddptop.record.info import stragglers, verdict
+    from ddptop.record import whatif
     from ddptop.record.reader import DAMAGE, Recording, damaged
 
     with Recording.open(path) as rec:
@@ -95,6 +98,8 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
                                  f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
         points = _points(rec.step_losses(), steps) if stats else []
         late = stragglers(rec)
+        table = rec.segment_figures()  # one more pass over the steps, for the what-if model
+        predicted, versus = whatif.bests(rec, table), whatif.versus(rec, table)
         left_out = rec.left_out_line()  # once every row was read
         if left_out:
             print(f"ddptop report: {path}: {left_out}", file=sys.stderr)
@@ -116,7 +121,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
         epoch_images=(started.steps_per_epoch * started.accum * started.batch_size * world) if started else 0,
         layers=started.layers if started else (), link=meta.get("link") if isinstance(meta.get("link"), dict) else {},
-        stragglers=late)
+        stragglers=late, predicted=predicted, versus=versus)
 
 
 def _slim(event):
