@@ -142,7 +142,7 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
 
 def test_join_outside_torchrun_is_one_line_and_exit_2(tmp_path):
     script = tmp_path / "alone.py"
-    script.write_text("import ddptop\nddptop.join()\n")  # the spelling issue 24 sketched; ddptop.api.join is the same
+    script.write_text("from ddptop.api import join\njoin()\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE"))}
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert_one_line_error(result, 2, "one rank of a job: run the script under torchrun")
