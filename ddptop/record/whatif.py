@@ -50,9 +50,12 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
 
 
 def _parts(rec: Recording, segment: int, first: int) -> dict[str, float]:
+    # rows holding an infinite number are left out, as the reader leaves them out everywhere (NaN reads as NULL)
+    finite = " AND ".join(f"abs({c}) < 1e300" for c in ("iter_s", "data_s", "fwd_s", "bwd_s", "opt_s", "own_s",
+                                                          "comm_s", "exposed_comm_s", "compute_s"))
     row = rec.query("SELECT avg(data_s), avg(fwd_s), avg(bwd_s), avg(opt_s), avg(own_s), avg(comm_s), "
                     "avg(exposed_comm_s), avg(max(0, iter_s - data_s - compute_s - exposed_comm_s - own_s)) "
-                    "FROM steps WHERE segment = ? AND step >= ? AND sampled = 0", (segment, first))[0]
+                    f"FROM steps WHERE segment = ? AND step >= ? AND sampled = 0 AND {finite}", (segment, first))[0]
     data, fwd, bwd, opt, own, comm, exposed, other = (float(v or 0.0) for v in row)
     return {"data_s": data, "fwd_s": fwd, "bwd_s": bwd, "opt_s": opt, "rest_s": own + other, "comm_s": comm,
             "exposed_comm_s": exposed}

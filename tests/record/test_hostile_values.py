@@ -25,6 +25,8 @@ TABLES = ("steps", "spans", "system", "events", "segments")
 KEPT = {("steps", "loss")}  # a diverged loss (NaN, inf) is a value worth showing
 # copies of what the event's JSON holds, for SQL only: never read as values
 UNREAD = {("events", "rank"), ("events", "step"), ("events", "t"), ("segments", "t")}
+# columns where NULL is a value ddptop writes: node_cpu_quota NULL = no CPU quota (the node is the whole machine)
+NULLABLE = {("system", "node_cpu_quota")}
 
 
 def numeric_columns() -> list[tuple[str, str]]:
@@ -50,7 +52,8 @@ def damage(recording: str, folder, columns: list[tuple[str, str]]) -> tuple[str,
             for j, value in enumerate(BAD[:len(rows)]):
                 row = rows[(i * len(BAD) + j) % len(rows)]
                 db.execute(f"UPDATE {table} SET {column} = ? WHERE {key} = ?", (value, row))
-                if (table, column) not in KEPT | UNREAD:
+                if (table, column) not in KEPT | UNREAD and not (
+                        (table, column) in NULLABLE and (value is None or math.isnan(value))):  # NaN: SQLite's NULL
                     damaged.setdefault(table, set()).add(row)
     db.close()
     return path, {table: len(rows) for table, rows in damaged.items()}

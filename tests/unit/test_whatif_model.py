@@ -42,3 +42,15 @@ def test_the_fit_recovers_alpha_and_beta_from_a_ring_and_a_root():
     # a sample the backward pass ran beside for half its time, at a slowdown of 1: its time alone is 3/4 of it
     slowed = [CommSample("allreduce", s.nbytes, s.dur_s * 4 / 3, s.dur_s * 2 / 3) for s in ring]
     assert fit_line("allreduce", slowed, world, slowdown=1.0).beta == pytest.approx(beta, rel=1e-6)
+
+
+def test_a_timeline_with_an_infinite_time_is_refused_not_looped_forever():
+    """A damaged recording's inf (a layer's backward time) made the simulation loop forever (inf − inf = nan)."""
+    import math
+
+    import pytest
+
+    from ddptop.metrics.whatif.simulate import overlapped
+
+    with pytest.raises(ValueError):
+        overlapped([0.1, math.inf], [0], [0.2], 0.6, 0.2)

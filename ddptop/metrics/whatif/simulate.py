@@ -23,6 +23,8 @@ def overlapped(work: Sequence[float], ready_after: Sequence[int], comm: Sequence
     """Layers `work` run one after another; bucket b's all-reduce (`comm[b]` seconds alone) starts once layer
     `ready_after[b]` is done and bucket b−1's has finished (DDP launches buckets in order, one at a time on gloo).
     While both run, compute goes 1/(1+compute_slowdown) as fast and the transfer 1/(1+comm_slowdown)."""
+    if not all(math.isfinite(x) and x >= 0 for x in (*work, *comm, compute_slowdown, comm_slowdown)):
+        raise ValueError("the what-if timeline needs finite, non-negative times")  # inf − inf would never end
     t = busy = both = 0.0
     li, bi = 0, 0
     lrem = work[0] if work else 0.0
