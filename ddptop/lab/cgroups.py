@@ -14,6 +14,11 @@ from ddptop.errors import LabUnavailable
 # slower core (VGG-11, 4 hosts, 2 interleaved pairs of runs: DDP / all_reduce step time 0.91 and 0.62 at 10 ms,
 # 1.00 and 0.78 at 100 ms)
 PERIOD_US = 10_000
+# A host's CPU weight, 64× the default (cgroup v1 cpu.shares 1024, v2 cpu.weight 100): a quota is a ceiling, not a
+# guarantee, and with 4 other busy processes on this 2-core machine a 0.5-core host got 0.40 core (its fair share of
+# 5) and the cs744-lab order broke (DDP 2.39 s/step pooled against all_reduce 2.37). At 64× the host keeps its quota
+# unless 64 other processes compete (tests/lab/test_cgroup_weight.py): an emulated host is a machine of its own.
+WEIGHT_TIMES = 64
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,10 @@ class CpuController:
             if self.version == 1:
                 _write(os.path.join(path, "cpu.cfs_period_us"), str(PERIOD_US))
                 _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
+                _write(os.path.join(path, "cpu.shares"), str(1024 * WEIGHT_TIMES))
             else:
                 _write(os.path.join(path, "cpu.max"), f"{quota} {PERIOD_US}")
+                _write(os.path.join(path, "cpu.weight"), str(100 * WEIGHT_TIMES))
         except OSError as exc:
             raise LabUnavailable(f"cannot make a CPU quota cgroup at {path}: {exc.strerror or exc}") from None
         return path
