@@ -1,5 +1,5 @@
-"""Issue 26 on the shipped cs744-lab recording, as a student hands it in: the report says the training went wrong
-(numbers from SQL), which segment is which part of the assignment, how precise 4 steps per part are (the rounds'
+"""Issue 26 on the shipped cs744-lab recording, as a student hands it in: the report flags a loss that rises (a copy
+whose losses were made to rise; the shipped run, at lr 0.01, learns and is not flagged), which segment is which part of the assignment, how precise 4 steps per part are (the rounds'
 spread, from SQL), one bandwidth unit, a readable segment table; a sweep states no difference within its noise."""
 
 from __future__ import annotations
@@ -34,9 +34,24 @@ def _sql(query: str, *args) -> list[tuple]:
         return db.execute(query, args).fetchall()
 
 
-def test_the_diverged_loss_is_flagged_with_the_recordings_numbers(report):
+def test_the_shipped_run_learns_and_is_not_flagged(report):
     text, figures = report
     means = dict(_sql("SELECT step, avg(loss) FROM steps GROUP BY step ORDER BY step"))
+    last = max(means)
+    assert statistics.fmean(means[s] for s in range(last - 4, last + 1)) < 0.5 * means[0]  # lr 0.01 learns
+    assert "Training went wrong" not in text and "Flagged" not in figures["loss"]["finding"]
+
+
+def test_a_rising_loss_is_flagged_with_the_recordings_numbers(tmp_path):
+    """The same recording with its losses made to rise (loss × (1 + step), as lr 0.1 did: 2.5 → 17 by step 10)."""
+    copy = tmp_path / "rising.db"
+    copy.write_bytes(LAB.read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute("UPDATE steps SET loss = loss * (1 + step)")
+        means = dict(db.execute("SELECT step, avg(loss) FROM steps GROUP BY step ORDER BY step").fetchall())
+    out = tmp_path / "out"
+    assert main(["report", str(copy), "-o", str(out)]) == 0
+    text, figures = (out / "report.md").read_text(), json.loads((out / "figures.json").read_text())
     start, recent = min(means[s] for s in range(3)), statistics.fmean(means[s] for s in range(5, 10))
     (warning,) = [line for line in text.splitlines() if "Training went wrong" in line]
     assert f"step 10): loss {recent:.2f} (mean of the last 5 steps) is {recent / start:.1f}× its start " \
