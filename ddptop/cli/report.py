@@ -119,7 +119,7 @@ def write(runs, shown, left_out, out: Path):
              if m is not None]
     if several:  # one recording per model (a run has one model): the lecture's latency vs bucket size per model
         per_model = bucket_models.figure(stats, {r.label: r.model for r in runs}, bucket_models.setup(runs), out)
-        made += [per_model] if per_model is not None else []
+        made[:0] = [per_model] if per_model is not None else []  # first: the figure such a report is made for
     rows = scaling(stats)
     if rows:
         made.append(sweeps.scaling_figure(rows, out))
