@@ -108,7 +108,7 @@ def run_plan(plan: Plan, run_argv: list[str], signals, check: bool) -> int:
     for run, record in zip(plan.runs, plan.records):
         if len(plan.runs) > 1:
             print(f"ddptop lab: run {run.name} on {run.nodes} node{'s' if run.nodes > 1 else ''}", file=sys.stderr)
-        code = run_job(plan.lab, run.nodes, run_argv, record, signals)
+        code = run_job(plan.lab, run.nodes, [*run.argv(), *run_argv], record, signals)
         if code or signals.pending:
             return code
     return 0
@@ -144,12 +144,24 @@ def make_plan(args, run_argv: list[str]) -> Plan:
     nodes = max(r.nodes for r in runs)
     link = parse_link(args.link or settings.link or "1gbit")
     cpus = _cpus(args.cpus_per_node or settings.cpus_per_node, nodes)
-    cfg = config_from_args(run_args, profile)  # the run configuration's own checks (batch size, strategy, ...)
-    check_fits(nodes, cpus, cfg.model, machine_cores())
+    for run in runs:  # the run configuration's own checks (batch size, strategy, each run's model, ...)
+        cfg = _run_config(run, run_argv)
+        check_fits(run.nodes, cpus, cfg.model, machine_cores())
     lab = Lab(nodes, link, cpus, args.subnet)
     records, report = _records(args, run_args, runs, profile["name"] if profile else "lab")
     warmup = profile["warmup"] if profile and profile["sweep"] else 1
     return Plan(lab, runs, records, report, warmup)
+
+
+def _run_config(run: Run, run_argv: list[str]):
+    """The configuration one run of the plan starts with: its own model and dataset before the typed flags."""
+    try:
+        run_args, profile = parse_run_args([*run.argv(), *run_argv])
+        return config_from_args(run_args, profile)
+    except UsageError as exc:
+        if not run.argv():
+            raise
+        raise UsageError(f"run {run.name}: {exc}") from None
 
 
 def _runs(args, settings: LabSettings) -> tuple[Run, ...]:

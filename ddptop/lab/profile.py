@@ -5,8 +5,11 @@
     link = "1gbit"
     cpus_per_node = 0.5       # optional: default cores / nodes; the same for every run, so nodes stay alike
     runs = [{ name = "n1", nodes = 1 }, { name = "n2", nodes = 2 }, { name = "n4", nodes = 4 }]  # optional
+    runs = [{ name = "r50", nodes = 2, model = "resnet50" }, { name = "bert", nodes = 2, model = "bert-mini" }]
 
-Without `runs`, one job on every host. Each run is a whole job (its own recording), on hosts 0..nodes−1.
+Without `runs`, one job on every host. Each run is a whole job (its own recording), on hosts 0..nodes−1; a run
+may name its own model and dataset (a run has one model: a profile that compares models makes one run each),
+which take the place of [run]'s, as if typed (a flag typed on the command line still wins).
 """
 
 from __future__ import annotations
@@ -22,10 +25,19 @@ KEYS = {"nodes", "link", "cpus_per_node", "runs"}
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 
 
+RUN_FLAGS = ("model", "dataset")  # what a run may set of its own, besides its name and nodes
+
+
 @dataclass(frozen=True)
 class Run:
     name: str
     nodes: int
+    model: str | None = None
+    dataset: str | None = None
+
+    def argv(self) -> list[str]:
+        """The run's own flags, put before the typed ones (so that those still win)."""
+        return [w for key in RUN_FLAGS if getattr(self, key) is not None for w in (f"--{key}", getattr(self, key))]
 
 
 @dataclass(frozen=True)
@@ -70,8 +82,9 @@ def _list(value: object, where: str) -> list:
 
 
 def _run(item: object, where: str, lab_nodes: int | None) -> Run:
-    if not isinstance(item, dict) or set(item) - {"name", "nodes"}:
-        raise UsageError(f"{where}: each run is a table with name and nodes, got {item!r}")
+    if not isinstance(item, dict) or set(item) - {"name", "nodes", *RUN_FLAGS}:
+        raise UsageError(f"{where}: each run is a table with name and nodes (and optionally "
+                         f"{', '.join(RUN_FLAGS)}), got {item!r}")
     name, nodes = item.get("name"), item.get("nodes")
     if not isinstance(name, str) or not RUN_NAME.match(name):
         raise UsageError(f"{where}: a run's name must be letters, digits, '.', '_' or '-', got {name!r}")
@@ -79,4 +92,8 @@ def _run(item: object, where: str, lab_nodes: int | None) -> Run:
         raise UsageError(f"{where}: run {name}: nodes must be a whole number ≥ 1, got {nodes!r}")
     if lab_nodes is not None and nodes > lab_nodes:
         raise UsageError(f"{where}: run {name} wants {nodes} nodes but the lab has {lab_nodes}")
-    return Run(name, nodes)
+    own = {key: item[key] for key in RUN_FLAGS if key in item}
+    for key, value in own.items():  # the name itself (built-in or spec) is checked with the run's flags
+        if not isinstance(value, str) or not value.strip() or value.startswith("-"):
+            raise UsageError(f"{where}: run {name}: {key} must be a built-in name or a spec (text), got {value!r}")
+    return Run(name, nodes, **own)

@@ -53,7 +53,8 @@ def bucket_size(stats: list[SegmentStats], out: Path) -> Made | None:
     groups = _distinct([(f"{s.label} " if several else "") + f"{s.config.bucket_mb:g} MB" for s in ddp], ddp)
     groups = [g + (f"\n{len(s.buckets_mb)} bucket{'s' if len(s.buckets_mb) > 1 else ''}" if s.buckets_mb else "")
               for g, s in zip(groups, ddp)]
-    fig, (a, b) = plot.figure(2, 1, width=9.0, height=3.4)
+    # 0.9 inch a group: two-line labels of 12 segments (two rounds of 6 sizes) overlapped at 9 inches
+    fig, (a, b) = plot.figure(2, 1, width=max(9.0, 0.9 * len(groups)), height=3.4)
     _grouped(a, groups, [_times(ddp), ("compute", [s.compute_s for s in ddp], None, None),
                          ("exposed communication", [s.exposed_comm_s for s in ddp], None, None)], "seconds per step")
     a.set_title("iteration time, the compute, and the communication left exposed", fontsize=9)
@@ -70,7 +71,8 @@ def bucket_size(stats: list[SegmentStats], out: Path) -> Made | None:
                        None, None))
     _grouped(b, groups, series, "MB sent per step")
     b.set_title("bytes per step", fontsize=9)
-    data = plot.save(fig, out, "bucket_size", f"DDP bucket size: iteration time and bytes (batch "
+    run = f"{ddp[0].label}: " if not several and len({s.label for s in stats}) > 1 else ""  # which run's sweep
+    data = plot.save(fig, out, "bucket_size", f"{run}DDP bucket size: iteration time and bytes (batch "
                                               f"{ddp[0].config.batch_size}/rank, lr {ddp[0].config.lr:g})")
     return Made("bucket_size", "DDP bucket size", data, _bucket_finding(ddp))
 

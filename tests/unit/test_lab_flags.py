@@ -50,6 +50,38 @@ def test_the_lab_profiles_carry_their_cluster():
     assert lab_settings("cs744-lab").nodes == 4 and lab_settings("cs744-lab").link == "1gbit"
     assert lab_settings("hpml-lab4-lab").runs == (Run("1node", 1), Run("2nodes", 2), Run("4nodes", 4))
     assert lab_settings("cs744-compare").nodes is None  # a profile without [lab]: the lab's own defaults
+    assert lab_settings("lecture-buckets-lab").runs == (Run("resnet50", 2, "resnet50"), Run("bert-mini", 2, "bert-mini"))
+
+
+def test_a_run_trains_its_own_model_unless_a_flag_is_typed():
+    """A run's model (and dataset) come before the typed flags: its own over [run]'s, a typed --model over both;
+    bert-mini's run gets its token set by default."""
+    from ddptop.cli.lab import _run_config
+
+    typed = ["--profile", "lecture-buckets-lab"]
+    bert = _run_config(Run("b", 2, "bert-mini"), typed)
+    assert (bert.model, bert.dataset, len(bert.sweep)) == ("bert-mini", "tokens", 12)
+    assert _run_config(Run("r", 2, "resnet50"), typed).model == "resnet50"
+    assert _run_config(Run("b", 2, "bert-mini"), [*typed, "--model", "tiny"]).model == "tiny"
+    assert _run_config(Run("t", 1, "tiny", "mnist"), typed).dataset == "mnist"
+    assert Run("t", 1, "tiny", "mnist").argv() == ["--model", "tiny", "--dataset", "mnist"] and Run("a", 1).argv() == []
+
+
+@pytest.mark.parametrize("run,words", [
+    ('{ name = "a", nodes = 1, model = "gpt-9" }', "run a: unknown model 'gpt-9'"),
+    ('{ name = "a", nodes = 1, model = 5 }', "run a: model must be a built-in name or a spec"),
+    ('{ name = "a", nodes = 1, dataset = "" }', "run a: dataset must be a built-in name or a spec"),
+    ('{ name = "a", nodes = 1, model = "--lr" }', "run a: model must be a built-in name or a spec"),
+    ('{ name = "a", nodes = 1, dataset = "imagenet" }', "run a: unknown dataset 'imagenet'"),
+    ('{ name = "a", nodes = 1, batch_size = 8 }', "(and optionally model, dataset)"),
+])
+def test_a_bad_model_or_dataset_in_a_run_is_one_line_and_exit_2_before_anything_is_built(run, words, tmp_path,
+                                                                                           capsys):
+    profile = tmp_path / "bad.toml"
+    profile.write_text(f"[lab]\nnodes = 1\nruns = [{run}]\n")
+    assert main(["lab", "--profile", str(profile)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddptop: ") and words in err[0], err
 
 
 @pytest.mark.parametrize("table,words", [
