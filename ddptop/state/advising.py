@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from ddptop.metrics.whatif.data import SegmentData
 from ddptop.metrics.whatif.inputs import NoFit, segment_input, step_row
 from ddptop.metrics.whatif.rows import best_row, config_name, measured_steps, name, prediction_rows, row_for
 
-# A fit over 64 kept sampled steps of VGG-11 costs ~10 ms (benchmarks/whatif_speed.py, README "What-if panel"):
-# redo it when the segment gains a sampled step (new spans), else at most every REFIT_S as measured steps come in
-# (a step of the lab's jobs is 0.5-2 s: their means move a little with each)
+# A fit costs ~10 ms of the screen's thread (README "What-if panel"); a tiny model samples a step every 20 ms, so
+# the view is redone at most every REFIT_S as steps come in (at once for a new segment or a switch)
 REFIT_S = 3.0
 # The model's stated error, README "What-if / advise": predicted-vs-measured medians reach 10.6% and maxima 25.4%
 # on the committed lab recordings, a fresh whatif-lab job 12.5% / 21.8%; the panel quotes it beside its own
@@ -66,32 +65,39 @@ class Advisor:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._fits: dict[int, tuple[tuple, SegmentData | None, list, str]] = {}  # segment → (key, seg, rows, why)
-        self._fitted_at = -1e9
         self._predicted: dict[int, Check | None] = {}  # segment → the prediction made when it started
         self._view = WhatIf()
         self._spans_seen: tuple = ()
+        self._viewed_at = -1e9
+        self._tried = 0  # the newest segment a prediction was tried for
 
     def due(self, state, table: tuple) -> bool:
-        """The segment in force has changed since the last view, as far as a refit is called for. `table`: the
-        state's segment table (state.table.segments()), as the snapshot holds it."""
-        if self._unsettled(state) and self._spans_seen != _spans_seen(state):
-            return True  # a switch not yet predicted, and new sampled steps that may let an earlier segment fit
-        seg = _in_force(state, table)
-        if seg is None:
+        """Whether the view is to be redone: at once for a switch never predicted or a segment never fitted, else
+        at most every REFIT_S (or once the run has finished) when new steps came in. `table`: the state's segment
+        table (state.table.segments()), as the snapshot holds it."""
+        unsettled = self._unsettled(state)
+        if unsettled and unsettled[-1] > self._tried:
+            return True
+        fig = _in_force(state, table)
+        if fig is not None and fig.index not in self._fits:
+            return True
+        if self.clock() - self._viewed_at < REFIT_S and not state_finished(state):
             return False
-        key = _key(state, seg)
-        old = self._fits.get(seg.index)
-        if old is None or old[0][:2] != key[:2]:
-            return True  # a new segment, or a new sampled step
-        return old[0] != key and self.clock() - self._fitted_at >= REFIT_S
+        old = self._fits.get(fig.index) if fig is not None else None
+        return (old is not None and old[0] != _key(state, fig)) or (
+            bool(unsettled) and self._spans_seen != _spans_seen(state))  # spans that may let an earlier one fit
 
     def view(self, state, table: tuple) -> WhatIf:
         """The view as of `state` (a SessionState) and its segment `table`: refits only when `due`."""
-        if not self.due(state, table) and self._view.checks == self._checks(table):
+        if not self.due(state, table):  # the switches' measurements move with every step: no refit for them
+            checks = self._checks(table)
+            if checks != self._view.checks:
+                self._view = replace(self._view, checks=checks)
             return self._view
-        start = self.clock()
+        start = self._viewed_at = self.clock()
         fig = _in_force(state, table)
         self._spans_seen = _spans_seen(state)
+        self._tried = max(state.segments, default=0)
         for index in self._unsettled(state):  # the switches not yet predicted, oldest first
             self._predict(state, table, index)
         seg, rows, why = self._fit(state, table, fig) if fig is not None else (None, [], WhatIf.why)
@@ -107,7 +113,6 @@ class Advisor:
         old = self._fits.get(fig.index)
         if old is not None and old[0] == key:
             return old[1], old[2], old[3]
-        self._fitted_at = self.clock()
         seg, rows, why = None, [], ""
         run = state.run
         if run is None or not run.layers or run.param_bytes <= 0:
@@ -157,6 +162,11 @@ def _key(state, fig) -> tuple:
     """(segment, its kept sampled steps, its measured steps): a fit holds as long as this does."""
     spans = sum(1 for e in state.spans.values() if e.segment == fig.index)
     return fig.index, spans, fig.measured_steps
+
+
+def state_finished(state) -> bool:
+    """Every rank has ended: nothing more will come, so nothing is put off."""
+    return bool(state.ranks) and all(r.state in ("done", "stopped", "error", "lost") for r in state.ranks.values())
 
 
 def _spans_seen(state) -> tuple:
