@@ -32,6 +32,21 @@ def _head(w: WhatIf, width: int) -> Text:
     if w.best is not None:
         out.append("\nbest: ", style="bold")
         out.append(describe(w.best), style=f"bold {GREEN}" if w.best["saving_s"] > 0 else "")
+    out.append("\n")
+    out.append_text(_running(w))
+    return out
+
+
+def _running(w: WhatIf) -> Text:
+    """The running error over every switch checked so far, on one line (at the top: 80×24 shows it unscrolled)."""
+    out = Text("running error ", style="bold")
+    if w.running is None:
+        out.append("none yet: it needs a switch and the new segment's measured steps", style="dim")
+        return out
+    median, most = w.running
+    n = len(w.errors)
+    out.append(f"median {median:.1%}, max {most:.1%} over {n} switch{'es' if n != 1 else ''} (listed below)",
+               style=VERMILLION if most > 0.20 else "")
     return out
 
 
@@ -76,7 +91,8 @@ def _checks(w: WhatIf, width: int) -> list[Text]:
     lines = [title]
     if w.unchecked:
         lines.append(Text(f"{w.unchecked} switch{'es' if w.unchecked != 1 else ''} without a prediction: no earlier "
-                          "segment's sampled steps in view (a replay's seek brings only the last ones)", style="dim"))
+                          "segment with sampled steps in view to fit on (a replay's seek brings only the last ones; "
+                          "`ddptop advise FILE --segment N` reads them all)", style="dim"))
     if not w.checks:
         return lines + [Text("no switch yet" if not w.unchecked else "", style="dim")]
     for c in w.checks:
@@ -87,15 +103,7 @@ def _checks(w: WhatIf, width: int) -> list[Text]:
             line.append(f"measured {fmt_s(c.measured_s)}  error ")
             line.append(f"{c.error:+.1%}", style=ORANGE if abs(c.error) > 0.10 else GREEN)
         lines.append(line)
-    running = w.running
-    out = Text("running error ", style="bold")
-    if running is None:
-        out.append("none yet", style="dim")
-    else:
-        median, most = running
-        out.append(f"median {median:.1%}, max {most:.1%} over {len(w.errors)} switch{'es' if len(w.errors) != 1 else ''}",
-                   style=VERMILLION if most > 0.20 else "")
-    return lines + [out]
+    return lines
 
 
 def whatif_line(snap: Snapshot) -> str:
