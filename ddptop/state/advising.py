@@ -136,7 +136,7 @@ class Advisor:
         cfg = dict(state.segments[index].config)
         for earlier in sorted((i for i in figures if i < index), reverse=True):
             seg, rows, _ = self._fit(state, table, figures[earlier])
-            if seg is not None:  # None: it fitted but does not predict this configuration (another batch size)
+            if seg is not None:  # settled: no row means the model does not predict it (another batch size)
                 row = row_for(rows, cfg, seg)
                 self._predicted[index] = row and Check(index, config_name(cfg), earlier, row["step_s"])
                 return
