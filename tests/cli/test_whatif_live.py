@@ -43,8 +43,8 @@ def test_a_ctl_switch_shows_its_prediction_beside_its_measurement_and_the_runnin
     def script():
         client = connect(port, TOKEN)
         wait(0)
-        said.append(subprocess.run([sys.executable, "-m", "ddptop", "ctl", "--master", "127.0.0.1", "--port", str(port),
-                                    "--token", TOKEN, "set", "bucket_mb=1"], capture_output=True, text=True, timeout=60))
+        ctl = [sys.executable, "-m", "ddptop", "ctl", "--master", "127.0.0.1", "--port", str(port), "--token", TOKEN]
+        said.append(subprocess.run(ctl + ["set", "bucket_mb=1"], capture_output=True, text=True, timeout=60))
         wait(1)
         client.send("stop")
 

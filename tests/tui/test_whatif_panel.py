@@ -57,7 +57,7 @@ def configs() -> dict[int, tuple]:
 
 @pytest.fixture(scope="module")
 def played():
-    """The replay played at 16× to its end with the What-if panel shown (80×24 then), and the overview's first rows."""
+    """The replay played at 16× to its end with the What-if panel shown (then at 80×24), and the overview."""
     import asyncio
 
     async def play():

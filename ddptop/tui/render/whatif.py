@@ -80,7 +80,8 @@ def _gain(gain: float, now: float, in_force: bool) -> Text:
     """What a row saves against the segment in force's measured step ("in force" for its own row)."""
     if in_force or now <= 0:
         return Text("in force" if in_force else "-", style="dim")
-    return Text(f"{'+' if gain >= 0 else '−'}{fmt_s(abs(gain))} ({abs(gain) / now:.0%})", style=GREEN if gain > 0 else "")
+    sign = "+" if gain >= 0 else "−"
+    return Text(f"{sign}{fmt_s(abs(gain))} ({abs(gain) / now:.0%})", style=GREEN if gain > 0 else "")
 
 
 def _checks(w: WhatIf, width: int) -> list[Text]:
