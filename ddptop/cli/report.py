@@ -105,7 +105,7 @@ def cmd_report(argv: Sequence[str]) -> int:
 
 
 def write(runs, shown, left_out, out: Path):
-    from ddptop.report import bucket_models, figures, html, markdown, page, reference, sweeps, timeseries
+    from ddptop.report import bucket_models, figures, html, markdown, page, reference, sweeps, timeseries, versus
     from ddptop.report.analysis import scaling
     from ddptop.report.labels import common, short_names
 
@@ -135,6 +135,7 @@ def write(runs, shown, left_out, out: Path):
         args = (run, [stats[i] for i in mine], [names[i] for i in mine], mine, out, several)
         made += [m for m in (timeseries.loss_accuracy(*args), timeseries.network(*args), timeseries.system(*args))
                  if m is not None]
+    made += [m for m in (versus.figure(runs, out),) if m is not None]  # the Predicted vs measured table, drawn
     blocks = page.document(runs, shown, left_out, stats, made, rows, out, compared)
     (out / "report.md").write_text(markdown.render(blocks))
     (out / "segments.csv").write_text(markdown.segment_csv(stats))

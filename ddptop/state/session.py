@@ -13,6 +13,7 @@ from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, 
 from ddptop.metrics.expected import expected_bytes
 from ddptop.metrics.learning import RECENT_STEPS as LOSS_RECENT, START_STEPS as LOSS_START, loss_flag
 from ddptop.metrics.stragglers import analyse
+from ddptop.state.advising import Advisor
 from ddptop.state.nodes import NodeTracker
 from ddptop.state.notices import notice
 from ddptop.state.snapshot import RECENT_STEPS, Snapshot  # noqa: F401  (Snapshot is the public result)
@@ -53,6 +54,7 @@ class SessionState:
         self.loss_start: dict[int, list[float]] = {}  # each rank's first losses, for metrics.learning.loss_flag
         self.loss_flag: str | None = None  # said once per job, as a notice
         self._snapshot: Snapshot | None = None
+        self.advisor = Advisor()  # the live what-if: refitted when its segment grows, not on every snapshot
         self._handlers = {RankJoined: self._joined, RunStarted: self._started, StepDone: self._step,
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
                           RunFinished: self._finished, ConfigApplied: self._config, ControlRefused: self._notice,
@@ -206,9 +208,11 @@ class SessionState:
     # -- snapshot --------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """The current state, frozen; the same object until another event is applied."""
-        if self._snapshot is not None and self._snapshot.version == self.version:
+        if self._snapshot is not None and self._snapshot.version == self.version and not self.advisor.due(
+                self, self._snapshot.segment_figures):  # a refit put off (REFIT_S) is due even with no new event
             return self._snapshot
         config = self._current_config()
+        table = tuple(self.table.segments())
         self._snapshot = Snapshot(
             version=self.version, run=self.run, ranks=self._rank_views(), segments=tuple(
                 self.segments[k] for k in sorted(self.segments)), evals=self._eval_points(),
@@ -216,8 +220,9 @@ class SessionState:
             nodes=self.nodes.views(lambda rank: expected_bytes(self.run, config, rank)),
             util={r: UtilView(r, **{k: tuple(v) for k, v in h.items()}) for r, h in sorted(self.util.items())},
             notices=tuple(self.notices), paused=self.paused, t=self.t,
-            segment_figures=tuple(self.table.segments()), diverged=tuple(self.diverged),
-            samples={r: tuple(d) for r, d in sorted(self.samples.items())}, straggler=self._straggler_line())
+            segment_figures=table, diverged=tuple(self.diverged),
+            samples={r: tuple(d) for r, d in sorted(self.samples.items())}, straggler=self._straggler_line(),
+            whatif=self.advisor.view(self, table))
         return self._snapshot
 
     def _straggler_line(self) -> str:

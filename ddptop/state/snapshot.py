@@ -8,6 +8,7 @@ from typing import Mapping
 from ddptop import metrics
 from ddptop.events import ModelsDiverged, RunStarted, StepDone, SystemSample
 from ddptop.metrics import Figures, SegmentFigures
+from ddptop.state.advising import WhatIf
 from ddptop.state.views import EvalPoint, RankView, Segment, SpanStore, UtilView
 from ddptop.metrics.traffic import Traffic, measured_vs_expected
 
@@ -34,6 +35,7 @@ class Snapshot:
     diverged: tuple[ModelsDiverged, ...] = ()  # points where ranks that must hold one model did not
     samples: Mapping[int, tuple[SystemSample, ...]] = field(default_factory=dict)  # recent, per rank
     straggler: str = ""  # metrics.stragglers' line over the recent sampled steps, when it names a rank
+    whatif: WhatIf = field(default_factory=WhatIf)  # the what-if table from the segment in force, the switches' checks
 
     @property
     def config(self) -> Mapping:

@@ -23,15 +23,17 @@ from ddptop.tui.widgets.ranks import RanksPanel
 from ddptop.tui.widgets.timeline import TimelinePanel
 from ddptop.tui.widgets.transport import TransportBar, current_segment, next_speed
 from ddptop.tui.widgets.util import UtilPanel
+from ddptop.tui.widgets.whatif import WhatIfPanel
 
 PANELS = (("overview", "1 Overview", OverviewPanel), ("ranks", "2 Ranks", RanksPanel),
           ("network", "3 Network", NetworkPanel), ("util", "4 Utilization", UtilPanel),
           ("timeline", "5 Timeline", TimelinePanel), ("loss", "6 Loss", LossPanel),
-          ("controls", "7 Controls", ControlsPanel))
+          ("controls", "7 Controls", ControlsPanel), ("whatif", "8 What-if", WhatIfPanel))
 REFRESH_HZ = 4  # the issue asks for 4–10 Hz; with PANEL_EVERY_S the app stays under 15% of a core with 8 ranks
 # Plots redraw less often than the header and ranks table: a braille plot of 8 ranks × 2000 steps costs ~50 ms,
 # and the timeline only changes every --span-every steps (benchmarks/tui_cpu.py, README).
-PANEL_EVERY_S = {"overview": 0.5, "ranks": 0.5, "loss": 1.0, "timeline": 0.5, "network": 0.5, "util": 0.5}
+PANEL_EVERY_S = {"overview": 0.5, "ranks": 0.5, "loss": 1.0, "timeline": 0.5, "network": 0.5, "util": 0.5,
+                 "whatif": 0.5}
 STOP_WAIT_S = 20.0  # after `q`, ranks get this long to leave at a step boundary before the front terminates them
 
 

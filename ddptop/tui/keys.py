@@ -6,7 +6,7 @@ GLOBAL_KEYS = (
     ("q", "quit: stop the ranks this ddptop started, flush the recording, leave"),
     ("?", "this help"),
     ("space", "pause / resume training (replay: play / pause)"),
-    ("1 … 7", "panels: overview, ranks, network, utilization, timeline, loss, controls"),
+    ("1 … 8", "panels: overview, ranks, network, utilization, timeline, loss, controls, what-if"),
     ("tab / shift+tab", "next / previous panel (in the controls: next / previous field)"),
     ("pgup / pgdn", "scroll the panel a page (the mouse wheel scrolls too)"),
     ("home / end", "scroll to the panel's top / bottom"),
@@ -18,6 +18,7 @@ PANEL_KEYS = (
     ("timeline", "← → previous / next sampled step · ↑ ↓ rank · < / >: first / latest sampled step"),
     ("controls", "↑ ↓ or tab between fields; digits go into number fields · esc discards edits · enter applies "
                  "(live only)"),
+    ("what-if", "the model's predictions from the segment in force; after each switch, prediction vs measured"),
 )
 REPLAY_KEYS = (
     ("space", "play / pause"),

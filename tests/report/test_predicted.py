@@ -119,3 +119,27 @@ def _configured(db: Path, segment: int) -> str:
     if config["strategy"] == "ddp":
         return f"ddp {float(config.get('bucket_mb', 25.0)):g} MB"
     return config["strategy"] + (" async" if config["strategy"] == "allreduce" and config.get("async_op") else "")
+
+
+def test_the_predicted_vs_measured_figure_draws_the_tables_rows(tmp_path):
+    """The figure's points (read back from its matplotlib artists, as figures.json holds them) are the table's rows:
+    measured on x, predicted on y, each point checked against SQL and `advise --json` too; y = x is drawn."""
+    from ddptop.report import versus
+
+    data = runs.load(str(REC / "whatif-lab.db"))
+    _, _, rows = page.versus_blocks([data])[1]
+    made = versus.figure([data], tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"predicted.png", "predicted.svg", "predicted.pdf"}
+    lines = {line["label"]: line for line in made.data["axes"][0]["lines"]}
+    points = next(v for k, v in lines.items() if k.startswith("fitted on segment 0 (median |error| "))
+    assert len(points["x"]) == len(rows)
+    truth = measured(REC / "whatif-lab.db", 1)
+    predicted = {(r["strategy"], r["bucket_mb"], r["async_op"]): r["step_s"]
+                 for r in run("advise", str(REC / "whatif-lab.db"), "--json")["predictions"]}
+    for x, y, (_, segment, config, measured_s, predicted_s, _) in zip(points["x"], points["y"], rows):
+        assert x == pytest.approx(float(measured_s), abs=5e-4) and y == pytest.approx(float(predicted_s), abs=5e-4)
+        assert x == pytest.approx(truth[int(segment)], rel=1e-9)
+        assert y in predicted.values()
+    diagonal = lines["y = x (predicted = measured)"]
+    assert diagonal["x"] == diagonal["y"] and diagonal["x"][0] < min(points["x"] + points["y"])
+    assert "segments: 1: ddp 1 MB" in made.data["notes"][0]

@@ -20,7 +20,7 @@ from ddptop.tui.app import DdptopApp  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "screens")
 PANELS = {"1": "overview", "2": "ranks", "3": "network", "4": "utilization", "5": "timeline", "6": "loss",
-          "7": "controls"}
+          "7": "controls", "8": "whatif"}
 
 
 class EndedJob:

@@ -30,12 +30,15 @@ async def test_number_keys_and_tab_move_between_panels(replay_at_end):
     app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
         assert _active(app) == "overview"  # the default
-        for key, pid in zip("1234567", ("overview", "ranks", "network", "util", "timeline", "loss", "controls")):
+        for key, pid in zip("12345678", ("overview", "ranks", "network", "util", "timeline", "loss", "controls",
+                                         "whatif")):
             await pilot.press(key)
             assert _active(app) == pid
-        await pilot.press("tab")  # the controls are disabled in a replay: tab goes straight on
+        await pilot.press("7", "tab")  # the controls are disabled in a replay: tab goes straight on
+        assert _active(app) == "whatif"
+        await pilot.press("tab")
         assert _active(app) == "overview"
-        await pilot.press("shift+tab", "shift+tab")
+        await pilot.press("shift+tab", "shift+tab", "shift+tab")
         assert _active(app) == "loss"
         await pilot.click("#--content-tab-network")
         assert _active(app) == "network"
@@ -272,20 +275,20 @@ def _footer(app) -> str:
 
 async def test_a_number_field_takes_digits_esc_discards_and_the_footer_says_so(replay_at_end):
     """Issue 26: `1` and space typed in the batch field made `641`, esc left it ready to send. Rule: digits are a
-    number field's (the footer drops `1-7 Panels` and shows esc while one has focus); space is never typed into it;
+    number field's (the footer drops `1-8 Panels` and shows esc while one has focus); space is never typed into it;
     esc puts back what is in force (batch 16 in the fixture) and nothing is sent."""
     connect, posted = _NoJob(), []
     app = DdptopApp(compose(replay_at_end), mode="live", connect=connect)
     async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
         await pilot.press("7")
         await pilot.pause()
-        assert "1-7 Panels" in _footer(app)  # on the strategy list digits still switch panels
+        assert "1-8 Panels" in _footer(app)  # on the strategy list digits still switch panels
         await pilot.press("tab", "tab", "tab")
         batch = app.query_one("#batch", Input)
         assert app.focused is batch and batch.value == "16"
         await pilot.pause()
         footer = _footer(app)
-        assert "1-7" not in footer and "esc Discard edits" in footer, footer
+        assert "1-8" not in footer and "esc Discard edits" in footer, footer
         await pilot.press("1", "space")  # tab selected the field's text: the digit types over it
         assert batch.value == "1" and _active(app) == "controls"  # the digit is an edit; space is not typed
         await pilot.press("escape")
@@ -297,7 +300,7 @@ async def test_a_number_field_takes_digits_esc_discards_and_the_footer_says_so(r
         await pilot.press("1")
         assert _active(app) == "overview"
         await pilot.press("7", "tab", "tab", "tab", "1", *["tab"] * 7)  # 1 again; lr … lr warm-up, Apply, out
-        assert _active(app) == "overview" and batch.value == "16"  # left the form: nobody is editing it
+        assert _active(app) == "whatif" and batch.value == "16"  # left the form (to the next panel): nobody edits it
         await pilot.press("7")
         await pilot.click("#apply")
         await pilot.pause()

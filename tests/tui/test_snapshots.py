@@ -13,7 +13,7 @@ from ddptop.tui.app import DdptopApp
 from fixed_replay import FixedReplaySource
 
 PANELS = {"overview": "1", "ranks": "2", "network": "3", "utilization": "4", "timeline": "5", "loss": "6",
-          "controls": "7"}
+          "controls": "7", "whatif": "8"}
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])

@@ -19,6 +19,7 @@ from ddptop.tui.render.slurm import expected_line, slurm_graph
 from ddptop.tui.render.spark import sparkline
 from ddptop.tui.render.tables import WIDE, gpu_text, ranks_table, segment_table
 from ddptop.tui.render.units import fmt_bytes, fmt_rate, fmt_s, safe
+from ddptop.tui.render.whatif import whatif_line
 
 PLOT_ROWS = 6
 BARS = 4  # ranks with a breakdown bar of their own; more ranks show the slowest and the fastest
@@ -52,11 +53,13 @@ def overview(snap: Snapshot, width: int, banner: str = "") -> Group:
 
 def hint_line(snap: Snapshot, width: int) -> Text:
     """The segment in force's hints (ddptop.metrics.hints through the snapshot) on one line, cut to `width`."""
-    found = snap.hints
+    found, best = snap.hints, whatif_line(snap)
     out = Text("hints  ", style="bold", no_wrap=True, overflow="ellipsis")
+    if best:  # the What-if panel's best configuration first: it is there whenever the model fits
+        out.append(best + (" · " if found else ""), style=SKY)
     if found:
         out.append(" · ".join(safe(h.text) for h in found), style=ORANGE)
-    else:
+    elif not best:
         out.append(f"none for segment {snap.segment}" if snap.segment_figures else "none yet", style="dim")
     out.truncate(width, overflow="ellipsis")
     return out

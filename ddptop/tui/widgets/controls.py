@@ -29,7 +29,7 @@ FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "accum", "compr
 COMPRESS_CHOICES = ("none", "fp16", "bf16", "powersgd:1", "powersgd:2", "powersgd:4")  # ctl sets any powersgd:R
 INTRO = ("Change the running job; every rank switches at the same step. The fields show the config in force "
          "until you edit them; esc discards your edits. tab / ↑↓ move between fields; digits go into number fields "
-         "(1-7 switch panels elsewhere); enter opens the strategy list, applies from a number field or Apply.")
+         "(1-8 switch panels elsewhere); enter opens the strategy list, applies from a number field or Apply.")
 
 
 def _number(text: str, kind: type, what: str) -> Any:

@@ -1,0 +1,100 @@
+"""Provides the what-if table as rows (`ddptop advise --json`'s "predictions", the What-if panel's table): every
+configuration of the grid predicted from one fitted segment, each beside the measured segment of that configuration,
+and the predicted-vs-measured comparison (the report's table and figure, the panel's running error)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+from ddptop.metrics.whatif import model as whatif
+from ddptop.metrics.whatif.data import SegmentData
+
+
+def measured_steps(table: Sequence) -> list[tuple[int, dict, float]]:
+    """(segment, config, the slowest rank's mean step time) of every segment with measured steps."""
+    return [(f.index, dict(f.config), f.slowest.step_s) for f in table if f.measured_steps]
+
+
+def prediction_rows(seg: SegmentData, measured: list[tuple[int, dict, float]],
+                    buckets: Sequence[float] = whatif.BUCKETS_MB, worlds: Sequence[int] = (),
+                    links: Sequence[float | None] = (None,), recorded_link: str | None = None) -> list[dict[str, Any]]:
+    """The model fitted on `seg` (once), every configuration of the grid predicted, each beside `measured`'s
+    segment of that configuration (the fitted one first)."""
+    fitted = whatif.fit(seg)
+    return [_row(whatif.predict(fitted, c), seg, measured, recorded_link)
+            for c in whatif.grid(seg, buckets, worlds, links)]
+
+
+def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float]], recorded_link: str | None) -> dict[str, Any]:
+    c = p.config
+    world = c.world_size or seg.world_size
+    link = recorded_link or None
+    if c.link_bps is not None:
+        link = "unlimited" if c.link_bps == 0 else _describe(c.link_bps)
+    match = None
+    if c.world_size is None and c.link_bps is None:
+        same = [(i, step) for i, cfg, step in measured if same_config(cfg, c, seg)]
+        match = next((m for m in same if m[0] == seg.segment), same[0] if same else None)  # the fitted one first
+    return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "world_size": world,
+            "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
+            "overlap": round(p.overlap, 4), "measured_step_s": None if match is None else round(match[1], 6),
+            "segment": None if match is None else match[0]}
+
+
+def _describe(bps: float) -> str:
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g}{unit}"
+    return f"{bps:g}bit"
+
+
+def same_config(cfg: dict, c: whatif.Config, seg: SegmentData) -> bool:
+    """The segment with config `cfg` ran configuration `c` (at the fitted segment's batch size)."""
+    if cfg.get("strategy") != c.strategy or cfg.get("batch_size") != seg.config.get("batch_size"):
+        return False
+    if c.strategy == "ddp":
+        return float(cfg.get("bucket_mb", 25.0)) == c.bucket_mb
+    return c.strategy != "allreduce" or bool(cfg.get("async_op")) == c.async_op
+
+
+def name(row: dict) -> str:
+    """A prediction row's configuration in words: "ddp 10 MB", "allreduce async"."""
+    text = row["strategy"] + (f" {row['bucket_mb']:g} MB" if row["bucket_mb"] is not None else "")
+    return text + (" async" if row["async_op"] else "")
+
+
+def config_name(cfg: dict) -> str:
+    """A segment's configuration (its config mapping) in the rows' words."""
+    ddp = cfg.get("strategy") == "ddp"
+    return name({"strategy": str(cfg.get("strategy")), "bucket_mb": float(cfg.get("bucket_mb", 25.0)) if ddp else None,
+                 "async_op": bool(cfg.get("async_op")) and cfg.get("strategy") == "allreduce"})
+
+
+def row_for(rows: list[dict[str, Any]], cfg: dict, seg: SegmentData) -> dict[str, Any] | None:
+    """The row predicting the configuration a segment ran with `cfg` (on the fitted run's own world and link)."""
+    return next((r for r in rows if r["world_size"] == seg.world_size and r["link"] is None
+                 and same_config(cfg, whatif.Config(r["strategy"], r["bucket_mb"], r["async_op"]), seg)), None)
+
+
+def best_row(rows: list[dict[str, Any]], seg: SegmentData) -> dict[str, Any]:
+    """The fastest prediction on the fitted segment's own world size and link, with "saving_s" against the
+    segment's measured step time (which the fit reproduces)."""
+    own = [r for r in rows if r["world_size"] == seg.world_size] or rows
+    top = min(own, key=lambda r: r["step_s"])
+    return {**top, "from_segment": seg.segment, "fitted_step_s": seg.step_s, "saving_s": seg.step_s - top["step_s"]}
+
+
+def versus_rows(seg: SegmentData, rows: list[dict[str, Any]], measured: list[tuple[int, dict, float]]
+                ) -> tuple[list[dict[str, Any]], float, float] | None:
+    """Every measured segment but the fitted one that ran a predicted configuration, beside its prediction:
+    (rows with "error" = (predicted − measured)/measured, median |error|, max |error|); None where there is none."""
+    out = []
+    for index, cfg, step_s in measured:
+        row = row_for(rows, cfg, seg) if index != seg.segment else None
+        if row is not None and step_s > 0:
+            out.append({**row, "segment": index, "measured_step_s": step_s, "error": (row["step_s"] - step_s) / step_s})
+    if not out:
+        return None
+    errors = [abs(r["error"]) for r in out]
+    return out, statistics.median(errors), max(errors)
