@@ -89,14 +89,18 @@ def cmd_lab(argv: Sequence[str]) -> int:
             code = code or 1
         else:
             print(f"ddptop lab {lab.tag}: removed", file=sys.stderr)
-    if code == 0 and plan.report:
+    if code == 0 and plan.report and signals.skipped:  # a report missing the runs a stop left out would mislead
+        made = [r for r in plan.records if r and os.path.exists(r)]
+        print("ddptop lab: stopped, so no report" + (f"; to make one: ddptop report {' '.join(made)} -o DIR"
+                                                      if made else ""), file=sys.stderr)
+    elif code == 0 and plan.report:
         return write_report(plan)
     return code
 
 
 def run_plan(plan: Plan, run_argv: list[str], signals, check: bool) -> int:
     """Every run of the plan on the built lab (or its measurements with --check); the first failing exit code."""
-    from ddptop.lab.launch import run_job
+    from ddptop.lab.launch import run_job, stopped_by_user
 
     if check:
         from ddptop.lab.check import report
@@ -105,11 +109,16 @@ def run_plan(plan: Plan, run_argv: list[str], signals, check: bool) -> int:
         return 0
     print("ddptop lab: from another terminal: ddptop lab exec ddptop ctl status | ddptop lab exec ddptop attach",
           file=sys.stderr)
-    for run, record in zip(plan.runs, plan.records):
+    for i, (run, record) in enumerate(zip(plan.runs, plan.records)):
         if len(plan.runs) > 1:
             print(f"ddptop lab: run {run.name} on {run.nodes} node{'s' if run.nodes > 1 else ''}", file=sys.stderr)
         code = run_job(plan.lab, run.nodes, [*run.argv(), *run_argv], record, signals)
-        if code or signals.pending:
+        signals.stopped = signals.stopped or bool(signals.pending) or stopped_by_user(plan.lab)
+        if code or signals.stopped:
+            left = signals.skipped = [r.name for r in plan.runs[i + 1:]]
+            if left and not code:
+                print(f"ddptop lab: stopped; not started: run{'s' if len(left) > 1 else ''} {', '.join(left)}",
+                      file=sys.stderr)
             return code
     return 0
 

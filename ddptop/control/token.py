@@ -81,10 +81,11 @@ def remove_job_file(master: str, port: int, how: str | None = None) -> None:
     os.replace(partial, path)
 
 
-def last_ended_job(master: str | None, port: int | None) -> dict[str, Any] | None:
-    """The newest note of a job that ended here (at `master`/`port` when given); notes older than ENDED_KEPT_S go."""
+def last_ended_job(master: str | None, port: int | None, folder: Path | None = None) -> dict[str, Any] | None:
+    """The newest note of a job that ended here (at `master`/`port` when given; in `folder`, default the jobs
+    folder); notes older than ENDED_KEPT_S go."""
     newest = None
-    folder = jobs_dir()
+    folder = folder or jobs_dir()
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         note = _read_ended(path)
         if note is None:

@@ -34,6 +34,8 @@ class Signals:
 
     def __init__(self) -> None:
         self.pending: list[int] = []
+        self.stopped = False  # a signal reached a job: the user stopped it, so a profile's later runs must not start
+        self.skipped: list[str] = []  # the runs of a profile that a stop left unstarted
         self.job_running = False  # True: a job (or the teardown) is under way, so a signal is only noted
         self.previous = {s: signal.signal(s, self._note) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
@@ -53,6 +55,7 @@ class Signals:
 
     def take(self) -> list[int]:
         taken, self.pending = self.pending, []
+        self.stopped = self.stopped or bool(taken)
         return taken
 
     def restore(self) -> None:
@@ -129,6 +132,17 @@ def run_job(lab: Lab, nodes: int, run_argv: list[str], record: str | None, signa
         for log in logs:
             log.close()
     return _exit_code(lab, front, workers, ended[1:])
+
+
+def stopped_by_user(lab: Lab) -> bool:
+    """Whether the job that just ended on `lab` was stopped (Ctrl-C on the screen, which the terminal sends to the
+    front alone, or `ddptop ctl stop`) rather than done: the note its front leaves in the lab's jobs folder."""
+    from pathlib import Path
+
+    from ddptop.control.token import last_ended_job
+
+    note = last_ended_job(None, None, Path(lab.folder) / "jobs")
+    return note is not None and "stopped" in note["how"].split(" after ")[0].split(", ")
 
 
 def _supervise(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen], signals: Signals) -> None:

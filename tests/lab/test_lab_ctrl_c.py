@@ -4,6 +4,7 @@ own SIGTERM, an empty log), and one while the ranks started printed node 1's fai
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -35,5 +36,54 @@ def test_a_ctrl_c_while_the_job_starts_reads_as_a_stop_not_a_crash(tmp_path, whe
     lab.proc.send_signal(signal.SIGINT)  # what Ctrl-C does when the lab's terminal is not handed to node 0
     assert lab.wait(60) == code, lab.output
     assert "exited with" not in lab.output and "its last lines" not in lab.output, lab.output
+    assert f"ddptop lab {record.tag}: removed" in lab.output
+    assert leftovers(record, held, tmp_path) == []
+
+
+TWO_RUNS = """[lab]
+nodes = 2
+link = "1gbit"
+runs = [{ name = "first", nodes = 2 }, { name = "second", nodes = 2 }]
+
+[run]
+model = "tiny"
+batch_size = 16
+synthetic_size = 1280
+no_eval = true
+steps = 5000
+"""
+
+
+def _front_group(record) -> int:
+    """Node 0's front: the process group leader among node 0's ddptop processes (the terminal's foreground group)."""
+    node0 = next(ns for ns in record.namespaces if ns.endswith("-n0"))
+    for pid in netns.namespace_pids(node0):
+        try:
+            if os.getpgid(pid) == pid and b"ddptop" in open(f"/proc/{pid}/cmdline", "rb").read():
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no front process in {node0}")
+
+
+@pytest.mark.parametrize("to", ["lab", "terminal"])
+def test_a_stop_in_a_profiles_first_run_starts_no_other_run_and_writes_no_partial_report(tmp_path, to):
+    """Before, a Ctrl-C stopped only the run going on and the profile's next run started: `_supervise` took the
+    signal and the terminal's Ctrl-C (sent to the front's group alone) never reached the lab process at all."""
+    profile = tmp_path / "two-runs.toml"
+    profile.write_text(TWO_RUNS)
+    lab = LabProcess(["--profile", str(profile), "--headless", "--record-dir", str(tmp_path / "runs")], tmp_path)
+    record = lab.record()
+    held = inodes(record)
+    lab.wait_line(r"^ddptop lab: run first")
+    lab.wait_line(r"^step \d+")
+    if to == "lab":
+        lab.proc.send_signal(signal.SIGINT)  # the lab's terminal not handed to node 0 (no tty)
+    else:
+        os.killpg(_front_group(record), signal.SIGINT)  # Ctrl-C on the terminal the lab handed to node 0's front
+    assert lab.wait(90) == 0, lab.output
+    assert "ddptop lab: run second" not in lab.output, lab.output
+    assert "not started: run second" in lab.output and "stopped, so no report" in lab.output, lab.output
+    assert not (tmp_path / "runs" / "report").exists()
     assert f"ddptop lab {record.tag}: removed" in lab.output
     assert leftovers(record, held, tmp_path) == []
