@@ -1,0 +1,93 @@
+"""The accumulation and compression figure (issue 25): per segment, the step time, what the network interfaces
+counted per optimizer step and per sample, and the training loss after the same number of samples. Drawn only when
+the segments shown differ in `accum` or `compress`: compression trades bytes for accuracy, and both are shown."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ddptop.report import plot
+from ddptop.report.analysis import SegmentStats
+from ddptop.report.figures import Made
+from ddptop.report.sweeps import _grouped
+
+NAN = float("nan")
+
+
+def samples_per_step(s: SegmentStats) -> int:
+    """Samples one rank trains per optimizer step: accum micro-steps of batch_size (the glossary's step)."""
+    return s.config.batch_size * s.config.accum
+
+
+def nic_per_sample_kb(s: SegmentStats) -> float:
+    """KB a host's network interface sent per sample its rank trained (NaN: the NIC could not be told per step)."""
+    if s.nic_sent_mb_per_step is None:
+        return NAN
+    return s.nic_sent_mb_per_step * 1e3 / samples_per_step(s)
+
+
+def loss_after(stats: list[SegmentStats], points: dict[str, list]) -> tuple[int, list[float]]:
+    """(samples per rank, the mean loss over ranks at the step where each segment had trained that many since its
+    start): the fewest any segment shown trained, so every segment is read at the same number of samples. `points`:
+    each run's label → its loss points (runs.StepPoint); NaN where the point is not there."""
+    samples = min(s.length * samples_per_step(s) for s in stats)
+    losses = []
+    for s in stats:
+        step = s.first_step + math.ceil(samples / samples_per_step(s)) - 1
+        found = [p.loss for p in points.get(s.label, []) if p.step == step]
+        losses.append(found[0] if found else NAN)
+    return samples, losses
+
+
+def accum_compress(stats: list[SegmentStats], names: list[str], points: dict[str, list], out: Path) -> Made | None:
+    if len({(s.config.accum, s.config.compress) for s in stats}) < 2:
+        return None
+    fig, (a, b, c, d) = plot.figure(4, 1, width=9.0, height=2.6)
+    _grouped(a, names, [("step (slowest rank)", [s.mean_step_s for s in stats], [s.step_p10 for s in stats],
+                         [s.step_p90 for s in stats])], "seconds per step")
+    a.set_title("optimizer step time (accum micro-steps, one sync)", fontsize=9)
+    nic = [NAN if s.nic_sent_mb_per_step is None else s.nic_sent_mb_per_step for s in stats]
+    _grouped(b, names, [("NIC: counted", nic, None, None),
+                        ("formula", [s.sent_mb_per_step for s in stats], None, None)], "MB sent per step")
+    b.set_title("bytes per optimizer step: each host's network interface (mean over hosts), and the formula", fontsize=9)
+    _grouped(c, names, [("NIC: counted", [nic_per_sample_kb(s) for s in stats], None, None),
+                        ("formula", [s.sent_mb_per_step * 1e3 / samples_per_step(s) for s in stats], None, None)],
+             "KB sent per sample")
+    c.set_title("bytes per sample: a host's NIC bytes over the samples its rank trained (batch × accum per step)",
+                fontsize=9)
+    samples, losses = loss_after(stats, points)
+    _grouped(d, names, [(f"after {samples} samples per rank", losses, None, None)], "training loss")
+    d.set_title("training loss (mean over ranks) after the same number of samples since the segment began",
+                fontsize=9)
+    notes = []
+    if any(v != v for v in nic):
+        notes.append("n/a: no NIC bytes per step (ranks sharing a loopback, or no two network samples between steps).")
+    if len({s.label for s in stats}) < len(stats):
+        notes.append("Segments of one job train one model in turn: a later segment starts from a lower loss.")
+    if notes:
+        plot.note(fig, " ".join(notes))
+    data = plot.save(fig, out, "accum_compress", "Accumulation and compression: time, bytes and loss")
+    return Made("accum_compress", "Accumulation and compression", data, _finding(stats, names, samples, losses))
+
+
+def _finding(stats: list[SegmentStats], names: list[str], samples: int, losses: list[float]) -> str:
+    base = next((i for i, s in enumerate(stats) if s.config.accum == 1 and s.config.compress == "none"), None)
+    if base is None or stats[base].nic_sent_mb_per_step is None:
+        text = "Against the formulas: " + "; ".join(f"{n} {s.sent_mb_per_step:.3g} MB per step" for s, n in
+                                                      zip(stats, names))
+    else:
+        ref = stats[base]
+        parts = []
+        for i, (s, n) in enumerate(zip(stats, names)):
+            if i == base or s.nic_sent_mb_per_step is None:
+                continue
+            parts.append(f"{n} {s.nic_sent_mb_per_step / ref.nic_sent_mb_per_step:.2f}× per step, "
+                         f"{nic_per_sample_kb(s) / nic_per_sample_kb(ref):.2f}× per sample, "
+                         f"{s.mean_step_s / ref.mean_step_s:.2f}× the step time")
+        text = f"Against {names[base]} (NIC bytes, counted): " + "; ".join(parts)
+    drawn = [(v, n) for v, n in zip(losses, names) if v == v]
+    if drawn:
+        text += (f". Training loss after {samples} samples per rank: "
+                 + ", ".join(f"{n} {v:.3g}" for v, n in drawn))
+    return text + "."
