@@ -108,7 +108,7 @@ def run_plan(plan: Plan, run_argv: list[str], signals, check: bool) -> int:
     for run, record in zip(plan.runs, plan.records):
         if len(plan.runs) > 1:
             print(f"ddptop lab: run {run.name} on {run.nodes} node{'s' if run.nodes > 1 else ''}", file=sys.stderr)
-        code = run_job(plan.lab, run.nodes, run_argv, record, signals)
+        code = run_job(plan.lab, run.nodes, [*run_argv, *run.flags], record, signals)
         if code or signals.pending:
             return code
     return 0
@@ -135,12 +135,11 @@ def write_report(plan: Plan) -> int:
 
 def make_plan(args, run_argv: list[str]) -> Plan:
     """Check everything before anything is built: flags, profile, recordings that must not exist yet."""
-    run_args, profile = parse_run_args(run_argv)
-    given = [f"--{name.replace('_', '-')}" for name in OWN_FLAGS if getattr(run_args, name) is not None]
-    if given:
-        raise UsageError(f"ddptop lab places the ranks itself: drop {', '.join(given)}")
+    run_args, profile = _placed(run_argv)
     settings = lab_settings(run_args.profile)
     runs = _runs(args, settings)
+    for run in (r for r in runs if r.flags):  # each run's own flags too, before anything is built
+        config_from_args(*_placed([*run_argv, *run.flags]))
     nodes = max(r.nodes for r in runs)
     link = parse_link(args.link or settings.link or "1gbit")
     cpus = _cpus(args.cpus_per_node or settings.cpus_per_node, nodes)
@@ -150,6 +149,15 @@ def make_plan(args, run_argv: list[str]) -> Plan:
     records, report = _records(args, run_args, runs, profile["name"] if profile else "lab")
     warmup = profile["warmup"] if profile and profile["sweep"] else 1
     return Plan(lab, runs, records, report, warmup)
+
+
+def _placed(run_argv: list[str]):
+    """parse_run_args, refusing the flags that say where ranks run (the lab places them)."""
+    run_args, profile = parse_run_args(run_argv)
+    given = [f"--{name.replace('_', '-')}" for name in OWN_FLAGS if getattr(run_args, name) is not None]
+    if given:
+        raise UsageError(f"ddptop lab places the ranks itself: drop {', '.join(given)}")
+    return run_args, profile
 
 
 def _runs(args, settings: LabSettings) -> tuple[Run, ...]:

@@ -6,7 +6,9 @@
     cpus_per_node = 0.5       # optional: default cores / nodes; the same for every run, so nodes stay alike
     runs = [{ name = "n1", nodes = 1 }, { name = "n2", nodes = 2 }, { name = "n4", nodes = 4 }]  # optional
 
-Without `runs`, one job on every host. Each run is a whole job (its own recording), on hosts 0..nodes−1.
+Without `runs`, one job on every host. Each run is a whole job (its own recording), on hosts 0..nodes−1. A run's
+optional `flags` (a list of words, e.g. ["--accum", "8", "--steps", "25"]) follow the command line's, so they set
+that run's configuration from a fresh model: runs that differ in more than the world size (HPML Lab 4 Q4).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 class Run:
     name: str
     nodes: int
+    flags: tuple[str, ...] = ()  # this run's own ddptop flags, after the command line's
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,8 @@ def _list(value: object, where: str) -> list:
 
 
 def _run(item: object, where: str, lab_nodes: int | None) -> Run:
-    if not isinstance(item, dict) or set(item) - {"name", "nodes"}:
-        raise UsageError(f"{where}: each run is a table with name and nodes, got {item!r}")
+    if not isinstance(item, dict) or set(item) - {"name", "nodes", "flags"}:
+        raise UsageError(f"{where}: each run is a table with name, nodes and optional flags, got {item!r}")
     name, nodes = item.get("name"), item.get("nodes")
     if not isinstance(name, str) or not RUN_NAME.match(name):
         raise UsageError(f"{where}: a run's name must be letters, digits, '.', '_' or '-', got {name!r}")
@@ -79,4 +82,7 @@ def _run(item: object, where: str, lab_nodes: int | None) -> Run:
         raise UsageError(f"{where}: run {name}: nodes must be a whole number ≥ 1, got {nodes!r}")
     if lab_nodes is not None and nodes > lab_nodes:
         raise UsageError(f"{where}: run {name} wants {nodes} nodes but the lab has {lab_nodes}")
-    return Run(name, nodes)
+    flags = item.get("flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise UsageError(f"{where}: run {name}: flags must be a list of strings like [\"--accum\", \"8\"], got {flags!r}")
+    return Run(name, nodes, tuple(flags))
