@@ -50,6 +50,8 @@ def test_the_lab_profiles_carry_their_cluster():
     assert lab_settings("cs744-lab").nodes == 4 and lab_settings("cs744-lab").link == "1gbit"
     assert lab_settings("hpml-lab4-lab").runs == (Run("1node", 1), Run("2nodes", 2), Run("4nodes", 4))
     assert lab_settings("cs744-compare").nodes is None  # a profile without [lab]: the lab's own defaults
+    q4 = lab_settings("hpml-lab4-q4").runs  # runs with their own flags: the same samples at batch 128 and 1,024
+    assert [(r.name, r.flags) for r in q4][:2] == [("b128", ()), ("b1024", ("--accum", "8"))]
 
 
 @pytest.mark.parametrize("table,words", [
@@ -59,6 +61,7 @@ def test_the_lab_profiles_carry_their_cluster():
     ("[lab]\nnodes = 2\nruns = [{ name = \"big\", nodes = 4 }]\n", "wants 4 nodes but the lab has 2"),
     ("[lab]\nruns = [{ name = \"a b\", nodes = 1 }]\n", "a run's name"),
     ("[lab]\nruns = [{ name = \"a\", nodes = 1 }, { name = \"a\", nodes = 2 }]\n", "share a name"),
+    ("[lab]\nruns = [{ name = \"a\", nodes = 1, flags = \"--accum 8\" }]\n", "flags must be a list of strings"),
 ])
 def test_malformed_lab_tables_are_usage_errors(table, words, tmp_path):
     path = tmp_path / "bad.toml"
@@ -77,3 +80,14 @@ def test_several_runs_are_recorded_into_a_folder_never_over_a_file(tmp_path, cap
     (tmp_path / "out" / "three-b.db").write_text("")
     assert main(["lab", "--profile", str(profile), "--record-dir", str(tmp_path / "out")]) == 2
     assert "three-b.db exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,words", [('["--accum", "0"]', "accum must be a whole number"),
+                                         ('["--rank", "1"]', "places the ranks itself: drop --rank"),
+                                         ('["--no-such-flag"]', "unrecognized arguments")])
+def test_a_runs_own_flags_are_checked_before_anything_is_built(flags, words, tmp_path, capsys):
+    profile = tmp_path / "runs.toml"
+    profile.write_text(f'[lab]\nnodes = 2\nruns = [{{ name = "a", nodes = 2 }}, {{ name = "b", nodes = 2, flags = {flags} }}]\n')
+    assert main(["lab", "--profile", str(profile), "--record-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
