@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ddptop.report import plot
+from ddptop.report import markdown, plot
 from ddptop.report.analysis import SegmentStats
 from ddptop.report.figures import Made
 from ddptop.report.sweeps import _grouped
@@ -91,3 +91,42 @@ def _finding(stats: list[SegmentStats], names: list[str], samples: int, losses: 
         text += (f". Training loss after {samples} samples per rank: "
                  + ", ".join(f"{n} {v:.3g}" for v, n in drawn))
     return text + "."
+
+
+def large_batch_blocks(runs: list, shown: list[list[SegmentStats]]) -> list[tuple]:
+    """HPML Lab 4 Q4: runs of one segment each that trained the same samples at different global batches (b·K·N),
+    side by side at their last epoch: training loss (mean over ranks and the epoch's steps), test accuracy (every
+    rank's shard), the gap to the smallest batch and the share of the large batch's gap a remedy closed."""
+    rows = [_large_batch_row(run, kept[0]) for run, kept in zip(runs, shown) if len(kept) == 1 and run.evals]
+    if len(rows) < 2 or len({r["batch"] for r in rows}) < 2 or len({r["samples"] for r in rows}) > 1:
+        return []
+    base = min(rows, key=lambda r: r["batch"])
+    plain = next((r for r in rows if r["batch"] > base["batch"] and r["lr"] == base["lr"] and not r["warmup"]), None)
+    table = []
+    for r in rows:
+        closed = "–"
+        if plain is not None and r is not plain and r["batch"] == plain["batch"]:
+            whole = base["accuracy"] - plain["accuracy"]
+            closed = f"{100 * (r['accuracy'] - plain['accuracy']) / whole:.0f}%" if whole > 0 else "–"
+        table.append([markdown.untrusted(r["name"]), f"{r['batch']}", f"{r['lr']:g}", f"{r['warmup'] or '–'}",
+                      f"{r['samples']}", f"{r['epoch'] + 1}", f"{r['loss']:.3f}", f"{100 * r['accuracy']:.1f}%",
+                      f"{r['loss'] - base['loss']:+.3f}", f"{100 * (r['accuracy'] - base['accuracy']):+.1f}", closed])
+    return [("h2", "Large batches (HPML Lab 4 Q4)"),
+            ("p", f"Every run trained the same {base['samples']} samples from a fresh model. At the last epoch: the "
+                  "training loss (mean over ranks and the epoch's steps), the test accuracy (every rank's shard of "
+                  f"the test set), both against the smallest global batch ({base['batch']}); *gap closed*: the "
+                  "share of the large batch's accuracy gap (same lr, no warm-up) that a remedy (the linear scaling "
+                  "rule: lr × the batch ratio; gradual warm-up: lr·(k+1)/N over the first N steps) won back."),
+            ("table", ["run", "global batch", "lr", "warm-up steps", "samples", "epoch", "training loss",
+                       "test accuracy", "loss vs smallest", "accuracy vs smallest (pp)", "gap closed"], table)]
+
+
+def _large_batch_row(run, s: SegmentStats) -> dict:
+    """One run's last epoch: its steps are the last steps_per_epoch of the run (steps at the segment's batch)."""
+    per_epoch = max(1, run.steps_per_epoch)
+    last = max(p.step for p in run.points)
+    epoch = [p.loss for p in run.points if p.step > last - per_epoch]
+    step, accuracy, _ = run.evals[-1]
+    return {"name": run.name, "batch": samples_per_step(s) * s.world_size, "lr": s.config.lr,
+            "warmup": s.config.lr_warmup_steps, "samples": (last + 1) * samples_per_step(s) * s.world_size,
+            "epoch": len(run.evals) - 1, "loss": sum(epoch) / len(epoch), "accuracy": accuracy}

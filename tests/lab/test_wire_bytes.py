@@ -3,8 +3,8 @@ bf16 → powersgd:32 → accum=4, and every host's eth0, read by this test itsel
 half the bytes per optimizer step under fp16 and bf16, what wire.powersgd_allreduce says under PowerSGD (after its
 warm-up of plain all-reduce steps), and the same bytes per step (a quarter per sample) with 4 micro-steps per step.
 
-The model is an MLP of big matrices and little compute (3072·512 + 512·512 + 512·10 weights, 7.4 MB of gradients):
-steps take about 0.1 s, and PowerSGD's rank-32 factors (0.82 MB a step on the wire, against 9.8 MB) dwarf the job's own few KB of events per step."""
+The model is examples/wide_mlp.py, big matrices and little compute (3072·512 + 512·512 + 512·10 weights, 7.4 MB of
+gradients): steps take about 0.1 s, and PowerSGD's rank-32 factors (0.82 MB a step on the wire, against 9.8 MB) dwarf the job's own few KB of events per step."""
 
 from __future__ import annotations
 
@@ -18,19 +18,13 @@ import pytest
 from ddptop.lab import netns
 from ddptop.metrics import wire
 from ddptop.train.strategies.ddp import POWERSGD_START_STEP
-from labs import LAB_REFUSED, LabProcess, inodes, leftovers
+from labs import LAB_REFUSED, REPO, LabProcess, inodes, leftovers
 
 pytestmark = pytest.mark.skipif(bool(LAB_REFUSED), reason=LAB_REFUSED or "labs work")
 N, BATCH, RANK = 3, 32, 32
 SHAPES = [(512, 3072), (512,), (512, 512), (512,), (10, 512), (10,)]
 S = 4 * sum(math.prod(shape) for shape in SHAPES)  # float32 gradient bytes: 7,364,648
-MODEL = """
-from torch import nn
-
-def mlp(num_classes=10):
-    return nn.Sequential(nn.Flatten(), nn.Linear(3072, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                         nn.Linear(512, num_classes))
-"""
+MODEL = REPO / "examples" / "wide_mlp.py"  # its gradients' shapes are SHAPES
 # PowerSGD all-reduces whole buckets for its first POWERSGD_START_STEP steps of a segment: its measured steps
 # come after them, so every segment runs that many steps plus MEASURE (one step of warm-up for the others: a
 # switch re-wraps the model, and DDP's constructor broadcasts the parameters, S bytes, in the segment's first step)
@@ -89,8 +83,7 @@ def _eth0(namespace: str) -> tuple[int, int] | None:
 @pytest.fixture(scope="module")
 def wire_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("wire")
-    (folder / "mlp.py").write_text(MODEL)
-    (folder / "wire.toml").write_text(PROFILE.format(model=f"{folder / 'mlp.py'}:mlp"))
+    (folder / "wire.toml").write_text(PROFILE.format(model=f"{MODEL}:mlp"))
     db = folder / "wire.db"
     lab = LabProcess(["--nodes", str(N), "--link", "1gbit", "--profile", str(folder / "wire.toml"), "--headless",
                       "--log-every", "20", "--record", str(db)], folder)
