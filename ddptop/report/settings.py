@@ -5,6 +5,7 @@ the segments shown differ in `accum` or `compress`: compression trades bytes for
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from ddptop.report import markdown, plot
@@ -40,9 +41,22 @@ def loss_after(stats: list[SegmentStats], points: dict[str, list]) -> tuple[int,
     return samples, losses
 
 
+def _two_lines(stats: list[SegmentStats], names: list[str]) -> list[str]:
+    """Each name as its run (the labels' common prefix left out: hpml-lab4-q4-b128 → b128) over its setting, so
+    that names of several runs fit under their bars unrotated."""
+    labels = [s.label for s in stats]
+    if len(set(labels)) < 2:
+        return names
+    common = os.path.commonprefix(labels)
+    cut = max(common.rfind("-"), common.rfind("_")) + 1  # at a word's end: hpml-lab4-q4-b128, -b1024 → b128, b1024
+    return [f"{s.label[cut:] or s.label}\n{n[len(s.label):].strip()}" if n.startswith(s.label) else n
+            for s, n in zip(stats, names)]
+
+
 def accum_compress(stats: list[SegmentStats], names: list[str], points: dict[str, list], out: Path) -> Made | None:
     if len({(s.config.accum, s.config.compress) for s in stats}) < 2:
         return None
+    names = _two_lines(stats, names)
     fig, (a, b, c, d) = plot.figure(4, 1, width=9.0, height=2.6)
     _grouped(a, names, [("step (slowest rank)", [s.mean_step_s for s in stats], [s.step_p10 for s in stats],
                          [s.step_p90 for s in stats])], "seconds per step")
@@ -63,12 +77,15 @@ def accum_compress(stats: list[SegmentStats], names: list[str], points: dict[str
     notes = []
     if any(v != v for v in nic):
         notes.append("n/a: no NIC bytes per step (ranks sharing a loopback, or no two network samples between steps).")
+    for ax in (a, b, c, d):
+        plot.categories(ax, names, rotate=max(len(line) for n in names for line in n.split("\n")) * len(names) > 70)
     if len({s.label for s in stats}) < len(stats):
         notes.append("Segments of one job train one model in turn: a later segment starts from a lower loss.")
     if notes:
         plot.note(fig, " ".join(notes))
     data = plot.save(fig, out, "accum_compress", "Accumulation and compression: time, bytes and loss")
-    return Made("accum_compress", "Accumulation and compression", data, _finding(stats, names, samples, losses))
+    flat = [n.replace("\n", " ") for n in names]
+    return Made("accum_compress", "Accumulation and compression", data, _finding(stats, flat, samples, losses))
 
 
 def _finding(stats: list[SegmentStats], names: list[str], samples: int, losses: list[float]) -> str:
