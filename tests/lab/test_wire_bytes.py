@@ -68,6 +68,11 @@ class NicWatch(threading.Thread):
         """(received, sent) by `host` at its first reading at or after wall time t."""
         return min((s for s in self.samples[host] if s[0] >= t), key=lambda s: s[0])[1:]
 
+    def within(self, host: int, start: float, end: float) -> tuple[int, int] | None:
+        """(received, sent) by `host` at its last reading between wall times start and end (None: no reading)."""
+        inside = [s for s in self.samples[host] if start <= s[0] <= end]
+        return max(inside, key=lambda s: s[0])[1:] if inside else None
+
 
 def _eth0(namespace: str) -> tuple[int, int] | None:
     for pid in netns.namespace_pids(namespace):
@@ -93,7 +98,7 @@ def wire_run(tmp_path_factory):
     watch = NicWatch(hosts)
     watch.start()
     try:
-        code = lab.wait(120)
+        code = lab.wait(300)
     finally:
         watch.done.set()
     print(lab.output)
@@ -102,28 +107,33 @@ def wire_run(tmp_path_factory):
     assert leftovers(record, held, folder) == []
 
 
-def per_step(db: sqlite3.Connection, watch: NicWatch) -> dict[str, list[tuple[float, float, int]]]:
+def per_step(db: sqlite3.Connection, watch: NicWatch) -> dict[str, list[tuple[float, float, float]]]:
     """Per configuration, each host's (sent, received) bytes per optimizer step over its measured steps, and the
-    samples per step there (the recording's steps, every rank alike).
+    samples per step there (the recording's steps, every rank alike): the kernel's counters at two step ends over
+    the steps between them.
 
-    The kernel's counters are read just after the end of the step before the first measured one and just after the
-    end of the last measured one: a step ends once its sync is done and the next one's starts after its forward
-    pass, so the link is quiet then (interpolating between the readings around a step's end instead counted part of
-    that step's all-reduce: PowerSGD's 0.82 MB steps measured up to 18% over). The segment's last step is left out:
-    the next segment's switch broadcasts the parameters right after it."""
+    A counter is read where the link is quiet: between a step's end (its sync done) and the moment the next step's
+    sync begins (its end less its optimizer and communication time, as its rank recorded them); the earliest and the
+    latest step ends with a reading there bound the count. Where no reading fell in such a gap (DDP at batch 32
+    syncs ~10 ms after a step ends, the readings are 10 ms apart), the first reading after the end is taken, which
+    can come late, into the next sync: over the 14 steps of those segments that is a few percent at most. Reading
+    between the readings around a step's end instead counted part of that step's all-reduce (PowerSGD's 0.82 MB
+    steps up to 18% over 6 steps); the first reading after it, late at a load of 20, counted 1.00 MB on one host."""
     out = {}
     for (segment,), name in zip(db.execute("SELECT segment FROM segments ORDER BY segment"), CONFIGS):
         first = POWERSGD_START_STEP if name.startswith("powersgd") else 1
         out[name] = []
         for host in range(N):
-            rows = db.execute("SELECT t, batch_size FROM steps WHERE segment = ? AND rank = ? ORDER BY step",
-                              (segment, host)).fetchall()
+            rows = db.execute("SELECT t, batch_size, opt_s + comm_s FROM steps WHERE segment = ? AND rank = ? "
+                              "ORDER BY step", (segment, host)).fetchall()
             assert len(rows) == STEPS, (name, host, len(rows))
-            last = len(rows) - 2
-            (rx0, tx0), (rx1, tx1) = watch.after(host, rows[first - 1][0]), watch.after(host, rows[last][0])
-            steps = last - first + 1
-            samples = sum(n for _, n in rows[first:last + 1]) * N / steps
-            out[name].append(((tx1 - tx0) / steps, (rx1 - rx0) / steps, samples))
+            ends = range(first - 1, len(rows) - 1)  # a measured step's start: the end of the step before it
+            quiet = [k for k in ends if watch.within(host, rows[k][0], rows[k + 1][0] - rows[k + 1][2])]
+            k0, k1 = (quiet[0], quiet[-1]) if len(quiet) > 1 and quiet[-1] - quiet[0] >= 3 else (ends[0], ends[-1])
+            (rx0, tx0), (rx1, tx1) = (watch.within(host, rows[k][0], rows[k + 1][0] - rows[k + 1][2])
+                                      or watch.after(host, rows[k][0]) for k in (k0, k1))
+            samples = sum(n for _, n, _ in rows[k0 + 1:k1 + 1]) * N / (k1 - k0)  # every rank trains the same
+            out[name].append(((tx1 - tx0) / (k1 - k0), (rx1 - rx0) / (k1 - k0), samples))
     print({k: [(round(s / 1e6, 3), round(r / 1e6, 3), n) for s, r, n in v] for k, v in out.items()},
           "MB sent, received and samples per step")
     return out
