@@ -112,7 +112,7 @@ def run_plan(plan: Plan, run_argv: list[str], signals, check: bool) -> int:
     for i, (run, record) in enumerate(zip(plan.runs, plan.records)):
         if len(plan.runs) > 1:
             print(f"ddptop lab: run {run.name} on {run.nodes} node{'s' if run.nodes > 1 else ''}", file=sys.stderr)
-        code = run_job(plan.lab, run.nodes, [*run.argv(), *run_argv], record, signals)
+        code = run_job(plan.lab, run.nodes, [*run.argv(), *run_argv, *run.flags], record, signals)
         signals.stopped = signals.stopped or bool(signals.pending) or stopped_by_user(plan.lab)
         if code or signals.stopped:
             left = signals.skipped = [r.name for r in plan.runs[i + 1:]]
@@ -144,10 +144,7 @@ def write_report(plan: Plan) -> int:
 
 def make_plan(args, run_argv: list[str]) -> Plan:
     """Check everything before anything is built: flags, profile, recordings that must not exist yet."""
-    run_args, profile = parse_run_args(run_argv)
-    given = [f"--{name.replace('_', '-')}" for name in OWN_FLAGS if getattr(run_args, name) is not None]
-    if given:
-        raise UsageError(f"ddptop lab places the ranks itself: drop {', '.join(given)}")
+    run_args, profile = _placed(run_argv)
     settings = lab_settings(run_args.profile)
     runs = _runs(args, settings)
     nodes = max(r.nodes for r in runs)
@@ -165,12 +162,21 @@ def make_plan(args, run_argv: list[str]) -> Plan:
 def _run_config(run: Run, run_argv: list[str]):
     """The configuration one run of the plan starts with: its own model and dataset before the typed flags."""
     try:
-        run_args, profile = parse_run_args([*run.argv(), *run_argv])
+        run_args, profile = _placed([*run.argv(), *run_argv, *run.flags])
         return config_from_args(run_args, profile)
     except UsageError as exc:
-        if not run.argv():
+        if not run.argv() and not run.flags:
             raise
         raise UsageError(f"run {run.name}: {exc}") from None
+
+
+def _placed(run_argv: list[str]):
+    """parse_run_args, refusing the flags that say where ranks run (the lab places them)."""
+    run_args, profile = parse_run_args(run_argv)
+    given = [f"--{name.replace('_', '-')}" for name in OWN_FLAGS if getattr(run_args, name) is not None]
+    if given:
+        raise UsageError(f"ddptop lab places the ranks itself: drop {', '.join(given)}")
+    return run_args, profile
 
 
 def _runs(args, settings: LabSettings) -> tuple[Run, ...]:

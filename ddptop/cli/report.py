@@ -105,7 +105,7 @@ def cmd_report(argv: Sequence[str]) -> int:
 
 
 def write(runs, shown, left_out, out: Path):
-    from ddptop.report import bucket_models, figures, html, markdown, page, reference, sweeps, timeseries, versus
+    from ddptop.report import bucket_models, figures, html, markdown, page, reference, settings, sweeps, timeseries, versus
     from ddptop.report.analysis import scaling
     from ddptop.report.labels import common, short_names
 
@@ -117,6 +117,8 @@ def write(runs, shown, left_out, out: Path):
             figures.bytes_per_step(stats, names, out, subtitle), figures.cpu_memory(stats, names, out, subtitle)]
     made += [m for m in (sweeps.bucket_size(stats, out), sweeps.batch_size(stats, out), sweeps.sync_async(stats, out))
              if m is not None]
+    tradeoff = settings.accum_compress(stats, names, {run.label: run.points for run in runs}, out)
+    made += [tradeoff] if tradeoff is not None else []
     if several:  # one recording per model (a run has one model): the lecture's latency vs bucket size per model
         per_model = bucket_models.figure(stats, {r.label: r.model for r in runs}, bucket_models.setup(runs), out)
         made[:0] = [per_model] if per_model is not None else []  # first: the figure such a report is made for

@@ -9,7 +9,9 @@
 
 Without `runs`, one job on every host. Each run is a whole job (its own recording), on hosts 0..nodes−1; a run
 may name its own model and dataset (a run has one model: a profile that compares models makes one run each),
-which take the place of [run]'s, as if typed (a flag typed on the command line still wins).
+which take the place of [run]'s, as if typed (a flag typed on the command line still wins). A run's optional
+`flags` (a list of words, e.g. ["--accum", "8", "--steps", "25"]) follow the command line's, so they set
+that run's configuration from a fresh model: runs that differ in more than the world size (HPML Lab 4 Q4).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ class Run:
     nodes: int
     model: str | None = None
     dataset: str | None = None
+    flags: tuple[str, ...] = ()  # this run's own ddptop flags, after the command line's
 
     def argv(self) -> list[str]:
-        """The run's own flags, put before the typed ones (so that those still win)."""
+        """The run's own model and dataset, put before the typed flags (so that those still win)."""
         return [w for key in RUN_FLAGS if getattr(self, key) is not None for w in (f"--{key}", getattr(self, key))]
 
 
@@ -82,9 +85,9 @@ def _list(value: object, where: str) -> list:
 
 
 def _run(item: object, where: str, lab_nodes: int | None) -> Run:
-    if not isinstance(item, dict) or set(item) - {"name", "nodes", *RUN_FLAGS}:
+    if not isinstance(item, dict) or set(item) - {"name", "nodes", "flags", *RUN_FLAGS}:
         raise UsageError(f"{where}: each run is a table with name and nodes (and optionally "
-                         f"{', '.join(RUN_FLAGS)}), got {item!r}")
+                         f"{', '.join(RUN_FLAGS)}, flags), got {item!r}")
     name, nodes = item.get("name"), item.get("nodes")
     if not isinstance(name, str) or not RUN_NAME.match(name):
         raise UsageError(f"{where}: a run's name must be letters, digits, '.', '_' or '-', got {name!r}")
@@ -96,4 +99,7 @@ def _run(item: object, where: str, lab_nodes: int | None) -> Run:
     for key, value in own.items():  # the name itself (built-in or spec) is checked with the run's flags
         if not isinstance(value, str) or not value.strip() or value.startswith("-"):
             raise UsageError(f"{where}: run {name}: {key} must be a built-in name or a spec (text), got {value!r}")
-    return Run(name, nodes, **own)
+    flags = item.get("flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise UsageError(f"{where}: run {name}: flags must be a list of strings like [\"--accum\", \"8\"], got {flags!r}")
+    return Run(name, nodes, **own, flags=tuple(flags))

@@ -8,7 +8,7 @@ from pathlib import Path
 from ddptop import metrics
 from ddptop.metrics import stragglers
 from ddptop.record import whatif
-from ddptop.report import handin, hints, markdown, reference
+from ddptop.report import handin, hints, markdown, reference, settings
 from ddptop.report.analysis import Scaling, SegmentStats
 from ddptop.report.runs import RunData
 
@@ -90,6 +90,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
                          "the board's total, and the mean of the volatile GPU-util readings.")]
     if scaling_rows:
         blocks += hpml_tables(runs, stats, scaling_rows)
+    blocks += settings.large_batch_blocks(runs, shown)
     for c in compared or []:
         blocks += [("h2", "Beside the published figures" + (f": {markdown.untrusted(c.run)}" if several else "")),
                    ("p", "The figures the run's profile reproduces, from the sources below, beside this run's: "

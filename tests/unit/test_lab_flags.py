@@ -51,6 +51,8 @@ def test_the_lab_profiles_carry_their_cluster():
     assert lab_settings("hpml-lab4-lab").runs == (Run("1node", 1), Run("2nodes", 2), Run("4nodes", 4))
     assert lab_settings("cs744-compare").nodes is None  # a profile without [lab]: the lab's own defaults
     assert lab_settings("lecture-buckets-lab").runs == (Run("resnet50", 2, "resnet50"), Run("bert-mini", 2, "bert-mini"))
+    q4 = lab_settings("hpml-lab4-q4").runs  # runs with their own flags: the same samples at batch 128 and 1,024
+    assert [(r.name, r.flags) for r in q4][:2] == [("b128", ()), ("b1024", ("--accum", "8"))]
 
 
 def test_a_run_trains_its_own_model_unless_a_flag_is_typed():
@@ -73,7 +75,7 @@ def test_a_run_trains_its_own_model_unless_a_flag_is_typed():
     ('{ name = "a", nodes = 1, dataset = "" }', "run a: dataset must be a built-in name or a spec"),
     ('{ name = "a", nodes = 1, model = "--lr" }', "run a: model must be a built-in name or a spec"),
     ('{ name = "a", nodes = 1, dataset = "imagenet" }', "run a: unknown dataset 'imagenet'"),
-    ('{ name = "a", nodes = 1, batch_size = 8 }', "(and optionally model, dataset)"),
+    ('{ name = "a", nodes = 1, batch_size = 8 }', "(and optionally model, dataset, flags)"),
 ])
 def test_a_bad_model_or_dataset_in_a_run_is_one_line_and_exit_2_before_anything_is_built(run, words, tmp_path,
                                                                                            capsys):
@@ -91,6 +93,7 @@ def test_a_bad_model_or_dataset_in_a_run_is_one_line_and_exit_2_before_anything_
     ("[lab]\nnodes = 2\nruns = [{ name = \"big\", nodes = 4 }]\n", "wants 4 nodes but the lab has 2"),
     ("[lab]\nruns = [{ name = \"a b\", nodes = 1 }]\n", "a run's name"),
     ("[lab]\nruns = [{ name = \"a\", nodes = 1 }, { name = \"a\", nodes = 2 }]\n", "share a name"),
+    ("[lab]\nruns = [{ name = \"a\", nodes = 1, flags = \"--accum 8\" }]\n", "flags must be a list of strings"),
 ])
 def test_malformed_lab_tables_are_usage_errors(table, words, tmp_path):
     path = tmp_path / "bad.toml"
@@ -109,3 +112,14 @@ def test_several_runs_are_recorded_into_a_folder_never_over_a_file(tmp_path, cap
     (tmp_path / "out" / "three-b.db").write_text("")
     assert main(["lab", "--profile", str(profile), "--record-dir", str(tmp_path / "out")]) == 2
     assert "three-b.db exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,words", [('["--accum", "0"]', "accum must be a whole number"),
+                                         ('["--rank", "1"]', "places the ranks itself: drop --rank"),
+                                         ('["--no-such-flag"]', "unrecognized arguments")])
+def test_a_runs_own_flags_are_checked_before_anything_is_built(flags, words, tmp_path, capsys):
+    profile = tmp_path / "runs.toml"
+    profile.write_text(f'[lab]\nnodes = 2\nruns = [{{ name = "a", nodes = 2 }}, {{ name = "b", nodes = 2, flags = {flags} }}]\n')
+    assert main(["lab", "--profile", str(profile), "--record-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
