@@ -4,6 +4,8 @@ Strings in events, recordings and store values can come from anyone who reaches 
 over a file. Printed raw, `\\x1b]0;...` retitles the terminal, `\\x1b[2J` clears it and bidi overrides make a
 line read differently from what it holds. Every such character is shown escaped (`\\x1b`) instead; text is
 decoded once (events.event_from_dict, the recording's meta) and every printer cleans its lines again.
+
+Also `read_text`: a kernel file (a cgroup's limits, /proc) read whole, where it may be missing or unreadable.
 """
 
 from __future__ import annotations
@@ -47,3 +49,13 @@ def clean_value(value: Any, depth: int = 0) -> Any:
     if isinstance(value, tuple):
         return tuple(clean_value(v, depth + 1) for v in value)
     return value
+
+
+def read_text(path: str) -> str:
+    """The file's text, or "" when it cannot be read (no such cgroup controller, a process gone, no permission):
+    the one rule for the system sampler's and the lab's cgroup and /proc files."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""

@@ -79,3 +79,25 @@ def killed_if_left(proc: subprocess.Popen):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+@contextlib.contextmanager
+def torchrun(args: list[str], env: dict, cwd=None, ranks: int = 2):
+    """`torchrun --nproc-per-node RANKS ARGS` as README writes it, output piped. Whatever happens in the block, its
+    process group is killed: torchrun's ranks outlive a killed torchrun."""
+    import os
+    import signal
+    import sys
+
+    from ddptop.control.store import free_port
+
+    launcher = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    job = subprocess.Popen([launcher, "--nnodes", "1", "--nproc-per-node", str(ranks), "--master-port",
+                            str(free_port()), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=env, cwd=cwd, start_new_session=True)
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()

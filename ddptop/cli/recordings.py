@@ -53,8 +53,9 @@ def cmd_info(argv: Sequence[str]) -> int:
     from ddptop.record.info import render, summary
 
     with reading(args.file) as rec:
-        s = summary(rec)
-        found = _hints(rec)
+        table = rec.segment_figures()  # one pass over the steps: the tables' and the hints' predictions
+        s = summary(rec, table)
+        found = _hints(rec, table)
         s["hints"] = [{"segment": seg, **dataclasses.asdict(h)} for seg, h in found]
         text = json.dumps(s, indent=2, default=str) if args.json else "\n".join(
             [render(s), *(["hints"] if found else []),
@@ -63,13 +64,13 @@ def cmd_info(argv: Sequence[str]) -> int:
     return 0
 
 
-def _hints(rec: Recording) -> list:
+def _hints(rec: Recording, table: list) -> list:
     """(segment, hint) for every hint the recording's segments show (ddptop.metrics.hints; README's Hints)."""
     from ddptop.errors import DdptopError
     from ddptop.report.hints import for_recording
 
     try:
-        return [(s.index, h) for s, found in for_recording(rec) for h in found]
+        return [(s.index, h) for s, found in for_recording(rec, table) for h in found]
     except (DdptopError, *DAMAGE):
         if os.environ.get("DDPTOP_DEBUG"):
             raise

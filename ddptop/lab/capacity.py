@@ -13,6 +13,7 @@ import os
 import psutil
 
 from ddptop.errors import UsageError
+from ddptop.safe import read_text
 
 MIN_CPU_PER_NODE = 0.25  # below this ranks spend minutes starting and miss their heartbeats: 20 resnet18 hosts at
 # 0.1 CPU on 2 cores went silent for 120 s at step 0 and trained no step in 5 min; 4 hosts at 0.5 train (README)
@@ -58,21 +59,14 @@ def available_mib() -> float:
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):  # v1
             base = os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"))
-            stat = dict(row.split() for row in _read(os.path.join(base, "memory.stat")).splitlines() if " " in row)
-            limit, used = stat.get("hierarchical_memory_limit"), _read(os.path.join(base, "memory.usage_in_bytes"))
+            rows = read_text(os.path.join(base, "memory.stat")).splitlines()
+            stat = dict(row.split() for row in rows if " " in row)
+            limit, used = stat.get("hierarchical_memory_limit"), read_text(os.path.join(base, "memory.usage_in_bytes"))
         elif controllers == "":  # v2 (in a v1 machine's hybrid layout its memory.max, if any, is never set)
             base = os.path.join("/sys/fs/cgroup", path.lstrip("/"))
-            limit, used = _read(os.path.join(base, "memory.max")), _read(os.path.join(base, "memory.current"))
+            limit, used = (read_text(os.path.join(base, name)) for name in ("memory.max", "memory.current"))
         else:
             continue
         if limit and limit.strip().isdigit() and used.strip().isdigit():
             free = min(free, max(0, int(limit) - int(used)))
     return free / 2**20
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""

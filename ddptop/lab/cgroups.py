@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from ddptop.errors import LabUnavailable
+from ddptop.safe import read_text
 
 # quota C cores = C × 10 ms of CPU every 10 ms. The kernel's default 100 ms lets a half-core host run flat out for
 # 50 ms and then stop for 50 ms, and every collective waits for a stopped peer; 10 ms makes it behave more like a
@@ -75,22 +76,14 @@ def find_controller() -> CpuController | str:
     """The CPU controller (v2 when it has `cpu`, else v1's cpu hierarchy), or the reason there is none."""
     mounts = _mounts()
     for point, kind, _ in mounts:
-        if kind == "cgroup2" and "cpu" in _read(os.path.join(point, "cgroup.controllers")).split():
-            if "cpu" not in _read(os.path.join(point, "cgroup.subtree_control")).split():
+        if kind == "cgroup2" and "cpu" in read_text(os.path.join(point, "cgroup.controllers")).split():
+            if "cpu" not in read_text(os.path.join(point, "cgroup.subtree_control")).split():
                 return f"the cgroup v2 cpu controller is not enabled for child cgroups of {point}"
             return CpuController(2, point)
     for point, kind, options in mounts:
         if kind == "cgroup" and "cpu" in options:
             return CpuController(1, point)
     return "no cgroup CPU controller is mounted (cgroup v1 `cpu` or v2 with `cpu` in cgroup.controllers)"
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def add_process(path: str, pid: int) -> bool:
@@ -103,7 +96,7 @@ def add_process(path: str, pid: int) -> bool:
 
 
 def pids(path: str) -> list[int]:
-    return [int(p) for p in _read(os.path.join(path, "cgroup.procs")).split() if p.isdigit()]
+    return [int(p) for p in read_text(os.path.join(path, "cgroup.procs")).split() if p.isdigit()]
 
 
 def remove(path: str, wait_s: float = 5.0) -> bool:

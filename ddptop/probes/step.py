@@ -99,10 +99,11 @@ class StepProbe:
         began = now()
         mark = self.clock.now()
         host = self._host(mark)
+        self.own.add(host - began)  # before the reading: the previous step's tail (see `mark`)
         self._close(mark, host)
         self.comm.take()  # drop anything left from an aborted step
         self._cur = _Step(t0=mark, wall_t0=self.wall(), host_t0=host)
-        self.own.since(began)
+        self.own.since(host)
 
     def aside(self, seconds: float) -> None:
         """Time inside the step's interval that belongs to no step (a pause, a switch, a test pass)."""
@@ -122,16 +123,21 @@ class StepProbe:
         self.mark("ready")
 
     def mark(self, phase: str) -> None:
+        """The end of `phase`. ddptop's cost here is split at the reading: before it `phase`'s, after it the next
+        phase's. An own second must lie inside the phase it is taken out of, or it counts twice: charged whole to
+        the next phase, the part before the reading also stayed in `phase`'s part (bwd, opt) or in the step's tail,
+        and a thread switch there (another thread took the GIL: up to 5 ms) put the parts over the step."""
         if not self.detail and phase != "ready":
             return
         began = now()
         cur = self._cur
         cur.marks[phase] = mark = self.clock.now()
-        cur.host[phase] = self._host(mark)
+        cur.host[phase] = host = self._host(mark)
+        self.own.add(host - began)
         cur.own[phase] = self.own.take()
+        self.own.since(host)
         if phase == "data" and cur.sampled and self.layers is not None:
             self.layers.attach()  # after the batch arrived: a step that never starts leaves no hooks behind
-        self.own.since(began)
 
     def mark_through(self, phase: str) -> None:
         """Mark `phase` and every phase before it not marked yet, in order: the user's own loop (ddptop/api.py)
@@ -153,10 +159,10 @@ class StepProbe:
 
     def finish(self, loss: Any, epoch: int, batch_size: int) -> None:
         """The step's training work is done; it ends at the next boundary (or `close`)."""
-        began = now()
         cur = self._cur
         if cur.sampled and self.layers is not None:
-            cur.layers = self.layers.detach()
+            cur.layers = self.layers.detach()  # counts its own cost: inside `began` below it counted twice
+        began = now()
         cur.comm = self.comm.take()
         cur.loss = self.clock.hold(loss)  # read on the publisher's thread: the training thread never syncs
         cur.epoch, cur.batch_size, cur.finished = epoch, batch_size, True

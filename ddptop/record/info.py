@@ -21,7 +21,9 @@ def check_integrity(rec: Recording) -> None:
         raise damaged(rec.path, ValueError(str(rows[0][0]) if rows else "integrity check returned nothing"))
 
 
-def summary(rec: Recording) -> dict[str, Any]:
+def summary(rec: Recording, table: list | None = None) -> dict[str, Any]:
+    """What `ddptop info` says of a recording. `table`: rec.segment_figures() where the caller has it (one pass
+    over the steps: info shares it with the hints' what-if predictions)."""
     config = rec.config
     model = _dict(rec.meta.get("model"))
     ranks = rec.meta.get("ranks") if isinstance(rec.meta.get("ranks"), dict) else {}
@@ -42,7 +44,7 @@ def summary(rec: Recording) -> dict[str, Any]:
         "versions": _dict(rec.meta.get("versions")), "created": rec.meta.get("created"), "start": rec.start,
         "duration_s": rec.duration, "first_step": rec.first_step, "last_step": rec.last_step,
         "counts": {table: rec.count(table) for table in ("steps", "spans", "system", "events")},
-        "segments": segment_stats(rec), "switches": max(0, len(rec.segments()) - 1),
+        "segments": segment_stats(rec, table), "switches": max(0, len(rec.segments()) - 1),
         "ranks_lost": kinds.get("rank_lost", 0), "ranks_back": kinds.get("rank_back", 0),
         "errors": [_error_text(e) for e in errors],
         "finished": _finished([e for e in notable if isinstance(e, RunFinished)]),
@@ -163,9 +165,9 @@ def _error_text(e) -> str:
     return f"rank {e.rank}: {e.reason}" if isinstance(e, RunFinished) else f"rank {e.rank}: {e.message}"
 
 
-def segment_stats(rec: Recording) -> list[dict[str, Any]]:
+def segment_stats(rec: Recording, table: list | None = None) -> list[dict[str, Any]]:
     """Per segment: the recording's switch (step, time, config, DDP buckets) and its figures (ddptop.metrics)."""
-    figures = {row["segment"]: row for row in table_rows(rec.segment_figures())}
+    figures = {row["segment"]: row for row in table_rows(rec.segment_figures() if table is None else table)}
     out = []
     for seg in rec.segments():
         row = figures.get(seg["index"], {})

@@ -22,9 +22,9 @@ def link_rate(link: dict) -> tuple[float | None, str]:
     return bits / 8, f"the lab's link, {bits / 1e6:g} Mbit/s"
 
 
-def for_recording(rec) -> list[tuple[SegmentStats, list[rules.Hint]]]:
+def for_recording(rec, table: list | None = None) -> list[tuple[SegmentStats, list[rules.Hint]]]:
     """Every segment's hints for `ddptop info`: the report's statistics of an open Recording, without the rest of
-    a report (figures, time series, the file's checksum)."""
+    a report (figures, time series, the file's checksum). `table`: rec.segment_figures() where the caller has it."""
     events = list(rec.events(tables=("events", "system")))
     meta = rec.meta
     buckets = meta.get("ddp_buckets") if isinstance(meta.get("ddp_buckets"), dict) else {}
@@ -34,7 +34,7 @@ def for_recording(rec) -> list[tuple[SegmentStats, list[rules.Hint]]]:
     run = RunData(path=rec.path, label="", sha256="", size_bytes=0, model="", dataset="", world_size=0, warmup=0,
                   start=0.0, duration=0.0, segments=stats, points=[], samples=[], evals=[], provenance={},
                   param_bytes=started.param_bytes if started else 0, layers=started.layers if started else (),
-                  link=meta.get("link") if isinstance(meta.get("link"), dict) else {}, predicted=whatif.bests(rec))
+                  link=meta.get("link") if isinstance(meta.get("link"), dict) else {}, predicted=whatif.bests(rec, table))
     return of_run(run, stats)
 
 

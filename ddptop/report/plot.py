@@ -131,9 +131,9 @@ def save(fig, out: Path, name: str, title: str) -> dict[str, Any]:
     fig.suptitle(title, fontsize=12, fontweight="bold")
     with plt.rc_context(STYLE):
         fig.tight_layout(rect=(0, 0.03, 1, 1))
-        data = readback(fig)
         # the tight box once (legends outside included), not once per format: drawing is most of a report's time
         box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)
+        data = readback(fig)  # after the tight box: it places the axis labels where the layout left the axes
         for fmt in FORMATS:
             fig.savefig(out / f"{name}.{fmt}", dpi=DPI, bbox_inches=box, metadata=_metadata(fmt))
     plt.close(fig)

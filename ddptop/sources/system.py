@@ -13,6 +13,7 @@ import psutil
 
 from ddptop.errors import UsageError
 from ddptop.events import LINK_BY, NIC_BY, NicStat, lab_cpus, link_bits
+from ddptop.safe import read_text
 
 # psutil's snetio fields, in the order NicStat wants them.
 _FIELDS = ("bytes_recv", "bytes_sent", "packets_recv", "packets_sent", "errin", "errout", "dropin", "dropout")
@@ -182,7 +183,7 @@ def quota_cgroup(proc: str = "/proc") -> QuotaCgroup | None:
     folder = root + path if root else ""
     members = lambda: _members_cpu_s(proc, line)  # noqa: E731
     if version == 2 and folder:
-        limit = _text(f"{folder}/cpu.max").split()
+        limit = read_text(f"{folder}/cpu.max").split()
         if len(limit) != 2 or limit[0] == "max":
             return None
         usage = lambda: float(_stat(f"{folder}/cpu.stat").get("usage_usec", "nan")) / 1e6  # noqa: E731
@@ -200,7 +201,7 @@ def quota_cgroup(proc: str = "/proc") -> QuotaCgroup | None:
 def _own_cgroup(cgroup_file: str) -> tuple[int, str] | None:
     """(1, path) of v1's cpu controller, else (2, path) of the v2 tree; None in the root cgroup."""
     found = None
-    for entry in _text(cgroup_file).splitlines():
+    for entry in read_text(cgroup_file).splitlines():
         _, controllers, path = entry.split(":", 2)
         if "cpu" in controllers.split(","):
             found = (1, path)
@@ -210,7 +211,7 @@ def _own_cgroup(cgroup_file: str) -> tuple[int, str] | None:
 
 
 def _mount(proc: str, version: int) -> str:
-    for entry in _text(f"{proc}/self/mounts").splitlines():
+    for entry in read_text(f"{proc}/self/mounts").splitlines():
         parts = entry.split()
         if len(parts) >= 4 and (parts[2] == "cgroup2" if version == 2 else
                                 parts[2] == "cgroup" and "cpu" in parts[3].split(",")):
@@ -233,20 +234,13 @@ def _members_cpu_s(proc: str, line: tuple[int, str]) -> float:
 
 
 def _stat(path: str) -> dict[str, str]:
-    return dict(entry.split() for entry in _text(path).splitlines() if len(entry.split()) == 2)
+    return dict(entry.split() for entry in read_text(path).splitlines() if len(entry.split()) == 2)
 
-
-def _text(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def _number(path: str) -> float | None:
     try:
-        return float(_text(path).strip())
+        return float(read_text(path).strip())
     except ValueError:
         return None
 

@@ -4,43 +4,21 @@ bad input as one line with README's exit code. In this process (cli.main): no ra
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import sqlite3
 import statistics
 from pathlib import Path
 
 import pytest
 
-from ddptop import cli
+from in_process import cli_json, run_cli, slowest_rank_means
 
 REC = Path(__file__).resolve().parents[2] / "recordings"
 KEYS = ["strategy", "bucket_mb", "async_op", "world_size", "link", "step_s", "exposed_comm_s", "overlap",
         "measured_step_s", "segment"]
 
 
-def main(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(argv))
-    return code, out.getvalue(), err.getvalue()
-
-
 def advise(*argv: str) -> dict:
-    code, out, err = main("advise", *argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
-
-
-def measured(db: Path, warmup: int) -> dict[int, float]:
-    """Each segment's slowest rank's mean step time: its warm-up and sampled steps left out (SQL, not ddptop)."""
-    with sqlite3.connect(db) as con:
-        return dict(con.execute("""
-            SELECT segment, max(mean) FROM (
-              SELECT s.segment, s.rank, avg(s.iter_s) AS mean FROM steps s JOIN segments g ON g.segment = s.segment
-              WHERE s.sampled = 0 AND s.step >= g.step + ? GROUP BY s.segment, s.rank)
-            GROUP BY segment""", (warmup,)).fetchall())
+    return cli_json("advise", *argv, "--json")
 
 
 def errors(advice: dict, truth: dict[int, float]) -> dict[int, float]:
@@ -56,7 +34,7 @@ def errors(advice: dict, truth: dict[int, float]) -> dict[int, float]:
 def test_the_json_is_issue_23s_shape_with_measured_steps_from_sql():
     advice = advise(str(REC / "cs744-lab.db"))
     assert sorted(advice) == ["from_segment", "predictions"] and advice["from_segment"] == 3  # the first DDP one
-    truth = measured(REC / "cs744-lab.db", warmup=2)
+    truth = slowest_rank_means(REC / "cs744-lab.db", warmup=2)
     rows = advice["predictions"]
     assert all(list(r) == KEYS for r in rows)
     assert {(r["strategy"], r["bucket_mb"], r["async_op"]) for r in rows} >= {
@@ -76,7 +54,7 @@ def test_the_json_is_issue_23s_shape_with_measured_steps_from_sql():
 ])
 def test_predictions_from_one_ddp_segment_are_within_the_issues_bounds(name, segment, warmup):
     advice = advise(str(REC / name), "--segment", str(segment))
-    found = errors(advice, measured(REC / name, warmup))
+    found = errors(advice, slowest_rank_means(REC / name, warmup))
     print(name, {s: f"{100 * e:+.1f}%" for s, e in sorted(found.items())})
     assert len(found) >= 2
     assert statistics.median(abs(e) for e in found.values()) <= 0.10, found
@@ -88,7 +66,7 @@ def test_weak_scaling_from_4_hosts_predicts_2_hosts():
     four = advise(str(REC / "hpml-lab4-lab" / "hpml-lab4-lab-4nodes.db"), "--segment", "2", "--world-sizes", "2")
     row = next(r for r in four["predictions"] if r["strategy"] == "ddp" and r["bucket_mb"] == 25.0)
     assert row["world_size"] == 2 and row["segment"] is None  # another world size: nothing measured in this file
-    two = measured(REC / "hpml-lab4-lab" / "hpml-lab4-lab-2nodes.db", warmup=1)[2]
+    two = slowest_rank_means(REC / "hpml-lab4-lab" / "hpml-lab4-lab-2nodes.db", warmup=1)[2]
     assert row["step_s"] == pytest.approx(two, rel=0.10)
 
 
@@ -101,14 +79,14 @@ def test_weak_scaling_from_4_hosts_predicts_2_hosts():
     (["--segment", "0"], 2, "segment 0 has no sampled collectives"),  # single: nothing to fit the link on
 ])
 def test_bad_flags_are_one_line_and_exit_2(argv, code, words):
-    got, out, err = main("advise", str(REC / "cs744-lab.db"), *argv)
+    got, out, err = run_cli("advise", str(REC / "cs744-lab.db"), *argv)
     assert (got, out) == (code, "") and len(err.strip().splitlines()) == 1 and words in err, err
 
 
 def test_a_file_that_is_not_a_recording_is_one_line_and_exit_6(tmp_path):
     bad = tmp_path / "bad.db"
     bad.write_text("not sqlite")
-    got, out, err = main("advise", str(bad))
+    got, out, err = run_cli("advise", str(bad))
     assert (got, out) == (6, "") and len(err.strip().splitlines()) == 1, err
 
 
@@ -117,5 +95,5 @@ def test_a_recording_without_its_run_started_event_is_one_line_and_exit_6(tmp_pa
     copy.write_bytes((REC / "whatif-lab.db").read_bytes())
     with sqlite3.connect(copy) as con:
         con.execute("DELETE FROM events WHERE kind = 'run_started'")
-    got, out, err = main("advise", str(copy))
+    got, out, err = run_cli("advise", str(copy))
     assert (got, out) == (6, "") and len(err.strip().splitlines()) == 1 and "no parameter layout" in err, err

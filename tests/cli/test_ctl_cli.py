@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
+from jobs import torchrun
 from test_run_cli import DDPTOP, TINY, assert_one_line_error
 
 
@@ -205,16 +204,10 @@ def test_a_sweep_reports_segment_0_everywhere_and_refuses_set(tmp_path):
 def test_a_torchrun_job_records_every_rank_and_ctl_and_attach_find_it(tmp_path):
     """README's torchrun line, run by torchrun itself: ranks found by torchrun, rank 0's collector records every
     rank's steps (counted with SQL), and `ctl status` / `attach` find the job from its job file; `ctl stop` ends it."""
-    from ddptop.control.store import free_port
-
     env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}
     record = tmp_path / "torchrun.db"
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    job = subprocess.Popen([torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                            "-m", "ddptop", "--steps", "100000", "--log-every", "1000", "--record", str(record),
-                            *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                           start_new_session=True)  # torchrun's ranks outlive a killed torchrun: kill the group
-    try:
+    with torchrun(["-m", "ddptop", "--steps", "100000", "--log-every", "1000", "--record", str(record), *TINY],
+                  env) as job:
         status = wait_for_status(env, deadline_s=90)
         assert "running" in status and "ddp bucket=25MB batch=16" in status, status
         watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "20"], stdout=subprocess.PIPE,
@@ -228,10 +221,6 @@ def test_a_torchrun_job_records_every_rank_and_ctl_and_attach_find_it(tmp_path):
         assert sum(line.startswith("step ") for line in lines) >= 2, lines
         assert ctl("stop", env=env).returncode == 0
         out, err = job.communicate(timeout=90)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
     assert job.returncode == 0, err
     assert "ranks found by torchrun" in err and "(stopped)" in out, (out, err)
     import sqlite3

@@ -9,13 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
 
 import torch
 
+from jobs import torchrun
 from test_ctl_cli import ctl, wait_for_status
 from test_run_cli import assert_one_line_error
 
@@ -69,17 +69,11 @@ SWITCHES = ["single", "gather-scatter", "ddp"]
 
 
 def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by_step(tmp_path):
-    from ddptop.control.store import free_port
-
     env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}
     (tmp_path / "train.py").write_text(SCRIPT)
     record = tmp_path / "own.db"
-    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port",
-                            str(free_port()), str(tmp_path / "train.py"), str(tmp_path), str(record)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-                           start_new_session=True)  # torchrun's ranks outlive a killed torchrun: kill the group
     applied = []
-    try:
+    with torchrun([str(tmp_path / "train.py"), str(tmp_path), str(record)], env, cwd=tmp_path) as job:
         assert "allreduce batch=16" in wait_for_status(env, deadline_s=90)
         for strategy in SWITCHES:
             result = ctl("set", f"strategy={strategy}", env=env)
@@ -90,10 +84,6 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
         assert_one_line_error(ctl("set", "lr=0.5", env=env), 1, "lr belongs to this loop's own")
         assert ctl("stop", env=env).returncode == 0
         out, err = job.communicate(timeout=90)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
     assert job.returncode == 0 and "Traceback" not in err, err
     assert "training own:Sequential (" in out and "(stopped)" in out, out  # rank 0's headless lines
     # rank 0 entered a step after the stop: one line (not lost in torch's "[rank0]:" wrapping of stderr), exit 0

@@ -186,3 +186,31 @@ def test_loader_workers_feed_a_rank():
     result = ddptop("--local", "1", "--steps", "3", "--workers", "2", "--strategy", "single", *TINY)
     assert result.returncode == 0, result.stderr
     assert "finished: 3 steps on 1 ranks (done)" in result.stdout.splitlines()
+
+
+def test_a_bucket_sweep_that_changes_nothing_is_flagged_at_its_start(tmp_path):
+    """Issue 26: `--profile cs744-bucket-sweep --local 2 --model tiny` sweeps 5, 10, 25 and 50 MB buckets over the
+    tiny model's 0.08 MB of gradients: one bucket at every size, four segments of one setting. A warning says so
+    before the first step line, and in the recording. Ground truth: the buckets DDP itself handed its comm hook in
+    each segment (the recording's spans, kept per segment in its meta) and the segments' configurations (SQL)."""
+    import json
+    import sqlite3
+
+    record = tmp_path / "buckets.db"
+    result = ddptop("--profile", "cs744-bucket-sweep", "--local", "2", "--record", str(record), *TINY)
+    assert result.returncode == 0, result.stderr
+    with sqlite3.connect(record) as db:
+        (buckets,) = db.execute("SELECT value FROM meta WHERE key = 'ddp_buckets'").fetchone()
+        sizes = [json.loads(c)["bucket_mb"] for (c,) in db.execute("SELECT config FROM segments ORDER BY segment")]
+        logged = [m for (m,) in db.execute("SELECT json_extract(data, '$.message') FROM events WHERE kind = 'log' "
+                                           "AND json_extract(data, '$.level') = 'warning'")]
+    layouts = {tuple(size for _, size in layout) for layout in json.loads(buckets).values()}
+    assert sizes == [5, 10, 25, 50] and len(json.loads(buckets)) == 4 and len(layouts) == 1, (sizes, buckets)
+    (layout,) = layouts
+    said = (f"the bucket sizes 5, 10, 25, 50 MB all give DDP the same {len(layout)} bucket "
+            f"({layout[0] / 1e6:.3g} MB of gradients)")
+    lines = result.stdout.splitlines()
+    (warned,) = [i for i, line in enumerate(lines) if said in line]
+    assert lines[warned].startswith("rank 0 warning: ") and warned < min(
+        i for i, line in enumerate(lines) if line.startswith("step ")), lines[:8]
+    assert [m for m in logged if said in m] and len(layout) == 1, logged

@@ -108,8 +108,11 @@ def test_figures_keep_their_labels_clear_and_footnotes_only_for_what_is_drawn(re
     _, figures = report
     legends = [a["legend_box"] for a in figures["system"]["axes"] if a["legend_box"]]
     assert len(legends) >= 3 and all(_apart(a, b) for i, a in enumerate(legends) for b in legends[i + 1:]), legends
+    # breakdown.png's lower y-label on one line ran into its own axes' first category name (read back before the
+    # layout's last step, its box sat 96 px right of where it was drawn, and this passed on that label too)
     upper, lower = figures["breakdown"]["axes"]
-    assert _apart(lower["ylabel_box"], upper["xticklabels_box"]), (lower["ylabel_box"], upper["xticklabels_box"])
+    for ticks in (upper["xticklabels_box"], lower["xticklabels_box"]):
+        assert _apart(lower["ylabel_box"], ticks), (lower["ylabel_box"], ticks)
     nic = figures["bytes_per_step"]["axes"][1]
     drawn = [h for bars in nic["bars"] for h in bars["height"]]
     assert all(h == h for h in drawn)  # every interface counted every segment: no n/a bar ...

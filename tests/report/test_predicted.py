@@ -8,8 +8,6 @@ or from SQL on the file, never from the code under test.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 import sqlite3
@@ -18,44 +16,26 @@ from pathlib import Path
 
 import pytest
 
-from ddptop import cli
 from ddptop.metrics.hints import PREDICTED_SHARE
 from ddptop.report import page, runs
+from in_process import cli_json, slowest_rank_means
 
 REC = Path(__file__).resolve().parents[2] / "recordings"
 
 
-def run(*argv: str) -> dict:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(argv))
-    assert code == 0, err.getvalue()
-    return json.loads(out.getvalue())
-
-
 def exposed_hints(path: Path) -> dict[int, dict]:
     """`ddptop info --json`'s exposed-communication hint per segment."""
-    found = run("info", str(path), "--json")["hints"]
+    found = cli_json("info", str(path), "--json")["hints"]
     return {h["segment"]: h for h in found if h["name"] == "exposed communication"}
 
 
 def best(path: Path, segment: int) -> tuple[dict, float]:
     """advise's fastest configuration fitted on `segment`, and its saving against that segment's measured step."""
-    advice = run("advise", str(path), "--segment", str(segment), "--json")
+    advice = cli_json("advise", str(path), "--segment", str(segment), "--json")
     rows = advice["predictions"]
     top = min(rows, key=lambda r: r["step_s"])
     own = next(r for r in rows if r["segment"] == segment)
     return top, own["measured_step_s"] - top["step_s"]
-
-
-def measured(db: Path, warmup: int) -> dict[int, float]:
-    """Each segment's slowest rank's mean step time, warm-up and sampled steps left out (SQL, not ddptop)."""
-    with sqlite3.connect(db) as con:
-        return dict(con.execute("""
-            SELECT segment, max(mean) FROM (
-              SELECT s.segment, s.rank, avg(s.iter_s) AS mean FROM steps s JOIN segments g ON g.segment = s.segment
-              WHERE s.sampled = 0 AND s.step >= g.step + ? GROUP BY s.segment, s.rank)
-            GROUP BY segment""", (warmup,)).fetchall())
 
 
 @pytest.mark.parametrize("name, segment", [
@@ -90,8 +70,8 @@ def test_the_reports_predicted_vs_measured_table_is_advises_beside_sql(name, war
     blocks = page.versus_blocks([data])
     assert blocks[0] == ("h2", "Predicted vs measured")
     _, header, rows = blocks[1]
-    truth = measured(REC / name, warmup)
-    advice = run("advise", str(REC / name), "--json")
+    truth = slowest_rank_means(REC / name, warmup)
+    advice = cli_json("advise", str(REC / name), "--json")
     fitted = advice["from_segment"]
     predicted = {}
     for r in advice["predictions"]:

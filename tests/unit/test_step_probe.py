@@ -8,6 +8,7 @@ bucket's completion) are covered only by a wait on themselves."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -215,3 +216,62 @@ def test_host_seconds_are_taken_out_within_the_host_clock(clock_s, host_s, remov
     """Set-aside and ddptop time are host seconds: they leave the host's share of a phase, never a device
     duration directly (10.05 s of CUDA time less 9.99 s of host pause would keep 60 ms for 10 ms of work)."""
     assert net_seconds(clock_s, host_s, removed_s) == pytest.approx(expected)
+
+
+SWITCH_S = 0.003  # a thread switch as the clock is read (another thread held the GIL: up to its 5 ms interval)
+WORK_S = 0.004  # the step's own work in each phase the test times itself
+
+
+class SwitchedOutClock(CpuClock):
+    """The CPU clock, read SWITCH_S late: the training thread is switched out as it calls for a reading."""
+
+    def now(self) -> float:
+        time.sleep(SWITCH_S)
+        return super().now()
+
+
+class SlowRemoval:
+    """A hook handle whose removal takes SWITCH_S, as a thread switch inside the layer probe's detach would."""
+
+    def remove(self) -> None:
+        time.sleep(SWITCH_S)
+
+
+def test_ddptops_own_time_is_counted_once_inside_its_phase():
+    """A part may never exceed the step it belongs to. A mark's cost before its reading was charged to the next
+    phase's own time while it also stayed in the phase the mark ends (bwd, opt, the previous step's tail), and the
+    layer probe's detach was counted by itself and again by `finish` around it: a thread switch at either place put
+    the parts over the step (tests/ranks/test_probes.py under load: 3 of 960 gather-scatter steps, 110 µs-3 ms over;
+    0 of 800 after). Ground truth: the test's own clock around each step, and the sleeps it does in each phase."""
+    model, records, outer = torch.nn.Sequential(torch.nn.Linear(32, 10)), [], []  # one layer: 4 hook readings
+    probe = StepProbe(0, SwitchedOutClock(), records.append, span_every=1)
+    probe.watch(model, overlapped_backward=False)
+    inputs, labels = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    for step in range(3):  # steps 1 and 2 are sampled: layer hooks attached and detached
+        began = time.perf_counter()
+        probe.begin()
+        probe.ready(step, 0, 0)
+        time.sleep(WORK_S)
+        probe.mark("data")
+        if probe.layers._handles:
+            probe.layers._handles.append(SlowRemoval())
+        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+        probe.mark("fwd")
+        loss.backward()
+        probe.mark("bwd")
+        start = time.perf_counter()  # the CPU clock's marks are perf_counter values: this span is read on time
+        time.sleep(WORK_S)  # a collective the rank waits for: exposed communication
+        probe.comm.add("gather w", start, time.perf_counter(), 4, 4, 4)
+        probe.mark("sync")
+        time.sleep(WORK_S)
+        probe.mark("opt")
+        probe.finish(loss, epoch=0, batch_size=8)
+        outer.append(time.perf_counter() - began)
+    probe.close()
+    done = [e for r in records for e in r.resolve() if isinstance(e, StepDone)]
+    assert [d.step for d in done] == [0, 1, 2]
+    for d, outside in zip(done, outer):
+        measured = d.data_s + d.fwd_s + d.bwd_s + d.opt_s + d.exposed_comm_s + d.own_s
+        assert measured <= d.iter_s + 2e-5, (d.step, measured - d.iter_s)
+        assert d.iter_s <= outside + SWITCH_S  # the step's end mark was read after this step's clock stopped
+        assert d.data_s >= WORK_S and d.opt_s >= WORK_S and d.exposed_comm_s >= WORK_S
