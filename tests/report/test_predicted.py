@@ -113,9 +113,9 @@ def test_the_predicted_vs_measured_figure_draws_the_tables_rows(tmp_path):
     lines = {line["label"]: line for line in made.data["axes"][0]["lines"]}
     points = next(v for k, v in lines.items() if k.startswith("fitted on segment 0 (median |error| "))
     assert len(points["x"]) == len(rows)
-    truth = measured(REC / "whatif-lab.db", 1)
+    truth = slowest_rank_means(REC / "whatif-lab.db", 1)
     predicted = {(r["strategy"], r["bucket_mb"], r["async_op"]): r["step_s"]
-                 for r in run("advise", str(REC / "whatif-lab.db"), "--json")["predictions"]}
+                 for r in cli_json("advise", str(REC / "whatif-lab.db"), "--json")["predictions"]}
     for x, y, (_, segment, config, measured_s, predicted_s, _) in zip(points["x"], points["y"], rows):
         assert x == pytest.approx(float(measured_s), abs=5e-4) and y == pytest.approx(float(predicted_s), abs=5e-4)
         assert x == pytest.approx(truth[int(segment)], rel=1e-9)
