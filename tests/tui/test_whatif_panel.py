@@ -19,6 +19,7 @@ from ddptop import cli
 from ddptop.front.pipeline import compose
 from ddptop.record.replay import ReplaySource
 from ddptop.tui.app import DdptopApp
+from in_process import slowest_rank_means
 from screen_text import screen_text
 
 REC = Path(__file__).resolve().parents[2] / "recordings" / "whatif-lab.db"
@@ -35,12 +36,7 @@ def advise(segment: int) -> dict:
 
 def measured() -> dict[int, float]:
     """Each segment's slowest rank's mean step time, warm-up and sampled steps left out (SQL, not ddptop)."""
-    with sqlite3.connect(REC) as con:
-        return dict(con.execute("""
-            SELECT segment, max(mean) FROM (
-              SELECT s.segment, s.rank, avg(s.iter_s) AS mean FROM steps s JOIN segments g ON g.segment = s.segment
-              WHERE s.sampled = 0 AND s.step >= g.step + ? GROUP BY s.segment, s.rank)
-            GROUP BY segment""", (WARMUP,)).fetchall())
+    return slowest_rank_means(REC, WARMUP)
 
 
 def configs() -> dict[int, tuple]:
