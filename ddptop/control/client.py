@@ -196,6 +196,8 @@ class ControlClient:
         request_id = self.request(op, changes)
         deadline = time.monotonic() + timeout_s
         answer = self._await(request_id, deadline, lambda answer: True, f"rank 0 did not answer within {timeout_s:g} s")
+        if answer.get("state") == "rolled back":  # accepted and already undone before the first look (a slow client)
+            raise ControlError(str(answer.get("error")))
         if not answer.get("ok"):
             raise ControlError(f"refused: {answer.get('error')}")
         accepted_step = answer.get("step")
