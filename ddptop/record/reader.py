@@ -204,6 +204,15 @@ class Recording:
         except DAMAGE as exc:
             raise damaged(self.path, exc) from None
 
+    def stream(self, sql: str, args: tuple = ()) -> Iterator[tuple]:
+        """`query`'s rows a batch at a time: a million step rows are never held at once (the report's memory bound)."""
+        try:
+            cursor = self.db.execute(sql, args)
+            while batch := cursor.fetchmany(4096):
+                yield from batch
+        except DAMAGE as exc:
+            raise damaged(self.path, exc) from None
+
     def _one(self, sql: str, args: tuple = ()) -> tuple:
         rows = self.query(sql, args)
         return rows[0] if rows else (None,)

@@ -31,7 +31,7 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
     if run is None or not run.layers or run.param_bytes <= 0:
         raise RecordingError(f"{rec.path}: no parameter layout to fit on (the run's run_started event is missing)")
     fig = figures[segment]
-    rows = rec.query(f"SELECT {', '.join(PART_FIELDS)} FROM steps WHERE segment = ? AND step >= ? AND sampled = 0 "
+    rows = rec.stream(f"SELECT {', '.join(PART_FIELDS)} FROM steps WHERE segment = ? AND step >= ? AND sampled = 0 "
                      f"AND {' AND '.join(f'{c} IS NOT NULL' for c in PART_FIELDS)}",
                      (segment, fig.first_step + fig.warmup))
     # spans decoded as the reader decodes them (every field checked; a row holding NULL or NaN left out)
