@@ -38,7 +38,8 @@ def _settings(args) -> list[tuple[int, str]]:
     compresses = [c.strip() for c in (args.compress or "none").split(",") if c.strip()]
     for c in compresses:
         family, _, rank = c.partition(":")
-        if family not in COMPRESSIONS or (rank and not (rank.isdigit() and int(rank) >= 1)) or (rank and family != "powersgd"):
+        bad_rank = rank and (family != "powersgd" or not rank.isdigit() or int(rank) < 1)
+        if family not in COMPRESSIONS or bad_rank:
             raise UsageError(f"--compress takes none, fp16, bf16 or powersgd[:R], got {c!r}")
     if not args.accum and not args.compress:
         return []
