@@ -5,6 +5,9 @@ accum K: K micro-steps per optimizer step, the first K−1 without any sync (DDP
 the communication is a plain step's and each extra micro-step costs its data, forward and backward.
 compress: fp16/bf16 hand each gradient to the collective as 2-byte values (S/2 on the wire) after a cast; PowerSGD
 rank R sends three ring all-reduces (the tensors it leaves whole, all P factors, all Q factors) after its matrix work.
+The accum rows miss by −10% to −43% on the lab recordings, not from a quota: the runs' CPU per micro-step matched
+the plain step's (q4: 0.036-0.040 s against 0.038-0.039 s) at 13-21% of the nodes' quota, while the wall time per
+CPU second varied 3.7-5.9× with the machine's load (README "What-if / advise"). No constant here would be physics.
 """
 
 from __future__ import annotations
