@@ -87,8 +87,8 @@ def cmd_advise(argv: Sequence[str]) -> int:
 def render(out: dict, seg) -> str:
 
     """The table, best first, with the fitted segment's line and the best configuration's predicted gain (among
-    the rows on the recording's own link and world size: out["link"])."""
-    from ddptop.metrics.whatif.rows import config_name
+    the rows on the recording's own link, world size and accum: out["link"])."""
+    from ddptop.metrics.whatif.rows import config_name, same_step
     from ddptop.record.whatif import name as _name
 
     rows = sorted(out["predictions"], key=lambda r: r["step_s"])
@@ -102,7 +102,7 @@ def render(out: dict, seg) -> str:
                  if r["measured_step_s"] else "–")
         lines.append(f"{_name(r):30} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
                      f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {measured:>9} {error:>7}")
-    as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == out["link"]]
+    as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == out["link"] and same_step(r, seg)]
     best = as_run[0] if as_run else rows[0]
     gain = seg.step_s - best["step_s"]
     verb = "saves" if gain >= 0 else "costs"

@@ -70,3 +70,15 @@ def test_accumulation_8_from_the_batch_128_run():
 def test_bad_settings_are_one_line_and_exit_2(argv, words):
     got, out, err = run_cli("advise", str(REC / "wire-lab.db"), *argv)
     assert (got, out) == (2, "") and len(err.strip().splitlines()) == 1 and words in err, err
+
+
+def test_the_best_configuration_trains_the_fitted_segments_samples_a_step():
+    """Fitted on an accum-8 run, the accum-1 rows are 8× faster a step for an eighth of the samples: the best line
+    names a configuration at accum 8 (the same race), never one of them."""
+    code, out, err = run_cli("advise", str(Q4 / "hpml-lab4-q4-b1024.db"), "--accum", "1,8")
+    assert code == 0, err
+    advice = cli_json("advise", str(Q4 / "hpml-lab4-q4-b1024.db"), "--accum", "1,8", "--json")
+    fastest = min(advice["predictions"], key=lambda r: r["step_s"])
+    assert fastest["accum"] == 1, fastest  # the race the best line must not take part in
+    best = out.strip().splitlines()[-1]
+    assert best.startswith("best at 2 ranks: ") and "accum 8" in best, best

@@ -97,10 +97,16 @@ def row_for(rows: list[dict[str, Any]], cfg: dict, seg: SegmentData) -> dict[str
                                                     accum=r["accum"], compress=r["compress"]), seg)), None)
 
 
+def same_step(row: dict[str, Any], seg: SegmentData) -> bool:
+    """The row trains as many samples a step as the fitted segment (the same accum)."""
+    return row.get("accum", 1) == whatif.accum_of(seg.config)
+
+
 def best_row(rows: list[dict[str, Any]], seg: SegmentData) -> dict[str, Any]:
     """The fastest prediction on the fitted segment's own world size and link, with "saving_s" against the
-    segment's measured step time (which the fit reproduces)."""
-    own = [r for r in rows if r["world_size"] == seg.world_size] or rows
+    segment's measured step time (which the fit reproduces). Only rows at the segment's own accum compete: a step
+    of K micro-steps trains K times the samples, so its s/step is not the same race."""
+    own = [r for r in rows if r["world_size"] == seg.world_size and same_step(r, seg)] or rows
     top = min(own, key=lambda r: r["step_s"])
     return {**top, "from_segment": seg.segment, "fitted_step_s": seg.step_s, "saving_s": seg.step_s - top["step_s"]}
 
