@@ -27,7 +27,11 @@ GLOSSARY: dict[str, tuple[str, str]] = {
     "data": ("s", "waiting for the next batch and copying it to the device"),
     "compute": ("s", "forward (with the loss), backward and the optimizer step, from the step's phase marks; "
                      "under DDP the backward ends when the last bucket is launched; per-layer hook time is "
-                     "left out"),
+                     "left out; with accum K > 1 the K−1 micro-steps too"),
+    "K−1 micro-steps": ("s", "with accum K > 1, the micro-steps before the synchronized one, with no sync: each "
+                             "one's forward, backward and the loading of the batch after it, from the phase mark of "
+                             "the first batch to the K-th batch's; part of compute, and taken out of forward, which "
+                             "is the synchronized micro-step's (0 with accum 1)"),
     "communication": ("s", "time during which at least one collective (or DDP bucket) was in flight"),
     "exposed communication": ("s", "communication time during which no compute ran: what the step waited for"),
     "overlap": ("%", "share of communication time during which compute ran (HTA's definition)"),
@@ -78,6 +82,9 @@ def step_start(d: StepDone) -> float:
     return d.t - d.iter_s - d.aside_s
 
 
+MICRO = "K−1 micro-steps, no sync"  # the part of a step with accum K > 1 (StepDone.micro_s)
+
+
 def other_s(d: StepDone) -> float:
     """The part of a step no phase accounts for (never negative)."""
     return max(0.0, d.iter_s - d.data_s - d.compute_s - d.exposed_comm_s - d.own_s)
@@ -85,11 +92,13 @@ def other_s(d: StepDone) -> float:
 
 def parts(d: StepDone) -> dict[str, float]:
     """One step split into parts that add up to its step time (the screen's breakdown bar). A step recorded
-    before compute was split by phase (older files: forward, backward, optimizer all 0) shows it as `compute`."""
+    before compute was split by phase (older files: forward, backward, optimizer all 0) shows it as `compute`;
+    with accum K > 1 the K−1 unsynchronized micro-steps are a part of their own (MICRO), run before forward."""
     if d.fwd_s + d.bwd_s + d.opt_s <= 0 < d.compute_s:
         return {"data": d.data_s, "compute": d.compute_s, "exposed comm": d.exposed_comm_s, "ddptop": d.own_s,
                 "other": other_s(d)}
-    return {"data": d.data_s, "forward": d.fwd_s, "backward": d.bwd_s, "exposed comm": d.exposed_comm_s,
+    micro = {MICRO: d.micro_s} if d.micro_s > 0 else {}  # accum 1 steps keep the parts they always had
+    return {"data": d.data_s, **micro, "forward": d.fwd_s, "backward": d.bwd_s, "exposed comm": d.exposed_comm_s,
             "optimizer": d.opt_s, "ddptop": d.own_s, "other": other_s(d)}
 
 

@@ -24,7 +24,7 @@ from ddptop.metrics.traffic import StepRun
 from ddptop.report.readings import GpuRow, LinkStats, RankStats, gpus, links, quantile, rank_stats
 
 # metrics.parts' keys, and "compute" for steps recorded before compute was split into forward, backward, optimizer
-PARTS = ("data", "compute", "forward", "backward", "exposed comm", "optimizer", "ddptop", "other")
+PARTS = ("data", "compute", metrics.MICRO, "forward", "backward", "exposed comm", "optimizer", "ddptop", "other")
 
 
 @dataclass(frozen=True)
