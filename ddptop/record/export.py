@@ -27,8 +27,8 @@ STEP_COLUMNS = ("rank", "step", "time", "iter_s", "data_s", "compute_s", "micro_
 SEGMENT_COLUMNS = ("segment", "first_step", "last_step", "strategy", "bucket_mb", "async_op", "batch_size", "lr",
                    "accum", "compress", "lr_warmup_steps",
                    "warmup", "measured_steps", "sampled_left_out", "slowest_rank", "step_s_slowest",
-                   "median_step_s_slowest", "step_s_mean", "images_per_s", "data_s", "compute_s", "comm_s",
-                   "exposed_comm_s", "overlap", "ddptop_s", "ddptop_share", "other_s", "sent_mb", "recv_mb",
+                   "median_step_s_slowest", "step_s_mean", "images_per_s", "data_s", "compute_s", "micro_s",
+                   "comm_s", "exposed_comm_s", "overlap", "ddptop_s", "ddptop_share", "other_s", "sent_mb", "recv_mb",
                    "final_loss", "switch_mb", "switch_s", "steps_per_epoch", "epoch_s")
 SYSTEM_COLUMNS = ("rank", "time", "host", "cpu_percent", "node_cpu_percent", "mem_rss_bytes", "node_mem_used_bytes",
                   "gpu_util", "gpu_mem_used_bytes", "net_iface", "net_rx_bytes", "net_tx_bytes", "net_rx_rate",

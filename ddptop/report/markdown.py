@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from ddptop import metrics
 from ddptop.report.analysis import SegmentStats
 from ddptop.safe import clean
 
@@ -49,7 +48,7 @@ def segment_name(s: SegmentStats) -> str:
 def row(s: SegmentStats) -> list[str]:
     return [segment_name(s), s.config.describe(), str(s.world_size), str(s.measured_steps),
             f"{s.mean_step_s:.4f}", f"{s.median_step_s:.4f}", f"{s.step_p10:.4f}–{s.step_p90:.4f}",
-            f"{s.mean_rank_step_s:.4f}", f"{s.images_per_s:.1f}", f"{s.compute_s:.4f}", f"{s.parts.get(metrics.MICRO, 0.0):.4f}", f"{s.comm_s:.4f}",
+            f"{s.mean_rank_step_s:.4f}", f"{s.images_per_s:.1f}", f"{s.compute_s:.4f}", f"{s.micro_s:.4f}", f"{s.comm_s:.4f}",
             f"{s.exposed_comm_s:.4f}", f"{100 * s.overlap:.1f}", f"{s.own_s * 1e3:.2f}" if s.own_recorded else "–",
             f"{s.other_s:.4f}",
             f"{s.sent_mb_per_step:.2f}", f"{s.recv_mb_per_step:.2f}", _opt(s.nic_sent_mb_per_step, ".2f"),

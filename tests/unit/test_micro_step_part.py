@@ -1,7 +1,7 @@
 """With gradient accumulation (accum K) the K−1 unsynchronized micro-steps are a part of the step of their own
 (StepDone.micro_s), carved out of the forward pass: against the test's own sleeps in each micro-step (the step probe
 on the CPU clock), and as the report's breakdown figure and segment table draw it. A real 2-rank job read by SQL:
-tests/ranks/test_micro_steps.py."""
+tests/ranks/test_micro_steps_truth.py."""
 
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ def segment(index: int, accum: int, micro_s: float) -> SegmentStats:
                         median_step_s=sum(parts.values()), images_per_s=100.0, compute_s=0.04 + micro_s,
                         comm_s=0.01, exposed_comm_s=0.0, overlap=1.0, sent_mb_per_step=0.1, recv_mb_per_step=0.1,
                         nic_sent_mb_per_step=None, nic_recv_mb_per_step=None, cpu_percent=None, rss_mb=None,
-                        final_loss=1.0, allreduce_gbps=None, mean_rank_step_s=sum(parts.values()), parts=parts)
+                        final_loss=1.0, allreduce_gbps=None, mean_rank_step_s=sum(parts.values()), parts=parts,
+                        micro_s=micro_s)
 
 
 def test_the_breakdown_figure_and_table_show_the_micro_steps_of_an_accumulating_segment(tmp_path):
