@@ -237,7 +237,8 @@ class StepProbe:
         _, comm_s, exposed_s, overlap = breakdown(compute, [(s.start_s, s.end_s) for s in comm if s.kind == "comm"])
         done = StepDone(
             rank=self.rank, step=p.step, epoch=p.epoch, segment=p.segment, t=p.wall_end, iter_s=iter_s,
-            data_s=data_s, compute_s=micro_s + fwd_s + bwd_s + opt_s, comm_s=comm_s, exposed_comm_s=exposed_s, overlap=overlap,
+            data_s=data_s, compute_s=micro_s + fwd_s + bwd_s + opt_s, comm_s=comm_s, exposed_comm_s=exposed_s,
+            overlap=overlap,
             batch_size=p.batch_size, loss=loss, comm_bytes=sum(s.nbytes for s in comm),
             tx_bytes=sum(s.tx_bytes for s in comm), rx_bytes=sum(s.rx_bytes for s in comm), sampled=p.sampled,
             fwd_s=fwd_s, bwd_s=bwd_s, opt_s=opt_s, own_s=own_s, aside_s=aside_s, micro_s=micro_s,

@@ -154,7 +154,8 @@ def step_rows(rec: Recording, first: int | None = None, stop: int | None = None)
         assert isinstance(d, StepDone)
         config = configs.get(d.segment, {})
         yield {"rank": d.rank, "step": d.step, "time": _r(d.t - rec.start), "iter_s": d.iter_s, "data_s": d.data_s,
-               "compute_s": d.compute_s, "micro_s": d.micro_s, "fwd_s": d.fwd_s, "bwd_s": d.bwd_s, "opt_s": d.opt_s, "comm_s": d.comm_s,
+               "compute_s": d.compute_s, "micro_s": d.micro_s, "fwd_s": d.fwd_s, "bwd_s": d.bwd_s, "opt_s": d.opt_s,
+               "comm_s": d.comm_s,
                "exposed_comm_s": d.exposed_comm_s, "overlap": d.overlap, "own_s": d.own_s,
                "other_s": metrics.other_s(d), "loss": d.loss, "strategy": config.get("strategy", ""),
                "bucket_mb": config.get("bucket_mb", ""), "async_op": config.get("async_op", ""),
