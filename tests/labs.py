@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable, Iterator
 
 from ddptop.lab import cgroups, netns, state
 
@@ -118,3 +120,22 @@ def leftovers(record: state.LabRecord, namespace_inodes: set[int], lab_dir: Path
         except OSError:
             pass
     return left
+
+
+def watched(lab: LabProcess, watch_for: Callable[[state.LabRecord], threading.Thread], db: Path, timeout: float
+            ) -> Iterator[tuple[sqlite3.Connection, threading.Thread]]:
+    """A module fixture's body: the lab run to its end (exit 0) while the thread `watch_for(its record)` (one with a
+    `done` event) reads its hosts' counters; yields (the recording, read-only; the watch), then asserts the lab
+    left nothing behind."""
+    record = lab.record()
+    held = inodes(record)
+    watch = watch_for(record)
+    watch.start()
+    try:
+        code = lab.wait(timeout)
+    finally:
+        watch.done.set()
+    print(lab.output)
+    assert code == 0, lab.output
+    yield sqlite3.connect(f"file:{db}?mode=ro", uri=True), watch
+    assert leftovers(record, held, lab.lab_dir) == []

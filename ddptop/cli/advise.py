@@ -23,7 +23,27 @@ def parser() -> Parser:
     p.add_argument("--link", metavar="RATE", help="the link the recording ran on (`ddptop lab --link` values); "
                    "needed for --links")
     p.add_argument("--links", metavar="RATE,...", help="other links to predict: 100mbit,10gbit,unlimited")
+    p.add_argument("--accum", metavar="K,...", help="gradient accumulation to predict for the fitted configuration "
+                   "(1,4,8; default: the values the recording ran)")
+    p.add_argument("--compress", metavar="C,...", help="gradient compression to predict for the fitted "
+                   "configuration (none,fp16,bf16,powersgd:R; default: the ones the recording ran)")
     return p
+
+
+def _settings(args) -> list[tuple[int, str]]:
+    """--accum × --compress: the (accum, compress) pairs to predict beside those the recording ran."""
+    from ddptop.metrics.whatif.settings import COMPRESSIONS
+
+    accums = _numbers(args.accum, int, "--accum", 1) or [1]
+    compresses = [c.strip() for c in (args.compress or "none").split(",") if c.strip()]
+    for c in compresses:
+        family, _, rank = c.partition(":")
+        bad_rank = rank and (family != "powersgd" or not rank.isdigit() or int(rank) < 1)
+        if family not in COMPRESSIONS or bad_rank:
+            raise UsageError(f"--compress takes none, fp16, bf16 or powersgd[:R], got {c!r}")
+    if not args.accum and not args.compress:
+        return []
+    return [(k, c) for k in accums for c in compresses]
 
 
 def _numbers(text: str | None, kind, flag: str, low: float) -> list:
@@ -49,6 +69,7 @@ def cmd_advise(argv: Sequence[str]) -> int:
     args = parser().parse_args(argv)
     buckets = _numbers(args.buckets, float, "--buckets", 0.001)
     worlds = _numbers(args.world_sizes, int, "--world-sizes", 1)
+    settings = _settings(args)
     links: list[float | None] = [None] + [_rate(r) for r in (args.links or "").split(",") if r.strip()]
     if len(links) > 1 and not args.link:
         raise UsageError("--links needs --link: the rate the recording ran on, to tell the link from the CPU")
@@ -57,7 +78,7 @@ def cmd_advise(argv: Sequence[str]) -> int:
 
     with reading(args.file) as rec:
         seg, rows = predictions(rec, args.segment, _rate(args.link) if args.link else None, buckets, worlds, links,
-                                args.links and args.link)
+                                args.links and args.link, settings=settings)
     out = {"from_segment": seg.segment, "predictions": rows}
     emit(json.dumps(out, indent=1) if args.json else render({**out, "link": rows[0]["link"]}, seg))
     return 0
@@ -67,20 +88,19 @@ def render(out: dict, seg) -> str:
 
     """The table, best first, with the fitted segment's line and the best configuration's predicted gain (among
     the rows on the recording's own link and world size: out["link"])."""
+    from ddptop.metrics.whatif.rows import config_name
     from ddptop.record.whatif import name as _name
 
     rows = sorted(out["predictions"], key=lambda r: r["step_s"])
-    ddp = seg.config.get("strategy") == "ddp"
-    fitted = _name({"strategy": seg.config.get("strategy"), "bucket_mb": seg.config.get("bucket_mb") if ddp else None,
-                    "async_op": bool(seg.config.get("async_op"))})
+    fitted = config_name(seg.config)
     lines = [f"fitted on segment {seg.segment} ({fitted}, {seg.world_size} ranks): measured {seg.step_s:.3f} s/step",
-             f"{'configuration':24} {'ranks':>5} {'link':>9} {'s/step':>8} {'exposed':>8} {'overlap':>7} "
+             f"{'configuration':30} {'ranks':>5} {'link':>9} {'s/step':>8} {'exposed':>8} {'overlap':>7} "
              f"{'measured':>9} {'error':>7}"]
     for r in rows:
         measured = f"{r['measured_step_s']:.3f}" if r["measured_step_s"] is not None else "–"
         error = (f"{100 * (r['step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1f}%"
                  if r["measured_step_s"] else "–")
-        lines.append(f"{_name(r):24} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
+        lines.append(f"{_name(r):30} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
                      f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {measured:>9} {error:>7}")
     as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == out["link"]]
     best = as_run[0] if as_run else rows[0]

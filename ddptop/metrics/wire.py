@@ -34,18 +34,26 @@ def compressed(nbytes: int, compress: str) -> int:
     return nbytes * HALF_BYTES // 4 if compress in ("fp16", "bf16") else nbytes
 
 
-def powersgd_values(shapes: list[tuple[int, ...]], rank: int) -> tuple[int, int, int]:
-    """(uncompressed, P, Q) values PowerSGD's hook all-reduces per step for gradients of `shapes`, as torch's
-    powerSGD_hook decides: each tensor viewed as n × m (n = its first dimension, m the rest; a vector is n × 1)
-    with r = min(n, m, R) is sent as P (n×r) and Q (m×r) when (n+m)·r·2 < n·m, else sent whole."""
-    whole = p = q = 0
+def powersgd_views(shapes: list[tuple[int, ...]], rank: int) -> list[tuple[int, int, int, bool]]:
+    """(n, m, r, compressed) per tensor, as torch's powerSGD_hook decides: each viewed as n × m (n = its first
+    dimension, m the rest; a vector is n × 1) with r = min(n, m, R), compressed when (n+m)·r·2 < n·m."""
+    out = []
     for shape in shapes:
         n = shape[0] if shape else 1
         m = 1
         for dim in shape[1:]:
             m *= dim
         r = min(n, m, rank)
-        if (n + m) * r * POWERSGD_MIN_RATE < n * m:
+        out.append((n, m, r, (n + m) * r * POWERSGD_MIN_RATE < n * m))
+    return out
+
+
+def powersgd_values(shapes: list[tuple[int, ...]], rank: int) -> tuple[int, int, int]:
+    """(uncompressed, P, Q) values PowerSGD's hook all-reduces per step for gradients of `shapes`: a compressed
+    tensor (powersgd_views) is sent as P (n×r) and Q (m×r), any other whole."""
+    whole = p = q = 0
+    for n, m, r, small in powersgd_views(shapes, rank):
+        if small:
             p, q = p + n * r, q + m * r
         else:
             whole += n * m

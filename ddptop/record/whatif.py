@@ -11,8 +11,8 @@ from ddptop.events import RunStarted, StepSpans
 from ddptop.metrics.whatif import model as whatif
 from ddptop.metrics.whatif.data import SegmentData
 from ddptop.metrics.whatif.inputs import PART_FIELDS, NoFit, pick_segment, segment_input
-from ddptop.metrics.whatif.rows import (best_row, measured_steps, name, prediction_rows, same_config,  # noqa: F401
-                                        versus_rows)
+from ddptop.metrics.whatif.rows import (best_row, measured_steps, name, prediction_rows, ran_settings,  # noqa: F401
+                                        same_config, versus_rows)
 from ddptop.record.reader import Recording
 
 
@@ -47,12 +47,17 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
 def predictions(rec: Recording, segment: int | None = None, link_bps: float | None = None,
                 buckets: Sequence[float] = whatif.BUCKETS_MB, worlds: Sequence[int] = (),
                 links: Sequence[float | None] = (None,), recorded_link: str | None = None,
-                table: list | None = None) -> tuple[SegmentData, list[dict[str, Any]]]:
+                table: list | None = None, settings: Sequence[tuple[int, str]] = ()
+                ) -> tuple[SegmentData, list[dict[str, Any]]]:
     """`ddptop advise`'s rows (its --json "predictions"): the model fitted on `segment` (default: the first DDP
-    one), every configuration of the grid predicted, each beside the recording's segment of that configuration."""
+    one), every configuration of the grid predicted, each beside the recording's segment of that configuration;
+    the fitted configuration also under each (accum, compress) the recording ran and each of `settings`."""
     table = rec.segment_figures() if table is None else table
     seg = segment_data(rec, segment, link_bps, table)
-    return seg, prediction_rows(seg, measured_steps(table), buckets, worlds, links, recorded_link)
+    measured = measured_steps(table)
+    ran = ran_settings(seg, measured)
+    return seg, prediction_rows(seg, measured, buckets, worlds, links, recorded_link,
+                                ran + [p for p in settings if p not in ran])
 
 
 def best(rec: Recording, segment: int, table: list | None = None) -> dict[str, Any] | None:

@@ -13,8 +13,8 @@ import pytest
 from in_process import cli_json, run_cli, slowest_rank_means
 
 REC = Path(__file__).resolve().parents[2] / "recordings"
-KEYS = ["strategy", "bucket_mb", "async_op", "world_size", "link", "step_s", "exposed_comm_s", "overlap",
-        "measured_step_s", "segment"]
+KEYS = ["strategy", "bucket_mb", "async_op", "accum", "compress", "world_size", "link", "step_s", "exposed_comm_s",
+        "overlap", "measured_step_s", "segment"]
 
 
 def advise(*argv: str) -> dict:

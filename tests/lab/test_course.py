@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ddptop.lab import netns
-from labs import LAB_REFUSED, LabProcess, inodes, leftovers
+from labs import LAB_REFUSED, LabProcess, watched
 
 pytestmark = pytest.mark.skipif(bool(LAB_REFUSED), reason=LAB_REFUSED or "labs work")
 N = 3
@@ -81,18 +81,7 @@ def course(tmp_path_factory):
     db = folder / "course.db"
     lab = LabProcess(["--nodes", str(N), "--link", "1gbit", "--profile", str(folder / "course.toml"), "--headless",
                       "--log-every", "1", "--record", str(db)], folder)
-    record = lab.record()
-    held = inodes(record)
-    watch = NicWatch(next(n for n in record.namespaces if n.endswith("-n0")))
-    watch.start()
-    try:
-        code = lab.wait(240)
-    finally:
-        watch.done.set()
-    print(lab.output)
-    assert code == 0, lab.output
-    yield sqlite3.connect(f"file:{db}?mode=ro", uri=True), watch
-    assert leftovers(record, held, folder) == []
+    yield from watched(lab, lambda record: NicWatch(next(n for n in record.namespaces if n.endswith("-n0"))), db, 240)
 
 
 def segments(db: sqlite3.Connection) -> dict[str, tuple[list[float], tuple[float, float]]]:

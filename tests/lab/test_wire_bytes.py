@@ -18,7 +18,7 @@ import pytest
 from ddptop.lab import netns
 from ddptop.metrics import wire
 from ddptop.train.strategies.ddp import POWERSGD_START_STEP
-from labs import LAB_REFUSED, REPO, LabProcess, inodes, leftovers
+from labs import LAB_REFUSED, REPO, LabProcess, watched
 
 pytestmark = pytest.mark.skipif(bool(LAB_REFUSED), reason=LAB_REFUSED or "labs work")
 N, BATCH, RANK = 3, 32, 32
@@ -92,19 +92,11 @@ def wire_run(tmp_path_factory):
     db = folder / "wire.db"
     lab = LabProcess(["--nodes", str(N), "--link", "1gbit", "--profile", str(folder / "wire.toml"), "--headless",
                       "--log-every", "20", "--record", str(db)], folder)
-    record = lab.record()
-    held = inodes(record)
-    hosts = sorted((n for n in record.namespaces if n[-3:-1] == "-n"), key=lambda n: int(n[-1]))
-    watch = NicWatch(hosts)
-    watch.start()
-    try:
-        code = lab.wait(300)
-    finally:
-        watch.done.set()
-    print(lab.output)
-    assert code == 0, lab.output
-    yield sqlite3.connect(f"file:{db}?mode=ro", uri=True), watch
-    assert leftovers(record, held, folder) == []
+
+    def hosts(record) -> NicWatch:  # every host's namespace, node 0 first (the bridge's is not a host's)
+        return NicWatch(sorted((n for n in record.namespaces if n[-3:-1] == "-n"), key=lambda n: int(n[-1])))
+
+    yield from watched(lab, hosts, db, 300)
 
 
 def per_step(db: sqlite3.Connection, watch: NicWatch) -> dict[str, list[tuple[float, float, float]]]:

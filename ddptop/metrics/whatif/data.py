@@ -35,7 +35,7 @@ class SegmentData:
     """One configuration segment of a recording, reduced to what the model needs (means over ranks)."""
 
     segment: int
-    config: Mapping  # strategy, bucket_mb, async_op, batch_size
+    config: Mapping  # strategy, bucket_mb, async_op, batch_size, accum, compress
     world_size: int
     layers: tuple[tuple[str, int], ...]  # (layer, parameter count) in definition order
     param_bytes: int
@@ -52,6 +52,7 @@ class SegmentData:
     backward: tuple[tuple[LayerTime, ...], ...] = ()
     comm: tuple[CommSample, ...] = ()
     link_bps: float | None = None  # the link the segment ran on (bits/s each way), when known
+    param_shapes: tuple[tuple[int, ...], ...] = ()  # each gradient's shape (PowerSGD's bytes; older files: ())
 
     @property
     def bytes_per_param(self) -> float:

@@ -45,13 +45,20 @@ def parts(rows: Iterable[Sequence[float]]) -> dict[str, float]:
             "exposed_comm_s": exposed}
 
 
+def uncompressed(config) -> bool:
+    return str(config.get("compress", "none")) == "none"
+
+
 def pick_segment(table: Sequence) -> int | None:
-    """advise's default segment: the first DDP segment with measured steps, else the first that communicates,
-    else the first with measured steps (None: no segment has any)."""
-    figures = sorted((f.index, f.config.get("strategy")) for f in table if f.measured_steps)
-    ddp = [i for i, s in figures if s == "ddp"]
-    talks = [i for i, s in figures if s != "single"]
-    return (ddp or talks or [i for i, _ in figures] or [None])[0]
+    """advise's default segment: the first uncompressed DDP segment with measured steps (one without accumulation
+    first), else the first uncompressed one that communicates, else the first with measured steps (None: no
+    segment has any). A compressed segment cannot be fitted (segment_input)."""
+    figures = sorted((f.index, f.config.get("strategy"), f.config) for f in table if f.measured_steps)
+    plain = [(i, s, c) for i, s, c in figures if uncompressed(c)]
+    ddp = [i for i, s, c in plain if s == "ddp" and int(c.get("accum", 1) or 1) == 1]
+    ddp += [i for i, s, _ in plain if s == "ddp"]
+    talks = [i for i, s, _ in plain if s != "single"]
+    return (ddp or talks or [i for i, _, _ in figures] or [None])[0]
 
 
 def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], spans: Iterable,
@@ -59,6 +66,9 @@ def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], sp
     """SegmentData of segment `fig` (a metrics.SegmentFigures with measured steps): `run` the RunStarted (its
     parameter layout), `rows` its steps as step_row tuples (any; those before the warm-up and sampled ones are the
     caller's to leave out), `spans` StepSpans (any segment: this one's after the warm-up are used)."""
+    if not uncompressed(fig.config):
+        raise NoFit(f"segment {fig.index} ran compress={fig.config.get('compress')}: its collectives' times hold "
+                    "the compression's own work, so the link cannot be fitted on them: pick an uncompressed --segment")
     first = fig.first_step + fig.warmup
     spans = [e for e in spans if e.segment == fig.index]
     is_async = bool(fig.config.get("async_op")) and fig.config.get("strategy") == "allreduce"
@@ -71,7 +81,8 @@ def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], sp
                     "pick another --segment")
     return SegmentData(segment=fig.index, config=dict(fig.config), world_size=world_size, layers=run.layers,
                        param_bytes=run.param_bytes, param_tensors=run.param_tensors or len(run.layers),
-                       step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps, **parts(rows))
+                       step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps,
+                       param_shapes=tuple(tuple(s) for s in getattr(run, "param_shapes", ()) or ()), **parts(rows))
 
 
 def samples(spans: Iterable, first: int, is_async: bool) -> tuple[tuple, tuple[CommSample, ...]]:

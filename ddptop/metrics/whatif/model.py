@@ -1,5 +1,6 @@
 """Provides the what-if model: `fit(segment)` from one segment's data, `predict(model, config)` for one other
-configuration, `predict_table(segment)` for the whole grid a user chooses from."""
+configuration, `predict_table(segment)` for the whole grid a user chooses from. Gradient accumulation and
+compression: settings.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ddptop.metrics.buckets import ddp_buckets
 from ddptop.metrics.whatif.compute import COMM_SLOWDOWN, COMPUTE_SLOWDOWN, Backward, fit_backward
 from ddptop.metrics.whatif.data import SegmentData
 from ddptop.metrics.whatif.link import Line, fit_links
+from ddptop.metrics.whatif.settings import check, micro_s, transfer
 from ddptop.metrics.whatif.simulate import Timeline, after_backward, overlapped
 
 BUCKETS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0)
@@ -32,6 +34,8 @@ class Config:
     async_op: bool = False
     world_size: int | None = None  # None: as recorded
     link_bps: float | None = None
+    accum: int = 1  # micro-steps per optimizer step
+    compress: str = "none"  # none, fp16, bf16, powersgd:R
 
 
 @dataclass(frozen=True)
@@ -44,11 +48,14 @@ class Model:
     links: Mapping[str, Line]
     calibration_s: float
     cpu_s_per_byte: float | None  # β less the recorded link's 8/rate: the CPU's share of a byte (None: link unknown)
+    micro_s: float = 0.0  # one micro-step's data, forward and backward (settings.micro_s)
 
     @property
     def fixed_s(self) -> float:
+        """The step less its backward and exposed communication, at one micro-step a step."""
         s = self.seg
-        return s.data_s + s.fwd_s + s.opt_s + s.rest_s + self.calibration_s
+        extra = (accum_of(s.config) - 1) * self.micro_s
+        return s.data_s + s.fwd_s + s.opt_s + s.rest_s + self.calibration_s - extra
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,8 @@ def fit(seg: SegmentData) -> Model:
     cpu = None
     if seg.link_bps and links:
         cpu = max(0.0, links["allreduce"].beta - 8.0 / seg.link_bps)
-    model = Model(seg, _without_ddp(seg, fit_backward(seg, COMPUTE_SLOWDOWN)), links, 0.0, cpu)
+    micro = micro_s(seg.data_s, seg.fwd_s, seg.bwd_s, accum_of(seg.config))
+    model = Model(seg, _without_ddp(seg, fit_backward(seg, COMPUTE_SLOWDOWN)), links, 0.0, cpu, micro)
     base = predict(model, measured_config(seg))
     return replace(model, calibration_s=seg.step_s - base.step_s)
 
@@ -80,11 +88,17 @@ def _without_ddp(seg: SegmentData, back: Backward) -> Backward:
     return Backward(back.names, tuple(w * keep for w in back.work))
 
 
+def accum_of(config: Mapping) -> int:
+    """A segment's micro-steps per step (a recording from before accumulation: 1)."""
+    return max(1, int(config.get("accum", 1) or 1))
+
+
 def measured_config(seg: SegmentData) -> Config:
     c = seg.config
     ddp = c.get("strategy") == "ddp"
     return Config(str(c.get("strategy")), float(c.get("bucket_mb", 25.0)) if ddp else None,
-                  bool(c.get("async_op", False)) and c.get("strategy") == "allreduce")
+                  bool(c.get("async_op", False)) and c.get("strategy") == "allreduce", accum=accum_of(c),
+                  compress=str(c.get("compress", "none")))
 
 
 def _beta(model: Model, config: Config) -> float | None:
@@ -113,47 +127,70 @@ def timeline(model: Model, config: Config) -> Timeline:
     if config.strategy == "single" or world <= 1 or not model.links:
         return after_backward(back.total, 0.0)
     if config.strategy == "ddp":
-        return _ddp(model, config.bucket_mb or 25.0, world, beta)
-    line = model.links["allreduce"]
+        return _ddp(model, config, world, beta)
+
+    def time(kind: str, nbytes: float) -> float:
+        return transfer(model.links[kind], kind, nbytes, world, beta, config.compress, seg.param_shapes,
+                        seg.param_bytes)
+
     tensors = _tensors(seg)
     if config.strategy == "allreduce":
-        comm = sum(line.time("allreduce", b, world, beta) for b in tensors)
+        comm = sum(time("allreduce", b) for b in tensors)
         if config.async_op:
-            comm -= ASYNC_SAVES * line.alpha * (len(tensors) - 1)
+            comm -= ASYNC_SAVES * model.links["allreduce"].alpha * (len(tensors) - 1)
         return after_backward(back.total, comm)
-    g, s = model.links["gather"], model.links["scatter"]
-    return after_backward(back.total, sum(g.time("gather", b, world, beta) + s.time("scatter", b, world, beta)
-                                          for b in tensors))
+    return after_backward(back.total, sum(time("gather", b) + time("scatter", b) for b in tensors))
 
 
-def _ddp(model: Model, bucket_mb: float, world: int, beta: float | None) -> Timeline:
+def _ddp(model: Model, config: Config, world: int, beta: float | None) -> Timeline:
     seg, back = model.seg, model.backward
     line = model.links["allreduce"]
-    buckets = ddp_buckets(seg.layers, seg.bytes_per_param, bucket_mb)
+    buckets = ddp_buckets(seg.layers, seg.bytes_per_param, config.bucket_mb or 25.0)
     position = {name: i for i, name in enumerate(back.names)}
     last = len(back.work) - 1
     # a bucket is ready when its last gradient is: the layer among its own that the backward pass reaches last
     ready = [max(position.get(name, last) for name in b.layers) if b.layers else last for b in buckets]
-    comm = [line.time("allreduce", b.nbytes, world, beta) for b in buckets]
+    comm = [transfer(line, "allreduce", b.nbytes, world, beta, config.compress, seg.param_shapes, seg.param_bytes)
+            for b in buckets]
     tl = overlapped(back.work, ready, comm, COMPUTE_SLOWDOWN, COMM_SLOWDOWN)
     return replace(tl, bwd_s=tl.bwd_s + DDP_COPY_S_PER_BYTE * seg.param_bytes)
 
 
 def predict(model: Model, config: Config) -> Prediction:
+    """One configuration's step: the fixed parts, its K−1 unsynchronized micro-steps, then the last micro-step's
+    backward pass and the communication it leaves exposed."""
+    check(config.strategy, config.compress, config.accum)
     tl = timeline(model, config)
-    return Prediction(config, model.fixed_s + tl.bwd_s + tl.exposed_s, tl.exposed_s, tl.overlap, tl.bwd_s, tl.comm_s)
+    step = model.fixed_s + (config.accum - 1) * model.micro_s + tl.bwd_s + tl.exposed_s
+    return Prediction(config, step, tl.exposed_s, tl.overlap, tl.bwd_s, tl.comm_s)
 
 
 def grid(seg: SegmentData, buckets_mb: Sequence[float] = BUCKETS_MB, worlds: Sequence[int] = (),
-         links_bps: Sequence[float | None] = (None,)) -> list[Config]:
-    """Every strategy (DDP at each bucket size, allreduce sync and async) at each world size and link."""
+         links_bps: Sequence[float | None] = (None,), settings: Sequence[tuple[int, str]] = ()) -> list[Config]:
+    """Every strategy (DDP at each bucket size, allreduce sync and async) at each world size and link, at the
+    fitted segment's accum, uncompressed; then the fitted configuration under each (accum, compress) of
+    `settings` that it can run (on the recorded world size and link)."""
     out = []
+    k = accum_of(seg.config)
     for world in worlds or (seg.world_size,):
         for link in links_bps:
             w = None if world == seg.world_size else world
-            out += [Config("ddp", mb, False, w, link) for mb in buckets_mb]
-            out += [Config("allreduce", None, False, w, link), Config("allreduce", None, True, w, link),
-                    Config("gather-scatter", None, False, w, link)]
+            out += [Config("ddp", mb, False, w, link, k) for mb in buckets_mb]
+            out += [Config("allreduce", None, False, w, link, k), Config("allreduce", None, True, w, link, k),
+                    Config("gather-scatter", None, False, w, link, k)]
+    return out + [c for c in _settings(seg, settings) if c not in out]
+
+
+def _settings(seg: SegmentData, settings: Sequence[tuple[int, str]]) -> list[Config]:
+    fitted, out = measured_config(seg), []
+    for accum, compress in settings:
+        c = replace(fitted, accum=accum, compress=compress)
+        try:
+            check(c.strategy, c.compress, c.accum)
+        except ValueError:  # PowerSGD off DDP, compression on single: not a configuration to offer
+            continue
+        if c not in out and (seg.param_shapes or not compress.startswith("powersgd")):
+            out.append(c)
     return out
 
 

@@ -18,12 +18,25 @@ def measured_steps(table: Sequence) -> list[tuple[int, dict, float]]:
 
 def prediction_rows(seg: SegmentData, measured: list[tuple[int, dict, float]],
                     buckets: Sequence[float] = whatif.BUCKETS_MB, worlds: Sequence[int] = (),
-                    links: Sequence[float | None] = (None,), recorded_link: str | None = None) -> list[dict[str, Any]]:
+                    links: Sequence[float | None] = (None,), recorded_link: str | None = None,
+                    settings: Sequence[tuple[int, str]] | None = None) -> list[dict[str, Any]]:
     """The model fitted on `seg` (once), every configuration of the grid predicted, each beside `measured`'s
-    segment of that configuration (the fitted one first)."""
+    segment of that configuration (the fitted one first). `settings`: the (accum, compress) pairs to predict for
+    the fitted configuration (default: those `measured` ran at the fitted batch size, so each is checked)."""
     fitted = whatif.fit(seg)
+    settings = ran_settings(seg, measured) if settings is None else settings
     return [_row(whatif.predict(fitted, c), seg, measured, recorded_link)
-            for c in whatif.grid(seg, buckets, worlds, links)]
+            for c in whatif.grid(seg, buckets, worlds, links, settings)]
+
+
+def ran_settings(seg: SegmentData, measured: list[tuple[int, dict, float]]) -> list[tuple[int, str]]:
+    """Every (accum, compress) a measured segment ran at the fitted segment's batch size, in order."""
+    out: list[tuple[int, str]] = []
+    for _, cfg, _ in measured:
+        pair = (whatif.accum_of(cfg), str(cfg.get("compress", "none")))
+        if cfg.get("batch_size") == seg.config.get("batch_size") and pair not in out:
+            out.append(pair)
+    return out
 
 
 def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float]], recorded_link: str | None) -> dict[str, Any]:
@@ -36,7 +49,8 @@ def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float]], recorded_
     if c.world_size is None and c.link_bps is None:
         same = [(i, step) for i, cfg, step in measured if same_config(cfg, c, seg)]
         match = next((m for m in same if m[0] == seg.segment), same[0] if same else None)  # the fitted one first
-    return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "world_size": world,
+    return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "accum": c.accum,
+            "compress": c.compress, "world_size": world,
             "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
             "overlap": round(p.overlap, 4), "measured_step_s": None if match is None else round(match[1], 6),
             "segment": None if match is None else match[0]}
@@ -53,6 +67,8 @@ def same_config(cfg: dict, c: whatif.Config, seg: SegmentData) -> bool:
     """The segment with config `cfg` ran configuration `c` (at the fitted segment's batch size)."""
     if cfg.get("strategy") != c.strategy or cfg.get("batch_size") != seg.config.get("batch_size"):
         return False
+    if whatif.accum_of(cfg) != c.accum or str(cfg.get("compress", "none")) != c.compress:
+        return False
     if c.strategy == "ddp":
         return float(cfg.get("bucket_mb", 25.0)) == c.bucket_mb
     return c.strategy != "allreduce" or bool(cfg.get("async_op")) == c.async_op
@@ -61,20 +77,24 @@ def same_config(cfg: dict, c: whatif.Config, seg: SegmentData) -> bool:
 def name(row: dict) -> str:
     """A prediction row's configuration in words: "ddp 10 MB", "allreduce async"."""
     text = row["strategy"] + (f" {row['bucket_mb']:g} MB" if row["bucket_mb"] is not None else "")
-    return text + (" async" if row["async_op"] else "")
+    text += " async" if row["async_op"] else ""
+    text += f" accum {row['accum']}" if row.get("accum", 1) != 1 else ""
+    return text + (f" {row['compress']}" if row.get("compress", "none") != "none" else "")
 
 
 def config_name(cfg: dict) -> str:
     """A segment's configuration (its config mapping) in the rows' words."""
     ddp = cfg.get("strategy") == "ddp"
     return name({"strategy": str(cfg.get("strategy")), "bucket_mb": float(cfg.get("bucket_mb", 25.0)) if ddp else None,
-                 "async_op": bool(cfg.get("async_op")) and cfg.get("strategy") == "allreduce"})
+                 "async_op": bool(cfg.get("async_op")) and cfg.get("strategy") == "allreduce",
+                 "accum": whatif.accum_of(cfg), "compress": str(cfg.get("compress", "none"))})
 
 
 def row_for(rows: list[dict[str, Any]], cfg: dict, seg: SegmentData) -> dict[str, Any] | None:
     """The row predicting the configuration a segment ran with `cfg` (on the fitted run's own world and link)."""
     return next((r for r in rows if r["world_size"] == seg.world_size and r["link"] is None
-                 and same_config(cfg, whatif.Config(r["strategy"], r["bucket_mb"], r["async_op"]), seg)), None)
+                 and same_config(cfg, whatif.Config(r["strategy"], r["bucket_mb"], r["async_op"],
+                                                    accum=r["accum"], compress=r["compress"]), seg)), None)
 
 
 def best_row(rows: list[dict[str, Any]], seg: SegmentData) -> dict[str, Any]:
