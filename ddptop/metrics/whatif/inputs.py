@@ -30,7 +30,8 @@ def step_row(step) -> tuple[float, ...]:
 def parts(rows: Iterable[Sequence[float]]) -> dict[str, float]:
     """Means of the measured steps' parts; `rest_s` is ddptop's own time plus `other` (the step less its parts).
     Rows holding a non-finite number are left out, as the reader leaves them out everywhere (NaN reads as NULL).
-    The model knows no accumulation: the K−1 micro-steps stay in the forward pass, where they run."""
+    `fwd_s` holds the K−1 unsynchronized micro-steps too (StepDone.micro_s, where they run: the forward's interval),
+    as settings.micro_s divides data + forward + backward by accum; files from before micro_s hold them there."""
     sums, n = [0.0] * 8, 0
     for row in rows:
         it, data, fwd, bwd, opt, own, comm, exposed, compute, micro = row
