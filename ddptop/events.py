@@ -117,13 +117,16 @@ class StepDone(Event):
     tx_bytes: int  # bytes this rank puts on the wire by the algorithm (ring / gather formulas)
     rx_bytes: int
     sampled: bool  # spans were recorded for this step (layer hooks ran: left out of time figures)
-    # added after schema 1 shipped (older files decode with 0): compute_s = fwd_s + bwd_s + opt_s
+    # added after schema 1 shipped (older files decode with 0): compute_s = micro_s + fwd_s + bwd_s + opt_s
     fwd_s: float = 0.0
     bwd_s: float = 0.0
     opt_s: float = 0.0
     own_s: float = 0.0  # time the training thread spent in ddptop's own code during this step
     # added later still (older files and ranks: 0, their steps then seem to start after any pause inside them)
     aside_s: float = 0.0  # time inside the step's interval that is no step's: a pause, a switch, the epoch's test
+    # added with the micro-step part (older files and ranks: 0, their micro-steps inside fwd_s as before)
+    micro_s: float = 0.0  # accum K > 1: the K−1 unsynchronized micro-steps (each one's forward, backward and the
+    #                       next batch's loading), carved out of fwd_s, which keeps the synchronized one's forward
 
     @property
     def images_per_s(self) -> float:

@@ -14,7 +14,8 @@ from skips import ci_failure  # noqa: E402
 
 # Tests whose assertions are about time, link rates or CPU shares: `make test` runs them on their own, after the
 # rest has run two at a time (pytest-xdist), so that no other test competes with them for the two cores.
-ALONE = ("tests/lab/", "tests/ranks/test_timing_truth.py", "tests/tui/test_e2e_tmux.py")
+ALONE = ("tests/lab/", "tests/ranks/test_timing_truth.py", "tests/ranks/test_micro_steps_truth.py",
+         "tests/tui/test_e2e_tmux.py")
 
 
 def _skip_to_failure(report, path: str) -> None:

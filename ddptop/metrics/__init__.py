@@ -27,7 +27,11 @@ GLOSSARY: dict[str, tuple[str, str]] = {
     "data": ("s", "waiting for the next batch and copying it to the device"),
     "compute": ("s", "forward (with the loss), backward and the optimizer step, from the step's phase marks; "
                      "under DDP the backward ends when the last bucket is launched; per-layer hook time is "
-                     "left out"),
+                     "left out; with accum K > 1 the K−1 micro-steps too"),
+    "K−1 micro-steps": ("s", "with accum K > 1, the micro-steps before the synchronized one, with no sync: each "
+                             "one's forward, backward and the loading of the batch after it, from the phase mark of "
+                             "the first batch to the K-th batch's; part of compute, and taken out of forward, which "
+                             "is the synchronized micro-step's (0 with accum 1)"),
     "communication": ("s", "time during which at least one collective (or DDP bucket) was in flight"),
     "exposed communication": ("s", "communication time during which no compute ran: what the step waited for"),
     "overlap": ("%", "share of communication time during which compute ran (HTA's definition)"),
@@ -78,6 +82,9 @@ def step_start(d: StepDone) -> float:
     return d.t - d.iter_s - d.aside_s
 
 
+MICRO = "K−1 micro-steps, no sync"  # the part of a step with accum K > 1 (StepDone.micro_s)
+
+
 def other_s(d: StepDone) -> float:
     """The part of a step no phase accounts for (never negative)."""
     return max(0.0, d.iter_s - d.data_s - d.compute_s - d.exposed_comm_s - d.own_s)
@@ -85,11 +92,13 @@ def other_s(d: StepDone) -> float:
 
 def parts(d: StepDone) -> dict[str, float]:
     """One step split into parts that add up to its step time (the screen's breakdown bar). A step recorded
-    before compute was split by phase (older files: forward, backward, optimizer all 0) shows it as `compute`."""
+    before compute was split by phase (older files: forward, backward, optimizer all 0) shows it as `compute`;
+    with accum K > 1 the K−1 unsynchronized micro-steps are a part of their own (MICRO), run before forward."""
     if d.fwd_s + d.bwd_s + d.opt_s <= 0 < d.compute_s:
         return {"data": d.data_s, "compute": d.compute_s, "exposed comm": d.exposed_comm_s, "ddptop": d.own_s,
                 "other": other_s(d)}
-    return {"data": d.data_s, "forward": d.fwd_s, "backward": d.bwd_s, "exposed comm": d.exposed_comm_s,
+    micro = {MICRO: d.micro_s} if d.micro_s > 0 else {}  # accum 1 steps keep the parts they always had
+    return {"data": d.data_s, **micro, "forward": d.fwd_s, "backward": d.bwd_s, "exposed comm": d.exposed_comm_s,
             "optimizer": d.opt_s, "ddptop": d.own_s, "other": other_s(d)}
 
 
@@ -106,12 +115,12 @@ def mean_parts(steps: Iterable[StepDone]) -> dict[str, float]:
 class _Sums:
     """Running sums over the steps of one rank in one window; `figures()` turns them into means."""
 
-    __slots__ = ("steps", "time", "images", "data", "compute", "comm", "exposed", "own", "other", "tx", "rx",
-                 "times", "loss", "sampled")
+    __slots__ = ("steps", "time", "images", "data", "compute", "micro", "comm", "exposed", "own", "other", "tx",
+                 "rx", "times", "loss", "sampled")
 
     def __init__(self) -> None:
         self.steps = 0
-        self.time = self.images = self.data = self.compute = self.comm = self.exposed = 0.0
+        self.time = self.images = self.data = self.compute = self.micro = self.comm = self.exposed = 0.0
         self.own = self.other = 0.0
         self.tx = self.rx = 0
         self.times = array("d")
@@ -124,6 +133,7 @@ class _Sums:
         self.images += d.batch_size
         self.data += d.data_s
         self.compute += d.compute_s
+        self.micro += d.micro_s
         self.comm += d.comm_s
         self.exposed += d.exposed_comm_s
         self.own += d.own_s
@@ -141,7 +151,8 @@ class _Sums:
         return Figures(
             steps=n, step_s=mean(self.time), median_step_s=statistics.median(self.times),
             images_per_s=self.images / self.time if self.time > 0 else 0.0, data_s=mean(self.data),
-            compute_s=mean(self.compute), comm_s=mean(self.comm), exposed_comm_s=mean(self.exposed),
+            compute_s=mean(self.compute), micro_s=mean(self.micro), comm_s=mean(self.comm),
+            exposed_comm_s=mean(self.exposed),
             overlap=(self.comm - self.exposed) / self.comm if self.comm > 0 else 0.0, own_s=mean(self.own),
             other_s=mean(self.other), tx_bytes=mean(self.tx), rx_bytes=mean(self.rx), loss=self.loss,
             sampled=self.sampled, time_s=self.time)
@@ -157,6 +168,7 @@ class Figures:
     images_per_s: float = 0.0
     data_s: float = 0.0
     compute_s: float = 0.0
+    micro_s: float = 0.0  # the K−1 micro-steps (accum > 1), inside compute_s
     comm_s: float = 0.0
     exposed_comm_s: float = 0.0
     overlap: float = 0.0  # communication-time weighted: hidden communication / communication, over the window
@@ -334,7 +346,7 @@ def _mean_figures(figures: list[Figures]) -> Figures:
     return Figures(
         steps=round(mean("steps")), step_s=mean("step_s"), median_step_s=mean("median_step_s"),
         images_per_s=mean("images_per_s"), data_s=mean("data_s"), compute_s=mean("compute_s"),
-        comm_s=mean("comm_s"), exposed_comm_s=mean("exposed_comm_s"),
+        micro_s=mean("micro_s"), comm_s=mean("comm_s"), exposed_comm_s=mean("exposed_comm_s"),
         overlap=(comm - exposed) / comm if comm > 0 else 0.0, own_s=mean("own_s"), other_s=mean("other_s"),
         tx_bytes=mean("tx_bytes"), rx_bytes=mean("rx_bytes"), loss=mean("loss"), sampled=sum(f.sampled for f in figures),
         time_s=mean("time_s"))
@@ -350,7 +362,8 @@ def table_rows(segments: Iterable[SegmentFigures]) -> list[dict[str, Any]]:
             "slowest_rank": s.slowest_rank, "step_s_slowest": s.slowest.step_s,
             "median_step_s_slowest": s.slowest.median_step_s, "step_s_mean": s.mean.step_s,
             "images_per_s": s.images_per_s, "data_s": s.mean.data_s, "compute_s": s.mean.compute_s,
-            "comm_s": s.mean.comm_s, "exposed_comm_s": s.mean.exposed_comm_s, "overlap": s.mean.overlap,
+            "micro_s": s.mean.micro_s, "comm_s": s.mean.comm_s, "exposed_comm_s": s.mean.exposed_comm_s,
+            "overlap": s.mean.overlap,
             "ddptop_s": s.mean.own_s, "ddptop_share": s.mean.share(s.mean.own_s), "other_s": s.mean.other_s,
             "sent_mb": s.mean.tx_bytes / 1e6, "recv_mb": s.mean.rx_bytes / 1e6, "final_loss": s.final_loss,
             "switch_mb": s.switch_bytes / 1e6, "switch_s": s.switch_s, "steps_per_epoch": s.steps_per_epoch,

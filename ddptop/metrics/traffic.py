@@ -46,6 +46,7 @@ class StepRun:
     aside_s: float = 0.0
     data_s: float = 0.0
     fwd_s: float = 0.0  # no forward mark: `between_steps` never splits inside one
+    micro_s: float = 0.0
     bwd_s: float = 0.0
 
 
@@ -67,7 +68,7 @@ def between_steps(steps: list[StepDone], overlapped: bool = True):
         if i < 0 or steps[i].fwd_s <= 0:
             return False
         d = steps[i]
-        return t - starts[i] <= d.aside_s + d.data_s + d.fwd_s + (0.0 if overlapped else d.bwd_s)
+        return t - starts[i] <= d.aside_s + d.data_s + d.micro_s + d.fwd_s + (0.0 if overlapped else d.bwd_s)
 
     return test
 

@@ -5,8 +5,10 @@ A step's phases, in order, each ending at its mark:
   ready  the step boundary: the control exchange (ddptop), a switch or a pause (set aside, not step time)
   data   the next batch, copied to the device (an end-of-epoch test is set aside)
   fwd    forward and loss      bwd  backward (DDP: its buckets go out meanwhile)
-         with accum K > 1 these three marks are the last (synchronized) micro-step's; the K−1 before it run
-         inside `fwd` and are marked apart (`micro`), so the spans show each one (compute, with no sync)
+         with accum K > 1 `data` is the first batch's and `fwd`, `bwd` the last (synchronized) micro-step's;
+         the K−1 before it (each one's forward, backward, then the next batch's loading) run between `data`
+         and `fwd`, are marked apart (`micro`: the spans show each one) and make `micro_s`, carved out of
+         the forward's interval at the last of those marks (compute, with no sync)
   sync   the strategy's collectives      opt  the optimizer step
   tail   until the next boundary: handing the step's record to the publisher (ddptop)
 """
@@ -47,6 +49,7 @@ class _Step:
     own: dict[str, float] = field(default_factory=dict)  # ddptop's own seconds per phase
     comm: list[CommMark] = field(default_factory=list)
     micro: list = field(default_factory=list)  # (phase, mark) of the unsynchronized micro-steps, in order
+    micro_end: Any = None  # the last of them: the synchronized micro-step's batch is in (accum > 1 only)
     layers: list = field(default_factory=list)
     loss: Any = None
     end: Any = None
@@ -149,13 +152,25 @@ class StepProbe:
             if name not in cur.marks and (self.detail or name == "ready"):
                 self.mark(name)
 
-    def micro(self, phase: str) -> None:
-        """The end of a micro-step's `phase` (data, fwd, bwd) other than the step's own marks (accum > 1)."""
+    def micro(self, phase: str, last: bool = False) -> None:
+        """The end of a micro-step's `phase` (data, fwd, bwd) other than the step's own marks (accum > 1); `last`:
+        the synchronized micro-step's batch is in, the unsynchronized ones end here (micro_s). Their set-aside
+        time (an epoch's test while loading) and ddptop's own time are theirs: split off here as `mark` does."""
         if not self.detail:
             return
         began = now()
-        self._cur.micro.append((phase, self.clock.now()))
-        self.own.since(began)
+        cur = self._cur
+        mark = self.clock.now()
+        cur.micro.append((phase, mark))
+        if not last:
+            self.own.since(began)
+            return
+        cur.micro_end = mark
+        cur.host["micro"] = host = mark if self._host_clock else began  # no second host reading: µs before the mark
+        self.own.add(host - began)
+        cur.own["micro"] = self.own.take()
+        cur.aside["micro"] = cur.aside.pop("fwd", 0.0)
+        self.own.since(host)
 
     def finish(self, loss: Any, epoch: int, batch_size: int) -> None:
         """The step's training work is done; it ends at the next boundary (or `close`)."""
@@ -212,16 +227,21 @@ class StepProbe:
             return net_seconds(stop - start, self._host_s(stop - start, p.host[before], p.host[phase]), removed)
 
         data_s = net("data", "ready", at["ready"], at["data"])
-        fwd_s, bwd_s = net("fwd", "data", at["data"], at["fwd"]), net("bwd", "fwd", at["fwd"], bwd_end)
+        micro_s, fwd_from = 0.0, "data"
+        if p.micro_end is not None:  # accum > 1: the unsynchronized micro-steps, then the synchronized forward
+            at["micro"], fwd_from = rel(p.micro_end), "micro"
+            micro_s = net("micro", "data", at["data"], at["micro"])
+        fwd_s, bwd_s = net("fwd", fwd_from, at[fwd_from], at["fwd"]), net("bwd", "fwd", at["fwd"], bwd_end)
         opt_s = net("opt", "sync", at["sync"], at["opt"])
         compute = [(at["data"], at["fwd"]), (at["fwd"], bwd_end), (at["sync"], at["opt"])]
         _, comm_s, exposed_s, overlap = breakdown(compute, [(s.start_s, s.end_s) for s in comm if s.kind == "comm"])
         done = StepDone(
             rank=self.rank, step=p.step, epoch=p.epoch, segment=p.segment, t=p.wall_end, iter_s=iter_s,
-            data_s=data_s, compute_s=fwd_s + bwd_s + opt_s, comm_s=comm_s, exposed_comm_s=exposed_s, overlap=overlap,
+            data_s=data_s, compute_s=micro_s + fwd_s + bwd_s + opt_s, comm_s=comm_s, exposed_comm_s=exposed_s,
+            overlap=overlap,
             batch_size=p.batch_size, loss=loss, comm_bytes=sum(s.nbytes for s in comm),
             tx_bytes=sum(s.tx_bytes for s in comm), rx_bytes=sum(s.rx_bytes for s in comm), sampled=p.sampled,
-            fwd_s=fwd_s, bwd_s=bwd_s, opt_s=opt_s, own_s=own_s, aside_s=aside_s,
+            fwd_s=fwd_s, bwd_s=bwd_s, opt_s=opt_s, own_s=own_s, aside_s=aside_s, micro_s=micro_s,
         )
         if not p.sampled:
             return [done]

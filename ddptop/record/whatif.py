@@ -31,9 +31,11 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
     if run is None or not run.layers or run.param_bytes <= 0:
         raise RecordingError(f"{rec.path}: no parameter layout to fit on (the run's run_started event is missing)")
     fig = figures[segment]
-    rows = rec.stream(f"SELECT {', '.join(PART_FIELDS)} FROM steps WHERE segment = ? AND step >= ? AND sampled = 0 "
-                     f"AND {' AND '.join(f'{c} IS NOT NULL' for c in PART_FIELDS)}",
-                     (segment, fig.first_step + fig.warmup))
+    have = {row[1] for row in rec.query("PRAGMA table_info(steps)")}  # files from before micro_s lack it: 0
+    fields = [c for c in PART_FIELDS if c in have]
+    rows = rec.stream(f"SELECT {', '.join(c if c in have else f'0.0 AS {c}' for c in PART_FIELDS)} FROM steps "
+                      f"WHERE segment = ? AND step >= ? AND sampled = 0 AND "
+                      f"{' AND '.join(f'{c} IS NOT NULL' for c in fields)}", (segment, fig.first_step + fig.warmup))
     # spans decoded as the reader decodes them (every field checked; a row holding NULL or NaN left out)
     spans = (e for e in rec.events(("spans",)) if isinstance(e, StepSpans) and e.segment == segment)
     try:

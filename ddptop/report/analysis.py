@@ -24,7 +24,7 @@ from ddptop.metrics.traffic import StepRun
 from ddptop.report.readings import GpuRow, LinkStats, RankStats, gpus, links, quantile, rank_stats
 
 # metrics.parts' keys, and "compute" for steps recorded before compute was split into forward, backward, optimizer
-PARTS = ("data", "compute", "forward", "backward", "exposed comm", "optimizer", "ddptop", "other")
+PARTS = ("data", "compute", metrics.MICRO, "forward", "backward", "exposed comm", "optimizer", "ddptop", "other")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class SegmentStats:
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss over ranks): first, last step
     mean_rank_step_s: float = 0.0  # the mean over ranks of their mean step time (mean_step_s: the slowest rank's)
     own_s: float = 0.0  # ddptop's own time per step
+    micro_s: float = 0.0  # the K−1 micro-steps (accum > 1), inside compute_s
     other_s: float = 0.0
     last_step: int = 0
     warmup: int = 0
@@ -311,7 +312,7 @@ def _stats(label: str, fig: metrics.SegmentFigures, seg: _Segment, ctx: _Context
     return SegmentStats(
         label=label, index=fig.index, config=config, world_size=ctx.world, first_step=fig.first_step,
         measured_steps=fig.measured_steps, mean_step_s=fig.slowest.step_s, median_step_s=fig.slowest.median_step_s,
-        images_per_s=fig.images_per_s, compute_s=mean.compute_s, comm_s=mean.comm_s,
+        images_per_s=fig.images_per_s, compute_s=mean.compute_s, micro_s=mean.micro_s, comm_s=mean.comm_s,
         exposed_comm_s=mean.exposed_comm_s, overlap=mean.overlap, sent_mb_per_step=mean.tx_bytes / 1e6,
         recv_mb_per_step=mean.rx_bytes / 1e6,
         nic_sent_mb_per_step=_mean([r.nic_sent_mb for r in ranks]) if nic_ok else None,

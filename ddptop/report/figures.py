@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddptop import metrics
 from ddptop.report import plot
 from ddptop.report.analysis import PARTS, SegmentStats
 
@@ -57,7 +58,8 @@ def _step_finding(stats: list[SegmentStats], names: list[str]) -> str:
             f"{spread[0].step_p90:.3g} s.")
 
 
-PART_COLORS = {"data": "#8C8C8C", "compute": "#2F4B7C", "forward": "#4C72B0", "backward": "#64B5CD",
+PART_COLORS = {"data": "#8C8C8C", "compute": "#2F4B7C", metrics.MICRO: "#E5AE38", "forward": "#4C72B0",
+               "backward": "#64B5CD",
                "exposed comm": "#C44E52",
                "optimizer": "#55A868", "ddptop": "#DA8BC3", "other": "#CCB974"}
 

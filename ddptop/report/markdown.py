@@ -24,11 +24,11 @@ def code(text) -> str:
 
 
 COLUMNS = ("segment", "config", "ranks", "steps", "mean s/step (slowest rank)", "median s/step (slowest rank)",
-           "p10–p90 s/step (slowest rank)", "mean s/step (mean over ranks)", "img/s", "compute s", "comm s",
-           "exposed comm s", "overlap %", "ddptop ms/step", "other s", "MB sent/step (formula)",
-           "MB recv/step (formula)", "MB sent/step (NIC)", "MB recv/step (NIC)", "CPU %", "RSS MB",
-           "all-reduce bus Gbit/s", "final loss")
-# report.md shows these (23 columns are unreadable, issue 26); segments.csv beside it has every column above
+           "p10–p90 s/step (slowest rank)", "mean s/step (mean over ranks)", "img/s", "compute s",
+           "K−1 micro-steps s", "comm s", "exposed comm s", "overlap %", "ddptop ms/step", "other s",
+           "MB sent/step (formula)", "MB recv/step (formula)", "MB sent/step (NIC)", "MB recv/step (NIC)", "CPU %",
+           "RSS MB", "all-reduce bus Gbit/s", "final loss")
+# report.md shows these (24 columns are unreadable, issue 26); segments.csv beside it has every column above
 ESSENTIAL = ("segment", "config", "ranks", "steps", "mean s/step (slowest rank)", "p10–p90 s/step (slowest rank)",
              "img/s", "compute s", "comm s", "exposed comm s", "overlap %", "MB sent/step (formula)",
              "MB sent/step (NIC)", "all-reduce bus Gbit/s", "final loss")
@@ -48,7 +48,8 @@ def segment_name(s: SegmentStats) -> str:
 def row(s: SegmentStats) -> list[str]:
     return [segment_name(s), s.config.describe(), str(s.world_size), str(s.measured_steps),
             f"{s.mean_step_s:.4f}", f"{s.median_step_s:.4f}", f"{s.step_p10:.4f}–{s.step_p90:.4f}",
-            f"{s.mean_rank_step_s:.4f}", f"{s.images_per_s:.1f}", f"{s.compute_s:.4f}", f"{s.comm_s:.4f}",
+            f"{s.mean_rank_step_s:.4f}", f"{s.images_per_s:.1f}", f"{s.compute_s:.4f}", f"{s.micro_s:.4f}",
+            f"{s.comm_s:.4f}",
             f"{s.exposed_comm_s:.4f}", f"{100 * s.overlap:.1f}", f"{s.own_s * 1e3:.2f}" if s.own_recorded else "–",
             f"{s.other_s:.4f}",
             f"{s.sent_mb_per_step:.2f}", f"{s.recv_mb_per_step:.2f}", _opt(s.nic_sent_mb_per_step, ".2f"),

@@ -229,7 +229,8 @@ class Trainer:
 
         Each micro-step's loss is divided by accum, so the summed gradient is the mean over all accum·b samples;
         `context(last)` wraps each (DDP: no_sync() for all but the last). The phase marks belong to the last,
-        synchronized micro-step; the accum−1 before it are marked apart (their spans say "no sync")."""
+        synchronized micro-step (`data` the first batch's); the accum−1 before it are marked apart (their spans say
+        "no sync"), the last of those marks ending them (StepDone.micro_s)."""
         probe, accum = self.probe, self.sync.accum
         losses, samples = [], 0
         for index in range(accum):
@@ -237,7 +238,7 @@ class Trainer:
             if index:
                 inputs, labels = self._next_batch(criterion)
             inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-            probe.mark("data") if index == 0 else probe.micro("data")
+            probe.mark("data") if index == 0 else probe.micro("data", last)
             with context(last):
                 loss = criterion(module(inputs), labels)
                 probe.mark("fwd") if last else probe.micro("fwd")

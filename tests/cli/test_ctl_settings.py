@@ -205,3 +205,12 @@ def test_accum_and_compression_move_what_they_mean_and_meaningless_ones_are_refu
     assert {name for _, _, name in collectives(db, 9)} == {"bucket 0", "bucket 1"}  # once per step, not 3 times
     powersgd = per_step(11, POWERSGD_STEPS - 3)  # its steps from the 11th on: the rank-2 factors and the vectors
     assert powersgd and max(powersgd) < full // 5, powersgd
+
+
+def test_steps_have_micro_steps_exactly_where_their_segment_accumulates(driven):
+    """micro_s (the K−1 unsynchronized micro-steps) on every step of the accum 2 and 3 segments set live, on none of
+    the accum 1 ones; the segment's accum read from the recording's own segments table."""
+    db, _, _ = driven
+    rows = db.execute("SELECT DISTINCT json_extract(g.config, '$.accum') > 1, s.micro_s > 0 FROM steps s "
+                      "JOIN segments g ON g.segment = s.segment").fetchall()
+    assert sorted(rows) == [(0, 0), (1, 1)], rows

@@ -13,7 +13,9 @@ from ddptop.metrics.whatif.data import CommSample, SegmentData
 _KINDS = {"bucket": "allreduce", "allreduce": "allreduce", "gather": "gather", "scatter": "scatter",
           "broadcast": "broadcast"}
 # a step's parts as the steps table holds them (StepDone's fields of the same names)
-PART_FIELDS = ("iter_s", "data_s", "fwd_s", "bwd_s", "opt_s", "own_s", "comm_s", "exposed_comm_s", "compute_s")
+# (micro_s last: a file from before it reads 0 there, ddptop.record.whatif)
+PART_FIELDS = ("iter_s", "data_s", "fwd_s", "bwd_s", "opt_s", "own_s", "comm_s", "exposed_comm_s", "compute_s",
+               "micro_s")
 
 
 class NoFit(ValueError):
@@ -27,14 +29,16 @@ def step_row(step) -> tuple[float, ...]:
 
 def parts(rows: Iterable[Sequence[float]]) -> dict[str, float]:
     """Means of the measured steps' parts; `rest_s` is ddptop's own time plus `other` (the step less its parts).
-    Rows holding a non-finite number are left out, as the reader leaves them out everywhere (NaN reads as NULL)."""
+    Rows holding a non-finite number are left out, as the reader leaves them out everywhere (NaN reads as NULL).
+    `fwd_s` holds the K−1 unsynchronized micro-steps too (StepDone.micro_s, where they run: the forward's interval),
+    as settings.micro_s divides data + forward + backward by accum; files from before micro_s hold them there."""
     sums, n = [0.0] * 8, 0
     for row in rows:
-        it, data, fwd, bwd, opt, own, comm, exposed, compute = row
+        it, data, fwd, bwd, opt, own, comm, exposed, compute, micro = row
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in row):
             continue
         other = max(0.0, it - data - compute - exposed - own)
-        for i, v in enumerate((data, fwd, bwd, opt, own, comm, exposed, other)):
+        for i, v in enumerate((data, fwd + micro, bwd, opt, own, comm, exposed, other)):
             sums[i] += v
         n += 1
     data, fwd, bwd, opt, own, comm, exposed, other = (s / n if n else 0.0 for s in sums)

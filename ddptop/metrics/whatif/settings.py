@@ -46,11 +46,11 @@ def powersgd_rank(compress: str) -> int:
 
 
 def micro_s(data_s: float, fwd_s: float, bwd_s: float, accum: int) -> float:
-    """One micro-step's data, forward and backward from a segment's mean step parts. The step's phase marks are its
-    last micro-step's, and the forward one runs from the step's start: it holds the K−1 micro-steps before it
-    (README's glossary: micro-step), so data + forward + backward is K micro-steps' work. Measured backward is kept
-    whole: a no_sync backward skips DDP's bucket copies, but the lab's 2.2 ns a byte would leave the wide MLP's
-    13.8 ms backward (7.36 MB: 16 ms) nothing."""
+    """One micro-step's data, forward and backward from a segment's mean step parts. The step's forward and
+    backward marks are its last micro-step's, and the segment's forward holds the K−1 micro-steps before it (a
+    step's micro_s, which inputs.parts adds back: README's glossary, K−1 micro-steps), so data + forward + backward
+    is K micro-steps' work. Measured backward is kept whole: a no_sync backward skips DDP's bucket copies, but the
+    lab's 2.2 ns a byte would leave the wide MLP's 13.8 ms backward (7.36 MB: 16 ms) nothing."""
     return (data_s + fwd_s + bwd_s) / max(1, accum)
 
 

@@ -7,6 +7,8 @@ Nothing is told by colour alone: every bar category has its own glyph, every plo
 
 from __future__ import annotations
 
+from ddptop.metrics import MICRO
+
 ORANGE, SKY, GREEN, YELLOW, BLUE, VERMILLION, PURPLE = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2",
                                                        "#D55E00", "#CC79A7")
 GREY, DARK = "#999999", "#5f5f5f"
@@ -14,6 +16,7 @@ GREY, DARK = "#999999", "#5f5f5f"
 # the parts of a step (ddptop.metrics.parts), in the order a step runs them: (colour, glyph)
 PARTS: dict[str, tuple[str, str]] = {
     "data": (GREY, "░"),
+    MICRO: (YELLOW, "▚"),  # accum > 1: compute, before the synchronized micro-step's forward
     "forward": (SKY, "█"),
     "backward": (BLUE, "▓"),
     "exposed comm": (VERMILLION, "╳"),
