@@ -52,4 +52,8 @@ def common(stats: list[SegmentStats]) -> str:
     lrs = {s.config.lr for s in stats}
     if len(lrs) == 1:
         words.append(f"lr {next(iter(lrs)):g}")
+    settings = {(s.config.accum, s.config.compress) for s in stats}
+    if len(settings) == 1:  # what a step is and what the wire carries: said where they are not the default
+        accum, compress = next(iter(settings))
+        words += ([f"accum {accum}"] if accum > 1 else []) + ([compress] if compress != "none" else [])
     return ", ".join(words)

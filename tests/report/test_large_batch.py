@@ -96,3 +96,16 @@ def test_the_accum_figure_draws_sql_on_the_recordings(q4, tmp_path):
         step = math.ceil(samples / batch) - 1  # the step where this run had trained `samples` per rank
         loss = db.execute("SELECT avg(loss) FROM steps WHERE step = ?", (step,)).fetchone()[0]
         assert losses[f"after {samples} samples per rank"][i] == pytest.approx(loss, rel=1e-9)
+
+
+def test_a_figures_title_says_the_accum_every_segment_shown_shares(q4):
+    """One run of accum 8 (SQL: its one segment's config): the figures' common words name it; the batch-128 run
+    (accum 1) and the four runs together (accum 1 and 8) do not."""
+    from ddptop.report.labels import common
+
+    runs, dbs = q4
+    (accum,) = dbs["b1024"].execute("SELECT DISTINCT json_extract(config, '$.accum') FROM segments").fetchone()
+    assert accum == 8
+    stats = {run.label: run.segments for run in runs}
+    assert common(stats["b1024"]).endswith(", accum 8"), common(stats["b1024"])
+    assert "accum" not in common(stats["b128"]) and "accum" not in common([s for r in runs for s in r.segments])
