@@ -135,9 +135,20 @@ def _finite(check: Callable, optional: bool = False) -> Callable:
     return checked
 
 
+def _plain(kind: type, check: Callable) -> Callable:
+    """`check`, with the common value first: a finite value of exactly `kind` is itself (v − v is 0.0 only when v
+    is finite). A report reads every step row twice: 47 M column checks for 10^6 rows, 38% of its CPU."""
+    def checked(v: Any) -> Any:
+        if type(v) is kind and v - v == 0:
+            return v
+        return check(v)
+    return checked
+
+
 # a typed column of steps, spans or system: NULL (SQLite stores NaN as NULL), NaN and ±inf are BadNumber, except
 # where the field may be empty (`… | None`) and in LOSS_FIELDS
-_COLUMN = {**_CHECKS, "int": _finite(_int), "float": _finite(_float), "bool": _finite(_bool),
+_COLUMN = {**_CHECKS, "int": _plain(int, _finite(_int)), "float": _plain(float, _finite(_float)),
+           "bool": _finite(_bool),
            "float | None": _finite(_float, optional=True), "int | None": _finite(_int, optional=True)}
 LOSS_FIELDS = {"loss"}  # a diverged loss is NaN (stored as NULL) or infinite: a value worth showing, not damage
 _STEP_CHECKS = [(lambda v: math.nan if v is None else _float(v)) if f.name in LOSS_FIELDS else _COLUMN[f.type]
