@@ -308,18 +308,25 @@ class ControlAgent:
         self.emit(ControlRefused(request_id, reason, time.time()))
 
     def _take(self, store: dist.Store, request_id: int) -> None:
+        """Answer a request, then act on it: a `set` queued before its "pending" answer was written could be applied
+        and answered "applied" by the training thread first, and "pending" then overwrote "applied" (under load
+        `ctl` waited out its 30 s)."""
         raw = store.get(keys.ctl_request(request_id))
         store.delete_key(keys.ctl_request(request_id))  # used once: a copy left in the store replays nothing
+        then = None
         try:
             request = read_request(self.keys, request_id, raw, self._replays)
-            response = self._accept(request_id, request)
+            response, then = self._accept(request_id, request)
         except (ValueError, DdptopError) as exc:
             reason = str(exc)
             self._refuse(request_id, reason)
             response = {"ok": False, "error": reason}
         self._answer(store, request_id, response)
+        if then is not None:
+            then()
 
-    def _accept(self, request_id: int, request: dict) -> dict:
+    def _accept(self, request_id: int, request: dict) -> tuple[dict, Callable[[], None] | None]:
+        """The answer to a valid request and what follows it once the answer is written (None: nothing)."""
         op = request["op"]
         with self._lock:
             if op == "pause":
@@ -329,12 +336,16 @@ class ControlAgent:
             elif op == "stop":
                 self._stop_requested = True
             if op != "set":
-                return {"ok": True, "state": "accepted"}
+                return {"ok": True, "state": "accepted"}, None
             if self.sweep_segments:
                 raise UsageError(f"a profile sweep of {self.sweep_segments} segments owns the configuration "
                                  "until it ends: set is refused (pause, resume and stop work)")
             config = apply_changes(self._latest, request["changes"])
             self.check(config)
             self._latest = config
-            self._pending.append(Decision(request_id, config, request["who"]))
-        return {"ok": True, "state": "pending", "step": self.step}
+        decision = Decision(request_id, config, request["who"])
+        return {"ok": True, "state": "pending", "step": self.step}, lambda: self._queue(decision)
+
+    def _queue(self, decision: Decision) -> None:
+        with self._lock:
+            self._pending.append(decision)
