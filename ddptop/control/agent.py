@@ -31,7 +31,7 @@ from ddptop.control import keys
 from ddptop.control.auth import BadValue, JobKeys
 from ddptop.control.commands import Replays, apply_changes, open_json, read_request, seal_json
 from ddptop.errors import DdptopError, PeerLost, UsageError
-from ddptop.events import ControlRefused, Event, RunState
+from ddptop.events import ControlRefused, Event, RunState, TuneAsked
 
 CLOSE_WAIT_S = 2.0  # what close gives the control thread before cutting its client (a link gone quiet)
 POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
@@ -335,6 +335,10 @@ class ControlAgent:
                 self._paused = False
             elif op == "stop":
                 self._stop_requested = True
+            if op == "tune":
+                self._check_tune()
+                return {"ok": True, "state": "pending", "step": self.step}, lambda: self.emit(
+                    TuneAsked(self.rank, request_id, request["who"], time.time()))
             if op != "set":
                 return {"ok": True, "state": "accepted"}, None
             if self.sweep_segments:
@@ -349,3 +353,15 @@ class ControlAgent:
     def _queue(self, decision: Decision) -> None:
         with self._lock:
             self._pending.append(decision)
+
+    def _check_tune(self) -> None:
+        """`ctl tune bucket` tries DDP bucket sizes: refused where there is nothing to tune (the front's tuner says
+        when one is already running)."""
+        if self.world_size < 2:
+            raise UsageError("tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
+        if self._latest.strategy != "ddp":
+            raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {self._latest.strategy} "
+                             "(ddptop ctl set strategy=ddp first)")
+        if self.sweep_segments:
+            raise UsageError(f"a profile sweep of {self.sweep_segments} segments owns the configuration until it "
+                             "ends: tune is refused")
