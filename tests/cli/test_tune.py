@@ -145,3 +145,18 @@ def test_run_flag_tune_refusals_are_one_line_and_exit_2(tmp_path, argv, said):
     done = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--model", "tiny", "--tune", "bucket",
                            "--no-record", *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.strip() == f"ddptop: {said}", done.stderr
+
+
+def test_a_run_that_ends_during_the_tune_still_records_its_note(tmp_path):
+    """50 steps: the start needs ~21 and each trial ~22, so the ranks finish while a trial runs; the tuner is closed
+    before the feed's last drain, and its note (stopped, with the trials done) reaches the recording every time."""
+    argv = [sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--model", "tiny", "--steps", "50",
+            "--span-every", "2", "--strategy", "ddp", "--tune", "bucket", "--token", TOKEN, "--port", str(free_port()),
+            "--record", str(tmp_path / "run.db")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    with sqlite3.connect(tmp_path / "run.db") as con:
+        notes = [json.loads(d) for (d,) in con.execute("SELECT data FROM events WHERE kind = 'tune_note'")]
+    assert len(notes) == 1 and notes[0]["kept_mb"] == 0, notes
+    assert notes[0]["reason"] == "the run ended during the tune", notes
+    assert f"tune bucket stopped after {len(notes[0]['trials'])} trials: the run ended during the tune" in done.stdout
