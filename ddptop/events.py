@@ -570,7 +570,12 @@ def _record(cls: type, value: Any, where: str) -> Any:
         elif f.name in value:
             check = _config if (cls, f.name) == (ConfigApplied, "config") else functools.partial(_check, hints[f.name])
             kwargs[f.name] = check(value[f.name], prefix + f.name)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a field missing: a nested record (a tune's trial) says which field held it
+        if not where:
+            raise
+        raise EventDecodeError(f"{where}: {exc}") from None
 
 
 def _check(tp: Any, value: Any, where: str) -> Any:

@@ -83,8 +83,8 @@ def compose(source: Source | None, *, world_size: int = 0, liveness: Any = None,
                                                     or alarm is not None or tuner is not None) else None
     if alarm is not None:
         alarm.derived = derived
-    if tuner is None:
-        return Feed(source, sinks, state=state, derived=derived)
-    feed = Feed(source, [*sinks, tuner], state=state, derived=derived, before_drain=tuner.close)
-    tuner.state, tuner.derived = feed.state, derived
+    feed = Feed(source, [*sinks, *([tuner] if tuner is not None else [])], state=state, derived=derived,
+                before_drain=tuner.close if tuner is not None else None)
+    if tuner is not None:
+        tuner.state, tuner.derived = feed.state, derived
     return feed

@@ -42,7 +42,7 @@ class Tuner:
         for e in events:
             if isinstance(e, RunStarted) and self.auto and self._thread is None:
                 self._start(0)
-            elif isinstance(e, TuneAsked):
+            elif isinstance(e, TuneAsked) and e.rank == 0:  # only rank 0 reads requests (control.agent)
                 if self._thread is not None and self._thread.is_alive():
                     self._say(e.request_id, {"ok": False, "error": "a tune is already running (asked by "
                                              f"{'request ' + str(self._request) if self._request else '--tune'})"})

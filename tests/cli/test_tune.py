@@ -138,8 +138,10 @@ def test_ctl_tune_on_allreduce_is_one_line_and_exit_1(tmp_path):
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["--local", "2", "--strategy", "allreduce"], "--tune bucket tunes DDP's buckets, not allreduce (add --strategy ddp)"),
-    (["--local", "1", "--strategy", "ddp"], "--tune bucket needs 2 ranks or more: with 1 there is nothing to communicate"),
+    (["--local", "2", "--strategy", "allreduce"],
+     "--tune bucket tunes DDP's buckets, not allreduce (add --strategy ddp)"),
+    (["--local", "1", "--strategy", "ddp"],
+     "--tune bucket needs 2 ranks or more: with 1 there is nothing to communicate"),
 ])
 def test_run_flag_tune_refusals_are_one_line_and_exit_2(tmp_path, argv, said):
     done = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--model", "tiny", "--tune", "bucket",
