@@ -476,11 +476,56 @@ class EventsRefused(Event):
     t: float
 
 
+@dataclass(frozen=True)
+class TuneAsked(Event):
+    """Rank 0 accepted `ddptop ctl tune bucket` (request `request_id`): the front's tuner takes it from here."""
+
+    kind: ClassVar[str] = "tune_asked"
+    rank: int
+    request_id: int
+    who: str
+    t: float
+
+
+@dataclass(frozen=True)
+class TuneTrial:
+    """One bucket size a tune measured: the slowest rank's mean step over steps first..last of `segment`."""
+
+    segment: int
+    bucket_mb: float
+    first_step: int
+    last_step: int
+    step_s: float
+
+
+@dataclass(frozen=True)
+class TuneNote(Event):
+    """A tune's outcome, said by the front: the starting size, each trial, the size kept and the gain against the
+    start (start − kept, s/step; 0 when the start was kept). `kept_mb` 0: the tune stopped (`reason` says why)."""
+
+    kind: ClassVar[str] = "tune_note"
+    request_id: int  # the ctl request that asked for it; 0: --tune bucket
+    start: TuneTrial
+    trials: tuple[TuneTrial, ...]
+    kept_mb: float
+    gain_s: float
+    reason: str
+    t: float
+
+    def describe(self) -> str:
+        if not self.kept_mb:
+            return f"tune bucket stopped after {len(self.trials)} trials: {self.reason}"
+        tried = ", ".join(f"{x.bucket_mb:g} MB {x.step_s * 1e3:.1f} ms" for x in self.trials)
+        share = self.gain_s / self.start.step_s if self.start.step_s > 0 else 0.0
+        return (f"tune bucket: kept {self.kept_mb:g} MB, {-self.gain_s * 1e3:+.1f} ms/step ({-share:+.1%}) against "
+                f"{self.start.bucket_mb:g} MB ({self.start.step_s * 1e3:.1f} ms); tried {tried}")
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
                               ConfigApplied, ControlRefused, RankLost, RunState, RankBack, TelemetryGap,
                               RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory, EventsRefused,
-                              ClockSync)
+                              ClockSync, TuneAsked, TuneNote)
 }
 
 
@@ -528,7 +573,12 @@ def _record(cls: type, value: Any, where: str) -> Any:
         elif f.name in value:
             check = _config if (cls, f.name) == (ConfigApplied, "config") else functools.partial(_check, hints[f.name])
             kwargs[f.name] = check(value[f.name], prefix + f.name)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a field missing: a nested record (a tune's trial) says which field held it
+        if not where:
+            raise
+        raise EventDecodeError(f"{where}: {exc}") from None
 
 
 def _check(tp: Any, value: Any, where: str) -> Any:

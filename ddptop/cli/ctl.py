@@ -73,19 +73,22 @@ CTL_OPS = {"status": "the job's step, config in force and each rank's recent ste
            "set": "change the configuration: KEY=VALUE … (strategy, bucket_mb, async_op, batch_size, lr, scale_lr, "
                   "accum, compress, lr_warmup_steps)",
            "pause": "pause every rank at the next step boundary", "resume": "resume a paused job",
-           "stop": "stop every rank at the next step boundary"}
+           "stop": "stop every rank at the next step boundary",
+           "tune": "tune bucket: try the what-if model's best DDP bucket sizes as short segments, keep the fastest"}
 
 
 def ctl_parser() -> argparse.ArgumentParser:
     p = Parser(prog="ddptop ctl", description="Control a running ddptop job from a shell.",
                 epilog="operations:\n" + "\n".join(f"  {op:<8} {what}" for op, what in CTL_OPS.items()) +
-                "\n\nexit codes: 0 done, 1 refused by the job (wrong token, rank 0 said no, not applied in time or before "
-                "the job ended), 2 bad input, 4 no job there, 5 a rank lost (or the job gone) while a request waited",
+                "\n\nexit codes: 0 done, 1 refused by the job (wrong token, rank 0 said no, a tune refused or stopped, "
+                "not applied in time or before the job ended), 2 bad input, 4 no job there, 5 a rank lost (or the job "
+                "gone) while a request waited",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_job_flags(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a change to be applied (30)")
-    p.add_argument("op", nargs="?", metavar="OP", help="status, set, pause, resume or stop")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for a change to be applied (30; a tune's outcome: 600)")
+    p.add_argument("op", nargs="?", metavar="OP", help="status, set, pause, resume, stop or tune")
     p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
                    help="for set: strategy, bucket_mb, async_op, batch_size, lr, scale_lr, accum, "
                    "compress, lr_warmup_steps")
@@ -96,12 +99,17 @@ def cmd_ctl(argv: Sequence[str]) -> int:
     args = ctl_parser().parse_args(argv)
     if args.op not in CTL_OPS:
         said = f"unknown operation {args.op!r}" if args.op else "say what to do"
-        raise UsageError(f"ctl: {said}: status, set KEY=VALUE …, pause, resume or stop (see ddptop ctl --help)")
+        raise UsageError(f"ctl: {said}: status, set KEY=VALUE …, pause, resume, stop or tune bucket "
+                         "(see ddptop ctl --help)")
     from ddptop.control.client import ControlClient
     from ddptop.control.commands import parse_assignments
 
-    if args.op != "set" and args.assignments:
+    if args.op == "tune" and args.assignments != ["bucket"]:
+        raise UsageError("ctl tune: say what to tune: ddptop ctl tune bucket")
+    if args.op not in ("set", "tune") and args.assignments:
         raise UsageError(f"{args.op} takes no KEY=VALUE arguments")
+    if args.timeout is None:
+        args.timeout = 600.0 if args.op == "tune" else 30.0
     changes = parse_assignments(args.assignments) if args.op == "set" else None
     check_port(args.port)
     if not 0 < args.timeout <= 86400:
@@ -122,6 +130,10 @@ def cmd_ctl(argv: Sequence[str]) -> int:
                   f"{args.op}: the job is already {'paused' if args.op == 'pause' else 'running'} (step "
                   f"{status['step']}); nothing sent")
             return 0
+    if args.op == "tune":
+        answer = client.tune(args.timeout)
+        print(json.dumps(answer) if args.json else clean_lines(str(answer.get("line", ""))))
+        return 0
     answer = client.send(args.op, changes, timeout_s=args.timeout)
     if args.json:
         print(json.dumps(answer))

@@ -117,6 +117,9 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--no-record", action="store_true", help="do not record the run")
     what.add_argument("--save", metavar="FILE", help="at the end, rank 0 writes the model's state_dict to FILE "
                                                     "(torch.save; FILE must not exist)")
+    look.add_argument("--tune", choices=["bucket"], default=None,
+                      help="bucket: once the run started, try the what-if model's best DDP bucket sizes as short "
+                      "segments and keep the fastest (README: What-if / advise)")
     look.add_argument("--record-required", action="store_true",
                       help="stop the job if the recording fails (disk full); without it training goes on")
     return p
@@ -189,6 +192,8 @@ def cmd_run(argv: Sequence[str]) -> int:
     rendezvous.check_host(rdv.master, rdv.port)
     if args.local is not None and args.world_size not in (None, args.local):
         raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
+    if args.tune:
+        _check_tune(cfg, rdv)
     placement = devices.place(cfg.backend, cfg.device, rdv.local_world_size, gpus)  # this machine's ranks
     for sync in cfg.sweep or (cfg.sync,):
         devices.check_strategy(placement.device, placement.backend, sync.strategy)
@@ -206,4 +211,17 @@ def cmd_run(argv: Sequence[str]) -> int:
         else args.record
     return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
                headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after,
-               fresh_name=args.record is None, collective_timeout_s=args.collective_timeout)
+               fresh_name=args.record is None, collective_timeout_s=args.collective_timeout, tune=bool(args.tune))
+
+
+def _check_tune(cfg: RunConfig, rdv) -> None:
+    """--tune bucket: refused before anything starts where there is nothing to tune or no front to tune from."""
+    if cfg.sweep:
+        raise UsageError("--tune bucket and a profile's sweep both want the configuration: use one")
+    if cfg.sync.strategy != "ddp":
+        raise UsageError(f"--tune bucket tunes DDP's buckets, not {cfg.sync.strategy} (add --strategy ddp)")
+    if rdv.world_size < 2:
+        raise UsageError("--tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
+    if not (rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)):
+        raise UsageError("--tune bucket is given to rank 0's front (--local, or --rank 0); under torchrun or Slurm "
+                         "run `ddptop ctl tune bucket` once the job runs")

@@ -31,7 +31,7 @@ from ddptop.control import keys
 from ddptop.control.auth import BadValue, JobKeys
 from ddptop.control.commands import Replays, apply_changes, open_json, read_request, seal_json
 from ddptop.errors import DdptopError, PeerLost, UsageError
-from ddptop.events import ControlRefused, Event, RunState
+from ddptop.events import ControlRefused, Event, RunState, TuneAsked
 
 CLOSE_WAIT_S = 2.0  # what close gives the control thread before cutting its client (a link gone quiet)
 POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
@@ -308,18 +308,25 @@ class ControlAgent:
         self.emit(ControlRefused(request_id, reason, time.time()))
 
     def _take(self, store: dist.Store, request_id: int) -> None:
+        """Answer a request, then act on it: a `set` queued before its "pending" answer was written could be applied
+        and answered "applied" by the training thread first, and "pending" then overwrote "applied" (under load
+        `ctl` waited out its 30 s)."""
         raw = store.get(keys.ctl_request(request_id))
         store.delete_key(keys.ctl_request(request_id))  # used once: a copy left in the store replays nothing
+        then = None
         try:
             request = read_request(self.keys, request_id, raw, self._replays)
-            response = self._accept(request_id, request)
+            response, then = self._accept(request_id, request)
         except (ValueError, DdptopError) as exc:
             reason = str(exc)
             self._refuse(request_id, reason)
             response = {"ok": False, "error": reason}
         self._answer(store, request_id, response)
+        if then is not None:
+            then()
 
-    def _accept(self, request_id: int, request: dict) -> dict:
+    def _accept(self, request_id: int, request: dict) -> tuple[dict, Callable[[], None] | None]:
+        """The answer to a valid request and what follows it once the answer is written (None: nothing)."""
         op = request["op"]
         with self._lock:
             if op == "pause":
@@ -328,13 +335,33 @@ class ControlAgent:
                 self._paused = False
             elif op == "stop":
                 self._stop_requested = True
+            if op == "tune":
+                self._check_tune()
+                return {"ok": True, "state": "pending", "step": self.step}, lambda: self.emit(
+                    TuneAsked(self.rank, request_id, request["who"], time.time()))
             if op != "set":
-                return {"ok": True, "state": "accepted"}
+                return {"ok": True, "state": "accepted"}, None
             if self.sweep_segments:
                 raise UsageError(f"a profile sweep of {self.sweep_segments} segments owns the configuration "
                                  "until it ends: set is refused (pause, resume and stop work)")
             config = apply_changes(self._latest, request["changes"])
             self.check(config)
             self._latest = config
-            self._pending.append(Decision(request_id, config, request["who"]))
-        return {"ok": True, "state": "pending", "step": self.step}
+        decision = Decision(request_id, config, request["who"])
+        return {"ok": True, "state": "pending", "step": self.step}, lambda: self._queue(decision)
+
+    def _queue(self, decision: Decision) -> None:
+        with self._lock:
+            self._pending.append(decision)
+
+    def _check_tune(self) -> None:
+        """`ctl tune bucket` tries DDP bucket sizes: refused where there is nothing to tune (the front's tuner says
+        when one is already running)."""
+        if self.world_size < 2:
+            raise UsageError("tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
+        if self._latest.strategy != "ddp":
+            raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {self._latest.strategy} "
+                             "(ddptop ctl set strategy=ddp first)")
+        if self.sweep_segments:
+            raise UsageError(f"a profile sweep of {self.sweep_segments} segments owns the configuration until it "
+                             "ends: tune is refused")

@@ -16,7 +16,7 @@ from typing import Any
 from ddptop.config import SyncConfig
 from ddptop.control import channel, keys, litestore
 from ddptop.control.auth import BadValue, JobKeys, stretch
-from ddptop.control.commands import apply_changes, make_request, open_json, who_am_i
+from ddptop.control.commands import apply_changes, make_request, open_json, seal_json, who_am_i
 from ddptop.control.token import TOKEN_ENV, check_token, find_job, last_ended_job
 from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
 
@@ -189,6 +189,28 @@ class ControlClient:
             return open_json(self.job.control, keys.ctx_response(self.job.job_id, request_id), raw, keys.MAX_SMALL_BYTES)
         except BadValue as exc:
             raise ControlError(f"rank 0's answer to request {request_id} is refused ({exc})") from None
+
+    def poll(self, request_id: int) -> dict[str, Any] | None:
+        """The answer to `request_id` now, or None while there is none (a waiter that checks other things too)."""
+        return self._answer(request_id) if self.store.check([keys.ctl_response(request_id)]) else None
+
+    def say(self, request_id: int, answer: dict[str, Any]) -> None:
+        """The front's answer to a request rank 0 handed on (a tune's outcome), sealed as rank 0 seals its own."""
+        self.store.set(keys.ctl_response(request_id),
+                       seal_json(self.job.control, keys.ctx_response(self.job.job_id, request_id), answer))
+
+    def tune(self, timeout_s: float) -> dict[str, Any]:
+        """`tune bucket`: rank 0 accepts it (or refuses: not DDP, one rank, a sweep), the front's tuner answers with
+        the outcome once its trials are done, or refuses (a tune already running)."""
+        request_id = self.request("tune")
+        deadline = time.monotonic() + timeout_s
+        answer = self._await(request_id, deadline, lambda a: a.get("state") != "pending" or not a.get("ok"),
+                             f"request {request_id}: the tune did not end within {timeout_s:g} s")
+        if not answer.get("ok"):
+            raise ControlError(f"refused: {answer.get('error')}" if answer.get("state") != "failed"
+                               else f"tune bucket stopped: {answer.get('error')}")
+        self.store.delete_key(keys.ctl_response(request_id))
+        return {"request_id": request_id, **answer}
 
     def send(self, op: str, changes: dict[str, Any] | None = None, wait_applied: bool = True,
              timeout_s: float = 30.0) -> dict[str, Any]:

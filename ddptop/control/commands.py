@@ -16,7 +16,7 @@ from ddptop.control.auth import BadValue, JobKeys, seal, unseal
 from ddptop.errors import UsageError
 from ddptop.safe import clean
 
-OPS = ("set", "pause", "resume", "stop")
+OPS = ("set", "pause", "resume", "stop", "tune")
 SETTABLE = {"strategy": str, "bucket_mb": float, "async_op": bool, "batch_size": int, "lr": float, "scale_lr": bool,
             "accum": int, "compress": str, "lr_warmup_steps": int}
 MAX_REQUEST_BYTES = 4096

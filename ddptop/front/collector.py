@@ -42,7 +42,7 @@ def main() -> int:
         source = liveness = None
     alarm.stop = lambda: _stop_job(spec)
     feed = compose(source, world_size=spec["world_size"], liveness=liveness, sinks=[recorder] if recorder else [],
-                   state=state, alarm=alarm).start()
+                   state=state, alarm=alarm, tuner=_tuner(spec) if source is not None else None).start()
     if source is not None:
         _announce(spec)
     done.wait()
@@ -94,6 +94,14 @@ def _client(spec: dict):
     from ddptop.control.channel import ChannelClient
 
     return ChannelClient(spec["master"], spec["channel"].port, _keys(spec).control, timeout_s=spec["timeout_s"])
+
+
+def _tuner(spec: dict):
+    """The tuner that answers `ddptop ctl tune bucket` (--tune is a front's flag: refused under torchrun)."""
+    from ddptop.control.client import ControlClient
+    from ddptop.front.tune import Tuner
+
+    return Tuner(lambda: ControlClient(spec["master"], spec["port"], spec["token"], role="tune", prefix=spec["prefix"]))
 
 
 def _stop_job(spec: dict) -> None:

@@ -62,8 +62,10 @@ class Feed:
     front's own events (lost ranks, fingerprint checks, recorder alarms) after each poll."""
 
     def __init__(self, source: Source | None, sinks: Sequence[Sink] = (), state: SharedState | None = None,
-                 derived: Callable[[list[Event]], list[Event]] | None = None, interval_s: float = POLL_S):
+                 derived: Callable[[list[Event]], list[Event]] | None = None, interval_s: float = POLL_S,
+                 before_drain: Callable[[], None] | None = None):
         self.source, self.derived, self.interval_s = source, derived, interval_s
+        self.before_drain = before_drain  # the tuner's close: what it still adds to `derived` goes out in the drain
         self.state = state or SharedState()
         self.sinks = list(sinks)
         self.error: str | None = None  # the first sink failure (each distinct one is said as it happens)
@@ -144,6 +146,11 @@ class Feed:
         self._halt.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
+        with self._lock:
+            if self._closed:
+                return
+        if self.before_drain is not None:  # outside the lock: what it waits for may push through this feed
+            self.before_drain()
         with self._lock:
             if self._closed:
                 return

@@ -73,12 +73,18 @@ class Derived:
 
 
 def compose(source: Source | None, *, world_size: int = 0, liveness: Any = None, job: Any = None,
-            sinks: Sequence[Sink] = (), state: SharedState | None = None, alarm: Any = None) -> Feed:
+            sinks: Sequence[Sink] = (), state: SharedState | None = None, alarm: Any = None, tuner: Any = None
+            ) -> Feed:
     """The front's pipeline over `source`: what every way of watching a job calls. A replay passes the source
     alone (its derived events were recorded); a live front passes the job's world size, its liveness watcher, the
-    job it supervises, its recording and the alarm the recording raises when it fails."""
+    job it supervises, its recording, the alarm the recording raises when it fails and its tuner (front.tune), whose
+    notes go out as derived events and which is closed before the feed's last drain, so its outcome is recorded."""
     derived = Derived(world_size, liveness, job) if (world_size or liveness is not None or job is not None
-                                                    or alarm is not None) else None
+                                                    or alarm is not None or tuner is not None) else None
     if alarm is not None:
         alarm.derived = derived
-    return Feed(source, sinks, state=state, derived=derived)
+    feed = Feed(source, [*sinks, *([tuner] if tuner is not None else [])], state=state, derived=derived,
+                before_drain=tuner.close if tuner is not None else None)
+    if tuner is not None:
+        tuner.state, tuner.derived = feed.state, derived
+    return feed

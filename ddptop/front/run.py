@@ -28,10 +28,11 @@ def records_here(rdv: Rendezvous) -> bool:
 
 def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None,
         record: str | None = None, headless: bool = True, record_required: bool = False,
-        lost_after_s: float = 10.0, fresh_name: bool = False, collective_timeout_s: float = 300.0) -> int:
+        lost_after_s: float = 10.0, fresh_name: bool = False, collective_timeout_s: float = 300.0,
+        tune: bool = False) -> int:
     """`fresh_name`: `record` is a name ddptop chose (the runs folder's), so another run that took it in the same
     second moves this one to the next free name instead of failing. `collective_timeout_s`: the process groups'
-    timeout, after which a collective that waits on a peer fails (PeerLost, exit 5)."""
+    timeout, after which a collective that waits on a peer fails (PeerLost, exit 5). `tune`: --tune bucket."""
     if record and not records_here(rdv):
         print(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank", file=sys.stderr)
         record = None
@@ -54,7 +55,7 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
                 raise
             record = alarm.path = another(record)
     try:
-        code, printer = _run_front(cfg, rdv, options, log_every, state, recorder, headless, record, alarm)
+        code, printer = _run_front(cfg, rdv, options, log_every, state, recorder, headless, record, alarm, tune)
     finally:  # errors and Ctrl-C too: what was received is written
         kept = end_recording(recorder, record, record_required)
     if kept:
@@ -84,7 +85,7 @@ def rank_options(rdv: Rendezvous, token: str | None, timeout_s: float, lost_afte
 
 
 def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_every: int, state: SharedState,
-               recorder, headless: bool, record: str | None, alarm: RecorderAlarm):
+               recorder, headless: bool, record: str | None, alarm: RecorderAlarm, tune: bool = False):
     """This machine hosts the store and starts its ranks; the pipeline records and shows them (screen or lines)."""
     from ddptop.front.supervisor import run_front
 
@@ -97,7 +98,7 @@ def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_ever
 
         consumer = ScreenConsumer(record)
     code = run_front(cfg, rdv, options, consumer, sinks=[recorder] if recorder else [], state=state, alarm=alarm,
-                     on_start=lambda job: _started(alarm, job, record, rdv))
+                     on_start=lambda job: _started(alarm, job, record, rdv), tune=tune)
     return code, printer
 
 

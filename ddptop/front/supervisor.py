@@ -22,6 +22,7 @@ from ddptop.control.token import remove_job_file, resolve_token, write_job_file
 from ddptop.events import RankLost
 from ddptop.front.feed import Feed, SharedState
 from ddptop.front.pipeline import compose
+from ddptop.front.tune import Tuner
 from ddptop.rendezvous import Rendezvous
 from ddptop.train.worker import WorkerOptions, rank_entry, thread_count
 
@@ -109,9 +110,11 @@ class LocalJob:
 
 
 def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer: Callable, sinks: Sequence = (),
-              state: SharedState | None = None, alarm=None, on_start: Callable[["LocalJob"], None] | None = None) -> int:
+              state: SharedState | None = None, alarm=None, on_start: Callable[["LocalJob"], None] | None = None,
+              tune: bool = False) -> int:
     """Host the store, start local ranks (all of them for --local, rank 0 for --master/--rank 0), watch them through
-    the front's pipeline (`consumer(feed, job)`: the screen or the printer).
+    the front's pipeline (`consumer(feed, job)`: the screen or the printer). Its tuner answers `ctl tune bucket`,
+    and with `tune` tunes the buckets once the run started (`--tune bucket`).
 
     Ctrl-C or SIGTERM at any moment from here on is a stop: ranks that train finish their step and leave,
     ranks still starting are terminated, and the exit code is 0 (README: Failures)."""
@@ -132,6 +135,7 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         job.keys, job.channel = keys, hosted
         feed = compose(LiveSource(Collector(open_channel(job, options.timeout_s), rdv.world_size, keys)),
                        world_size=rdv.world_size, job=job, sinks=sinks, state=state, alarm=alarm,
+                       tuner=Tuner(lambda: ControlClient(rdv.master, rdv.port, token, role="tune"), auto=tune),
                        liveness=Liveness(open_channel(job, options.timeout_s), rdv.world_size, keys, options.lost_after_s,
                                          public=stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)))
         state = feed.state  # what the ranks said at their end, for the note left once the job ended

@@ -12,7 +12,7 @@ from textual.widgets import Footer, TabbedContent, TabPane
 
 from ddptop.record.paths import report_dir, shown
 from ddptop.tui import control
-from ddptop.tui.messages import ApplyRequested, ControlUpdate, RankChosen, TransportCommand
+from ddptop.tui.messages import ApplyRequested, ControlUpdate, RankChosen, TransportCommand, TuneRequested
 from ddptop.tui.widgets.controls import ControlsPanel
 from ddptop.tui.widgets.header import StatusHeader
 from ddptop.tui.widgets.help import HelpScreen
@@ -233,8 +233,12 @@ class DdptopApp(App):
         if self.live and self.connect is not None:
             self._control(control.send_set, message.changes)
 
+    def on_tune_requested(self, message: TuneRequested) -> None:
+        if self.live and self.connect is not None:
+            self._control(control.send_tune, "bucket")
+
     def on_control_update(self, message: ControlUpdate) -> None:
-        if message.op == "set":
+        if message.op in ("set", "tune"):
             panel = self.query_one(ControlsPanel)
             panel.status = message.text
             if message.segment is not None:

@@ -10,6 +10,7 @@ from ddptop.errors import DdptopError
 from ddptop.tui.messages import ControlUpdate
 
 APPLY_TIMEOUT_S = 60.0
+TUNE_TIMEOUT_S = 600.0  # the tune's trials: ~4 segments of ~24 steps, minutes for a 2 s/step VGG-11 on the lab
 
 Post = Callable[[ControlUpdate], Any]
 
@@ -50,6 +51,17 @@ def send_set(connect: Callable[[], ControlClient], changes: dict, post: Post) ->
                                              "on every rank", answer["segment"]))
     else:
         post(ControlUpdate("set", "error", f"accepted but not applied within {APPLY_TIMEOUT_S:g} s"))
+
+
+def send_tune(connect: Callable[[], ControlClient], what: str, post: Post) -> None:
+    """`tune bucket`, as `ddptop ctl tune bucket` sends it: the outcome's line, or why it was refused or stopped."""
+    post(ControlUpdate("tune", "pending", f"tune {what}: asked; trying the what-if model's best sizes …"))
+    try:
+        answer = connect().tune(TUNE_TIMEOUT_S)
+    except Exception as exc:
+        post(ControlUpdate("tune", "error", _one_line(exc)))
+        return
+    post(ControlUpdate("tune", "applied", str(answer.get("line", ""))))
 
 
 def send_op(connect: Callable[[], ControlClient], op: str, post: Post) -> None:

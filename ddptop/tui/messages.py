@@ -26,6 +26,11 @@ class ApplyRequested(Message):
 
 
 @dataclass
+class TuneRequested(Message):
+    """The controls panel asks for `tune bucket` (README: What-if / advise)."""
+
+
+@dataclass
 class RankChosen(Message):
     """A rank was picked in the ranks table: show its timeline."""
 

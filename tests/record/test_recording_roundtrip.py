@@ -14,7 +14,7 @@ import pytest
 from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop.errors import RecordingError
 from ddptop.events import (EVENT_TYPES, EpochDone, GpuStat, LogLine, NicStat, RankJoined, RunFinished, RunStarted,
-                           Span, StepDone, StepSpans, SystemSample)
+                           Span, StepDone, StepSpans, SystemSample, TuneNote, TuneTrial)
 from ddptop.events import EventDecodeError, event_from_dict
 from ddptop.record import schema
 from ddptop.record.reader import Recording
@@ -49,6 +49,7 @@ def one_of_each() -> list:
         RunState(0, 5, True, T0 + 2.3),
         RankLost(1, 6, "heartbeat stale for 10 s", T0 + 2.4),
         RunFinished(0, 7, "error: peer lost", T0 + 2.5),
+        TuneNote(3, TuneTrial(0, 25.0, 3, 22, 0.0845), (TuneTrial(1, 1.0, 29, 48, 0.108),), 25.0, 0.0, "", T0 + 3),
     ]
     covered = {e.kind for e in events}
     for kind, cls in EVENT_TYPES.items():  # kinds added later still get a round trip

@@ -299,12 +299,27 @@ async def test_a_number_field_takes_digits_esc_discards_and_the_footer_says_so(r
         assert app.focused.id == "strategy"
         await pilot.press("1")
         assert _active(app) == "overview"
-        await pilot.press("7", "tab", "tab", "tab", "1", *["tab"] * 7)  # 1 again; lr … lr warm-up, Apply, out
+        await pilot.press("7", "tab", "tab", "tab", "1", *["tab"] * 8)  # 1 again; lr … warm-up, Apply, Tune, out
         assert _active(app) == "whatif" and batch.value == "16"  # left the form (to the next panel): nobody edits it
         await pilot.press("7")
         await pilot.click("#apply")
         await pilot.pause()
         assert not [m for m in posted if isinstance(m, ApplyRequested)] and connect.calls == 0
+
+
+async def test_the_tune_button_asks_the_job_and_says_its_answer_in_the_panel(replay_at_end):
+    """Tune buckets goes the way `ddptop ctl tune bucket` goes (control.send_tune); with no job there, the panel says
+    why in its status line. A real tune is tests/cli/test_tune.py's."""
+    connect, posted = _NoJob(), []
+    app = DdptopApp(compose(replay_at_end), mode="live", connect=connect)
+    async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
+        await pilot.press("7")
+        await pilot.click("#tune")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert any(type(m).__name__ == "TuneRequested" for m in posted)
+        assert connect.calls == 1
+        assert app.query_one(ControlsPanel).status == "connection refused"
 
 
 async def test_the_strategy_field_moves_on_with_arrows_and_opens_its_list_on_enter(replay_at_end):

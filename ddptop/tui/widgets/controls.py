@@ -21,11 +21,11 @@ from ddptop.control.commands import apply_changes
 from ddptop.errors import DdptopError, UsageError
 from ddptop.metrics.buckets import ddp_buckets
 from ddptop.state.session import Snapshot
-from ddptop.tui.messages import ApplyRequested
+from ddptop.tui.messages import ApplyRequested, TuneRequested
 from ddptop.tui.render.units import fmt_bytes, safe
 from ddptop.tui.widgets.number_input import NumberInput
 
-FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "accum", "compress", "warmup", "apply")
+FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "accum", "compress", "warmup", "apply", "tune")
 COMPRESS_CHOICES = ("none", "fp16", "bf16", "powersgd:1", "powersgd:2", "powersgd:4")  # ctl sets any powersgd:R
 INTRO = ("Change the running job; every rank switches at the same step. The fields show the config in force "
          "until you edit them; esc discards your edits. tab / ↑↓ move between fields; digits go into number fields "
@@ -171,7 +171,10 @@ class ControlsPanel(VerticalScroll, can_focus=False):
                 if isinstance(field, Switch):
                     yield Static("off", id=f"{field.id}-text", classes="switch-text")
                 yield Static(hint, classes="hint")
-        yield Button("Apply", id="apply", variant="primary", disabled=disabled, compact=True)
+        with Horizontal():
+            yield Button("Apply", id="apply", variant="primary", disabled=disabled, compact=True)
+            yield Button("Tune buckets", id="tune", disabled=disabled, compact=True)
+            yield Static("DDP: try the what-if model's best bucket sizes, keep the fastest", classes="hint")
         yield Static("", id="preview")
         yield Static("", id="buckets")
 
@@ -275,6 +278,10 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         if event.button.id == "apply":
             event.stop()
             self.submit()
+        elif event.button.id == "tune" and self.enabled:
+            event.stop()
+            self.status, self.status_kind = "tune bucket: asking the job …", ""
+            self.post_message(TuneRequested())
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()

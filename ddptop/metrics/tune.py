@@ -1,0 +1,68 @@
+"""Provides the pure half of `tune bucket`: which bucket sizes to try (the what-if rows predicted fastest), the steps
+each trial is measured over, its measurement (the slowest rank's mean step: ddptop.metrics' one definition) and the
+size kept."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from ddptop.events import StepDone, TuneTrial
+from ddptop.metrics import job_figures, window
+
+MAX_TRIALS = 5  # each trial is a live segment of the user's job: five already cost ~5 × (STEPS + 4) steps
+TRIALS = 3  # the model's best three other sizes: its error (README: median ≤ 10.6%) can reorder close neighbours
+STEPS = 20  # steps measured per trial after its warm-up: 20 tiny-model steps vary ~5% under a load of 4 here
+
+
+def candidates(rows: Sequence[Mapping[str, Any]], world_size: int, current_mb: float, trials: int = TRIALS
+               ) -> list[float]:
+    """The `trials` (at most MAX_TRIALS) DDP bucket sizes predicted fastest on the run's own world size and link,
+    ties by size; the size in force is left out (the starting segment measures it)."""
+    ddp = sorted((r for r in rows if r["strategy"] == "ddp" and r["bucket_mb"] is not None
+                  and r["world_size"] == world_size and r["link"] is None
+                  and float(r["bucket_mb"]) != float(current_mb)),
+                 key=lambda r: (r["step_s"], r["bucket_mb"]))
+    out: list[float] = []
+    for r in ddp:
+        if float(r["bucket_mb"]) not in out:
+            out.append(float(r["bucket_mb"]))
+    return out[:max(0, min(trials, MAX_TRIALS))]
+
+
+def trial_steps(first_step: int, warmup: int, steps: int = STEPS) -> tuple[int, int]:
+    """(first, last) step a trial segment that began at `first_step` is measured over: the first `steps` after its
+    warm-up, a fixed window, so the measurement does not depend on when the tuner looked."""
+    first = first_step + warmup
+    return first, first + steps - 1
+
+
+def start_steps(history: Mapping[int, Iterable[StepDone]], segment: int, first_step: int, warmup: int,
+                steps: int = STEPS) -> tuple[int, int] | None:
+    """(first, last): the newest `steps` steps after warm-up of `segment` that every rank reported; None until
+    there are that many."""
+    newest = [max((d.step for d in h if d.segment == segment), default=-1) for h in history.values()]
+    if not newest:
+        return None
+    last = min(newest)
+    first = max(first_step + warmup, last - steps + 1)
+    return (first, last) if last - first + 1 >= steps else None
+
+
+def measure(history: Mapping[int, Iterable[StepDone]], world_size: int, segment: int, first: int, last: int
+            ) -> float | None:
+    """The slowest rank's mean step time over steps first..last of `segment` (sampled steps left out, as
+    metrics.window does); None until each of `world_size` ranks reported every one of them."""
+    if len(history) < world_size:
+        return None
+    per_rank = []
+    for steps in history.values():
+        chosen = [d for d in steps if d.segment == segment and first <= d.step <= last]
+        if len({d.step for d in chosen}) < last - first + 1:
+            return None
+        per_rank.append(window(chosen))
+    return job_figures(per_rank).step_s
+
+
+def kept(start: TuneTrial, trials: Sequence[TuneTrial]) -> TuneTrial:
+    """The fastest of the start and the trials (a tie keeps the earlier: the start before any trial)."""
+    return min([start, *trials], key=lambda t: t.step_s)

@@ -1,0 +1,164 @@
+"""`tune bucket` on a real 2-rank gloo job (tiny model, DDP): through `ddptop ctl tune bucket` and through
+`--tune bucket`. Everything is checked with SQL on the recording, not by ddptop's functions: the trial segments (at
+most 5), every rank switching at the same step, each trial's measurement (the slowest rank's mean step over the
+note's steps), the kept size the fastest of them and in force at the end, and the note's gain."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from ddptop.control.store import free_port
+from jobs import connect, killed_if_left
+
+TOKEN = "test-token-tune-0123456789"
+
+
+def _job(tmp_path, port: int, *extra: str) -> subprocess.Popen:
+    """A headless 2-rank DDP job of the tiny model that runs until stopped; spans every 2nd step, so the what-if
+    model fits segment 0 within seconds."""
+    argv = [sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--model", "tiny", "--steps", "100000",
+            "--span-every", "2", "--log-every", "100000", "--port", str(port), "--token", TOKEN,
+            "--record", str(tmp_path / "run.db"), *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _ctl(port: int, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddptop", "ctl", "--master", "127.0.0.1", "--port", str(port),
+                           "--token", TOKEN, *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def _stop(proc: subprocess.Popen, port: int) -> tuple[str, str]:
+    connect(port, TOKEN).send("stop")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return out, err
+
+
+def _slowest_mean(con, segment: int, first: int, last: int) -> float:
+    """The slowest rank's mean iter_s over steps first..last of `segment`, sampled steps left out; every rank must
+    have every step of the window."""
+    rows = con.execute("""SELECT rank, avg(iter_s), count(DISTINCT step) FROM steps WHERE segment = ? AND step BETWEEN
+                          ? AND ? AND sampled = 0 GROUP BY rank""", (segment, first, last)).fetchall()
+    counts = con.execute("""SELECT rank, count(DISTINCT step) FROM steps WHERE segment = ? AND step BETWEEN ? AND ?
+                            GROUP BY rank""", (segment, first, last)).fetchall()
+    assert len(rows) == 2 and all(n == last - first + 1 for _, n in counts), (segment, first, last, counts)
+    return max(mean for _, mean, _ in rows)
+
+
+def _check_recording(db) -> dict:
+    """The recording's tune against SQL; returns the note."""
+    with sqlite3.connect(db) as con:
+        notes = [json.loads(d) for (d,) in con.execute("SELECT data FROM events WHERE kind = 'tune_note'")]
+        assert len(notes) == 1, notes
+        note = notes[0]
+        assert note["reason"] == "" and note["kept_mb"] > 0, note
+        switches = con.execute("""SELECT json_extract(data, '$.segment'), rank, step,
+                                  json_extract(data, '$.config.bucket_mb') FROM events WHERE kind = 'config_applied'
+                                  AND json_extract(data, '$.who') LIKE 'tune@%' ORDER BY 1, 2""").fetchall()
+        by_segment: dict[int, list] = {}
+        for segment, rank, step, bucket in switches:
+            by_segment.setdefault(segment, []).append((rank, step, bucket))
+        trials = note["trials"]
+        assert 1 <= len(trials) <= 5
+        for trial in trials:  # each trial a segment the tuner started, on every rank at one step
+            ranks = by_segment[trial["segment"]]
+            assert sorted(r for r, _, _ in ranks) == [0, 1], ranks
+            assert len({s for _, s, _ in ranks}) == 1 and {b for _, _, b in ranks} == {trial["bucket_mb"]}, ranks
+            assert trial["first_step"] == ranks[0][1] + 1  # its warm-up step left out
+        measured = {}
+        for trial in [note["start"], *trials]:
+            sql = _slowest_mean(con, trial["segment"], trial["first_step"], trial["last_step"])
+            assert sql == pytest.approx(trial["step_s"], rel=1e-9), trial
+            measured.setdefault(trial["bucket_mb"], sql)
+        fastest = min(measured, key=measured.get)
+        assert note["kept_mb"] == fastest, (note, measured)
+        assert note["gain_s"] == pytest.approx(measured[note["start"]["bucket_mb"]] - measured[fastest], rel=1e-9)
+        last = con.execute("""SELECT json_extract(data, '$.config.bucket_mb') FROM events WHERE kind = 'config_applied'
+                              ORDER BY seq DESC LIMIT 1""").fetchone()[0]
+        assert last == note["kept_mb"]  # the kept size is the one in force when the job stopped
+        extra = len(by_segment) - len(trials)  # a switch back to the kept size, when it is not the last trial's
+        assert extra == (0 if note["kept_mb"] == trials[-1]["bucket_mb"] else 1), (by_segment, note)
+    return note
+
+
+def test_ctl_tune_bucket_keeps_the_fastest_trial_by_sql_and_refuses_a_second_tune(tmp_path):
+    port = free_port()
+    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
+        connect(port, TOKEN)
+        second: list[subprocess.CompletedProcess] = []
+        tune = threading.Thread(target=lambda: second.append(_ctl(port, "tune", "bucket")))
+        tune.start()
+        for line in proc.stdout:  # the first tune's first trial started: it is under way for 2 more trials
+            if "asked by tune@" in line:
+                break
+        refused = _ctl(port, "tune", "bucket", timeout=60)
+        tune.join(timeout=300)
+        out, _ = _stop(proc, port)
+    assert refused.returncode == 1 and refused.stdout == "", refused
+    assert refused.stderr.strip() == "ddptop: refused: a tune is already running (asked by request 1)", refused.stderr
+    done = second[0]
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("tune bucket: kept ") and len(done.stdout.splitlines()) == 1, done.stdout
+    note = _check_recording(tmp_path / "run.db")
+    assert note["request_id"] == 1
+    assert done.stdout.strip() in out  # the job's own printed line says the same
+
+
+def test_run_flag_tune_bucket_keeps_the_fastest_trial_by_sql(tmp_path):
+    port = free_port()
+    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp", "--tune", "bucket")) as proc:
+        said = []
+        for line in proc.stdout:  # the headless line the note prints, then stop the job
+            said.append(line)
+            if line.startswith("tune bucket:"):
+                break
+        _stop(proc, port)
+    assert said and said[-1].startswith("tune bucket: kept "), said[-5:]
+    note = _check_recording(tmp_path / "run.db")
+    assert note["request_id"] == 0
+
+
+def test_ctl_tune_on_allreduce_is_one_line_and_exit_1(tmp_path):
+    port = free_port()
+    with killed_if_left(_job(tmp_path, port, "--strategy", "allreduce")) as proc:
+        connect(port, TOKEN)
+        refused = _ctl(port, "tune", "bucket", timeout=60)
+        _stop(proc, port)
+    assert refused.returncode == 1 and refused.stdout == "", refused
+    assert refused.stderr.strip() == ("ddptop: refused: tune bucket tunes DDP's buckets; the job runs allreduce "
+                                      "(ddptop ctl set strategy=ddp first)")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--local", "2", "--strategy", "allreduce"],
+     "--tune bucket tunes DDP's buckets, not allreduce (add --strategy ddp)"),
+    (["--local", "1", "--strategy", "ddp"],
+     "--tune bucket needs 2 ranks or more: with 1 there is nothing to communicate"),
+])
+def test_run_flag_tune_refusals_are_one_line_and_exit_2(tmp_path, argv, said):
+    done = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--model", "tiny", "--tune", "bucket",
+                           "--no-record", *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip() == f"ddptop: {said}", done.stderr
+
+
+def test_a_run_that_ends_during_the_tune_still_records_its_note(tmp_path):
+    """50 steps: the start needs ~21 and each trial ~22, so the ranks finish while a trial runs; the tuner is closed
+    before the feed's last drain, and its note (stopped, with the trials done) reaches the recording every time."""
+    argv = [sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--model", "tiny", "--steps", "50",
+            "--span-every", "2", "--strategy", "ddp", "--tune", "bucket", "--token", TOKEN, "--port", str(free_port()),
+            "--record", str(tmp_path / "run.db")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    with sqlite3.connect(tmp_path / "run.db") as con:
+        notes = [json.loads(d) for (d,) in con.execute("SELECT data FROM events WHERE kind = 'tune_note'")]
+    assert len(notes) == 1 and notes[0]["kept_mb"] == 0, notes
+    assert notes[0]["reason"] == "the run ended during the tune", notes
+    assert f"tune bucket stopped after {len(notes[0]['trials'])} trials: the run ended during the tune" in done.stdout

@@ -1,0 +1,40 @@
+"""ddptop.metrics.tune, pure: the sizes a tune tries, the steps it measures, the size it keeps."""
+
+from __future__ import annotations
+
+from ddptop.events import StepDone, TuneTrial
+from ddptop.metrics import tune
+
+
+def _row(mb, step_s, world=2, link=None, strategy="ddp"):
+    return {"strategy": strategy, "bucket_mb": mb if strategy == "ddp" else None, "async_op": False,
+            "world_size": world, "link": link, "step_s": step_s}
+
+
+def test_candidates_are_the_fastest_other_ddp_sizes_on_the_runs_own_world_and_link_at_most_five():
+    rows = [_row(25.0, 0.5), _row(1.0, 0.9), _row(5.0, 0.4), _row(10.0, 0.4), _row(50.0, 0.45), _row(100.0, 0.6),
+            _row(5.0, 0.1, world=8), _row(1.0, 0.1, link="unlimited"), _row(None, 0.05, strategy="allreduce")]
+    assert tune.candidates(rows, 2, 25.0, 3) == [5.0, 10.0, 50.0]  # ties by size; 25 MB is in force
+    assert tune.candidates(rows, 2, 25.0, 9) == [5.0, 10.0, 50.0, 100.0, 1.0]  # never more than MAX_TRIALS
+
+
+def _step(rank, step, iter_s, segment=1, sampled=False):
+    return StepDone(rank=rank, step=step, epoch=0, segment=segment, t=0.0, iter_s=iter_s, data_s=0.0, compute_s=0.0,
+                    comm_s=0.0, exposed_comm_s=0.0, overlap=0.0, batch_size=8, loss=1.0, comm_bytes=0, tx_bytes=0,
+                    rx_bytes=0, sampled=sampled)
+
+
+def test_a_trial_is_the_slowest_ranks_mean_over_its_window_once_every_rank_has_every_step():
+    history = {0: [_step(0, s, 0.1) for s in range(10, 14)], 1: [_step(1, s, 0.2) for s in range(10, 13)]}
+    assert tune.measure(history, 2, 1, 11, 13) is None  # rank 1 has not reported step 13
+    history[1].append(_step(1, 13, 0.4))
+    history[1].append(_step(1, 14, 9.0))  # outside the window
+    assert abs(tune.measure(history, 2, 1, 11, 13) - (0.2 + 0.2 + 0.4) / 3) < 1e-12
+    assert tune.trial_steps(10, 1, 3) == (11, 13)
+    assert tune.start_steps(history, 1, 10, 1, 3) == (11, 13) and tune.start_steps(history, 1, 10, 1, 4) is None
+
+
+def test_the_kept_size_is_the_fastest_and_a_tie_keeps_the_start():
+    start = TuneTrial(0, 25.0, 1, 20, 0.5)
+    assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.4), TuneTrial(2, 10.0, 43, 62, 0.45)]).bucket_mb == 5.0
+    assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.5)]) is start
