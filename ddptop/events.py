@@ -516,6 +516,9 @@ class TuneNote(Event):
         if not self.kept_mb:
             return f"tune bucket stopped after {len(self.trials)} trials: {self.reason}"
         tried = ", ".join(f"{x.bucket_mb:g} MB {x.step_s * 1e3:.1f} ms" for x in self.trials)
+        if self.kept_mb == self.start.bucket_mb:
+            return (f"tune bucket: kept {self.kept_mb:g} MB ({self.start.step_s * 1e3:.1f} ms): no other size was "
+                    f"faster by more than the noise of its measurement; tried {tried}")
         share = self.gain_s / self.start.step_s if self.start.step_s > 0 else 0.0
         return (f"tune bucket: kept {self.kept_mb:g} MB, {-self.gain_s * 1e3:+.1f} ms/step ({-share:+.1%}) against "
                 f"{self.start.bucket_mb:g} MB ({self.start.step_s * 1e3:.1f} ms); tried {tried}")

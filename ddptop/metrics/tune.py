@@ -12,6 +12,10 @@ from ddptop.metrics import job_figures, window
 MAX_TRIALS = 5  # each trial is a live segment of the user's job: five already cost ~5 × (STEPS + 4) steps
 TRIALS = 3  # the model's best three other sizes: its error (README: median ≤ 10.6%) can reorder close neighbours
 STEPS = 20  # steps measured per trial after its warm-up: 20 tiny-model steps vary ~5% under a load of 4 here
+# a trial replaces the size in force only when faster by more than this share: below it the two 20-step means are
+# within their noise (VGG-11 on 2 local ranks here: 25, 10, 5 and 1 MB measured 214.8, 217.6, 216.0, 214.1 ms,
+# and 1 MB "won" by 0.3%), and a switch on noise is a change the user did not gain from
+MIN_GAIN = 0.03
 
 
 def candidates(rows: Sequence[Mapping[str, Any]], world_size: int, current_mb: float, trials: int = TRIALS
@@ -63,6 +67,8 @@ def measure(history: Mapping[int, Iterable[StepDone]], world_size: int, segment:
     return job_figures(per_rank).step_s
 
 
-def kept(start: TuneTrial, trials: Sequence[TuneTrial]) -> TuneTrial:
-    """The fastest of the start and the trials (a tie keeps the earlier: the start before any trial)."""
-    return min([start, *trials], key=lambda t: t.step_s)
+def kept(start: TuneTrial, trials: Sequence[TuneTrial], min_gain: float = MIN_GAIN) -> TuneTrial:
+    """The fastest trial when it beats the start by more than `min_gain` of the start's step; else the start (a
+    tie between trials keeps the earlier)."""
+    best = min(trials, key=lambda t: t.step_s, default=start)
+    return best if best.step_s < start.step_s * (1.0 - min_gain) else start

@@ -38,3 +38,6 @@ def test_the_kept_size_is_the_fastest_and_a_tie_keeps_the_start():
     start = TuneTrial(0, 25.0, 1, 20, 0.5)
     assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.4), TuneTrial(2, 10.0, 43, 62, 0.45)]).bucket_mb == 5.0
     assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.5)]) is start
+    # faster, but within the noise of a 20-step mean (MIN_GAIN): the size in force stays
+    assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.5 * (1 - tune.MIN_GAIN / 2))]) is start
+    assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.5 * (1 - 2 * tune.MIN_GAIN))]).bucket_mb == 5.0
