@@ -222,6 +222,8 @@ def _check_tune(cfg: RunConfig, rdv) -> None:
         raise UsageError(f"--tune bucket tunes DDP's buckets, not {cfg.sync.strategy} (add --strategy ddp)")
     if rdv.world_size < 2:
         raise UsageError("--tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
-    if not (rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)):
+    if rdv.source == "flags" and rdv.rank != 0:
+        return  # the same command on every node (README: several machines): rank 0's front tunes the whole job
+    if rdv.source != "local" and rdv.source != "flags":
         raise UsageError("--tune bucket is given to rank 0's front (--local, or --rank 0); under torchrun or Slurm "
                          "run `ddptop ctl tune bucket` once the job runs")

@@ -167,3 +167,21 @@ def test_a_run_that_ends_during_the_tune_still_records_its_note(tmp_path):
     assert len(notes) == 1 and notes[0]["kept_mb"] == 0, notes
     assert notes[0]["reason"] == "the run ended during the tune", notes
     assert f"tune bucket stopped after {len(notes[0]['trials'])} trials: the run ended during the tune" in done.stdout
+
+
+def test_the_same_tune_command_on_every_node_tunes_once_from_rank_0(tmp_path):
+    """Several machines by flags take one command each, the same on every node (README): rank 1's `--tune bucket` is
+    accepted and rank 0's front tunes the job, once. 120 steps: the start needs ~21, each of 3 trials ~22."""
+    port = str(free_port())
+    common = [sys.executable, "-m", "ddptop", "--headless", "--master", "127.0.0.1", "--port", port, "--world-size",
+              "2", "--model", "tiny", "--steps", "120", "--span-every", "2", "--log-every", "100000", "--token", TOKEN,
+              "--strategy", "ddp", "--tune", "bucket"]
+    master = subprocess.Popen([*common, "--rank", "0", "--record", str(tmp_path / "run.db")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    with killed_if_left(master):
+        worker = subprocess.run([*common, "--rank", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        out, err = master.communicate(timeout=120)
+    assert worker.returncode == 0 and master.returncode == 0, worker.stderr + err
+    assert "tune" not in worker.stdout + worker.stderr, worker.stderr
+    note = _check_recording(tmp_path / "run.db")
+    assert note["kept_mb"] > 0 and out.count("tune bucket: kept ") == 1, out
