@@ -171,11 +171,12 @@ def test_a_run_that_ends_during_the_tune_still_records_its_note(tmp_path):
 
 def test_the_same_tune_command_on_every_node_tunes_once_from_rank_0(tmp_path):
     """Several machines by flags take one command each, the same on every node (README): rank 1's `--tune bucket` is
-    accepted and rank 0's front tunes the job, once. 120 steps: the start needs ~21, each of 3 trials ~22."""
+    accepted and rank 0's front tunes the job, once. 400 steps: the start needs ~21, each of 3 trials ~22, and the
+    live fit it waits for comes every 3 s (at 1 thread a rank a tiny step takes ~15 ms)."""
     port = str(free_port())
     common = [sys.executable, "-m", "ddptop", "--headless", "--master", "127.0.0.1", "--port", port, "--world-size",
-              "2", "--model", "tiny", "--steps", "120", "--span-every", "2", "--log-every", "100000", "--token", TOKEN,
-              "--strategy", "ddp", "--tune", "bucket"]
+              "2", "--model", "tiny", "--steps", "400", "--span-every", "2", "--log-every", "100000", "--token", TOKEN,
+              "--strategy", "ddp", "--tune", "bucket", "--threads", "1"]  # 2 processes on 2 cores: 1 thread each
     master = subprocess.Popen([*common, "--rank", "0", "--record", str(tmp_path / "run.db")], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     with killed_if_left(master):
