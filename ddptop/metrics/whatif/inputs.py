@@ -9,6 +9,7 @@ from typing import Iterable, Sequence
 
 from ddptop.metrics.whatif.compute import layer_times
 from ddptop.metrics.whatif.data import CommSample, SegmentData
+from ddptop.metrics.whatif.settings import accum_of, compress_of
 
 _KINDS = {"bucket": "allreduce", "allreduce": "allreduce", "gather": "gather", "scatter": "scatter",
           "broadcast": "broadcast"}
@@ -47,7 +48,7 @@ def parts(rows: Iterable[Sequence[float]]) -> dict[str, float]:
 
 
 def uncompressed(config) -> bool:
-    return str(config.get("compress", "none")) == "none"
+    return compress_of(config) == "none"
 
 
 def pick_segment(table: Sequence) -> int | None:
@@ -56,7 +57,7 @@ def pick_segment(table: Sequence) -> int | None:
     segment has any). A compressed segment cannot be fitted (segment_input)."""
     figures = sorted((f.index, f.config.get("strategy"), f.config) for f in table if f.measured_steps)
     plain = [(i, s, c) for i, s, c in figures if uncompressed(c)]
-    ddp = [i for i, s, c in plain if s == "ddp" and int(c.get("accum", 1) or 1) == 1]
+    ddp = [i for i, s, c in plain if s == "ddp" and accum_of(c) == 1]
     ddp += [i for i, s, _ in plain if s == "ddp"]
     talks = [i for i, s, _ in plain if s != "single"]
     return (ddp or talks or [i for i, _, _ in figures] or [None])[0]

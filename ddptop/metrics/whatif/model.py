@@ -11,7 +11,7 @@ from ddptop.metrics.buckets import ddp_buckets
 from ddptop.metrics.whatif.compute import COMM_SLOWDOWN, COMPUTE_SLOWDOWN, Backward, fit_backward
 from ddptop.metrics.whatif.data import SegmentData
 from ddptop.metrics.whatif.link import Line, fit_links
-from ddptop.metrics.whatif.settings import check, micro_s, transfer
+from ddptop.metrics.whatif.settings import accum_of, check, compress_of, micro_s, transfer
 from ddptop.metrics.whatif.simulate import Timeline, after_backward, overlapped
 
 BUCKETS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0)
@@ -88,17 +88,12 @@ def _without_ddp(seg: SegmentData, back: Backward) -> Backward:
     return Backward(back.names, tuple(w * keep for w in back.work))
 
 
-def accum_of(config: Mapping) -> int:
-    """A segment's micro-steps per step (a recording from before accumulation: 1)."""
-    return max(1, int(config.get("accum", 1) or 1))
-
-
 def measured_config(seg: SegmentData) -> Config:
     c = seg.config
     ddp = c.get("strategy") == "ddp"
     return Config(str(c.get("strategy")), float(c.get("bucket_mb", 25.0)) if ddp else None,
                   bool(c.get("async_op", False)) and c.get("strategy") == "allreduce", accum=accum_of(c),
-                  compress=str(c.get("compress", "none")))
+                  compress=compress_of(c))
 
 
 def _beta(model: Model, config: Config) -> float | None:

@@ -33,7 +33,7 @@ def ran_settings(seg: SegmentData, measured: list[tuple[int, dict, float]]) -> l
     """Every (accum, compress) a measured segment ran at the fitted segment's batch size, in order."""
     out: list[tuple[int, str]] = []
     for _, cfg, _ in measured:
-        pair = (whatif.accum_of(cfg), str(cfg.get("compress", "none")))
+        pair = (whatif.accum_of(cfg), whatif.compress_of(cfg))
         if cfg.get("batch_size") == seg.config.get("batch_size") and pair not in out:
             out.append(pair)
     return out
@@ -67,7 +67,7 @@ def same_config(cfg: dict, c: whatif.Config, seg: SegmentData) -> bool:
     """The segment with config `cfg` ran configuration `c` (at the fitted segment's batch size)."""
     if cfg.get("strategy") != c.strategy or cfg.get("batch_size") != seg.config.get("batch_size"):
         return False
-    if whatif.accum_of(cfg) != c.accum or str(cfg.get("compress", "none")) != c.compress:
+    if whatif.accum_of(cfg) != c.accum or whatif.compress_of(cfg) != c.compress:
         return False
     if c.strategy == "ddp":
         return float(cfg.get("bucket_mb", 25.0)) == c.bucket_mb
@@ -87,7 +87,7 @@ def config_name(cfg: dict) -> str:
     ddp = cfg.get("strategy") == "ddp"
     return name({"strategy": str(cfg.get("strategy")), "bucket_mb": float(cfg.get("bucket_mb", 25.0)) if ddp else None,
                  "async_op": bool(cfg.get("async_op")) and cfg.get("strategy") == "allreduce",
-                 "accum": whatif.accum_of(cfg), "compress": str(cfg.get("compress", "none"))})
+                 "accum": whatif.accum_of(cfg), "compress": whatif.compress_of(cfg)})
 
 
 def row_for(rows: list[dict[str, Any]], cfg: dict, seg: SegmentData) -> dict[str, Any] | None:

@@ -28,6 +28,16 @@ POWERSGD_S_PER_MAC = 1.7e-9
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 
 
+def accum_of(config) -> int:
+    """A segment's micro-steps per step, from its config mapping (a recording from before accumulation: 1)."""
+    return max(1, int(config.get("accum", 1) or 1))
+
+
+def compress_of(config) -> str:
+    """A segment's compression, from its config mapping (a recording from before compression: none)."""
+    return str(config.get("compress", "none"))
+
+
 def check(strategy: str, compress: str, accum: int) -> None:
     """Refuse what no run can do: PowerSGD outside DDP (torch's comm hooks are DDP's), compression on single."""
     kind = compress.partition(":")[0]
