@@ -15,7 +15,7 @@ ENV = "DDPTOP_TEST_RANK"
 @dataclass(frozen=True)
 class RankHooks:
     delay_s: float = 0.0  # slept before each collective this rank starts (its arrival comes that much later)
-    clock_offset_s: float = 0.0  # added to this rank's wall clock (span times and its ping-pong answers)
+    clock_offset_s: float = 0.0  # added to this rank's wall clock (step and span times, its ping-pong answers)
 
 
 def rank_hooks(rank: int, value: str | None = None) -> RankHooks:

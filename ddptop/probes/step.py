@@ -15,7 +15,6 @@ A step's phases, in order, each ending at its mark:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -80,7 +79,7 @@ class StepProbe:
         self.comm = comm if comm is not None else (CommRecorder(clock, self.own) if detail else NullRecorder())
         hooks = rank_hooks(rank)
         self.comm.delay_s = hooks.delay_s
-        self.wall = wall_clock(hooks.clock_offset_s)  # stamps spans (t0) and answers the clock ping-pong
+        self.wall = wall_clock(hooks.clock_offset_s)  # stamps steps (t), spans (t0) and answers the clock ping-pong
         self.layers: LayerProbe | None = None
         self.overlapped_backward = False  # DDP: buckets go out during backward, which waits for the last ones
         self._cur: _Step | None = None
@@ -196,7 +195,7 @@ class StepProbe:
         own = self.own.take()
         if cur is None or not cur.finished:
             return
-        cur.end, cur.host_end, cur.wall_end = end, host_end, time.time()
+        cur.end, cur.host_end, cur.wall_end = end, host_end, self.wall()
         cur.own["tail"] = own
         self.emit(_Resolve(self, cur))
 

@@ -7,11 +7,13 @@ import csv
 import json
 import math
 import os
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from ddptop import metrics
 from ddptop.errors import UsageError
 from ddptop.events import SPAN_KINDS, StepDone, StepSpans, SystemSample
+from ddptop.metrics.stragglers import RankClock, clocks
 from ddptop.record.reader import Recording
 
 # Lanes (Chrome trace threads) of each rank, top to bottom; span kinds map onto them.
@@ -53,9 +55,36 @@ def parse_steps(text: str | None) -> tuple[int | None, int | None]:
 
 # -- Chrome trace -------------------------------------------------------------------------------------------
 
-def trace_events(rec: Recording, first: int | None = None, stop: int | None = None) -> Iterator[dict]:
-    """`ph: X` events in µs from the recording's start; pid = rank, one thread per lane; metadata last."""
-    origin = rec.start
+@dataclass(frozen=True)
+class TraceClock:
+    """The trace's one time axis: rank 0's clock, in seconds from the recording's start. Ranks on other hosts keep
+    clocks of their own (seconds apart): each rank's times go through its offset and drift to rank 0's as the
+    recorded ping-pongs measured them (metrics.stragglers.clocks, ±rtt/2), so the bars of one collective line up.
+    A rank never measured (a recording older than the ping-pong) keeps its own clock."""
+
+    origin: float
+    ranks: dict[int, RankClock]
+
+    @classmethod
+    def of(cls, rec: Recording) -> "TraceClock":
+        return cls(rec.start, clocks(rec.clock_syncs()))
+
+    def at(self, rank: int, t: float) -> float:
+        """`t` read on `rank`'s clock, as seconds after the start on rank 0's."""
+        clock = self.ranks.get(rank)
+        return (t if clock is None else clock.to_rank0(t)) - self.origin
+
+    def described(self) -> dict[str, dict]:
+        """For the trace's otherData: each measured rank's offset to rank 0 (at the run's start), ± and drift."""
+        return {str(rank): {"offset_s": _finite(c.offset_s), "uncertainty_s": _finite(c.uncertainty_s),
+                            "drift": _finite(c.drift)} for rank, c in sorted(self.ranks.items())}
+
+
+def trace_events(rec: Recording, first: int | None = None, stop: int | None = None,
+                 clock: TraceClock | None = None) -> Iterator[dict]:
+    """`ph: X` events in µs from the recording's start on rank 0's clock (TraceClock); pid = rank, one thread per
+    lane; metadata last."""
+    clock = clock or TraceClock.of(rec)
     ranks: set[int] = set()
     for done in rec.step_events(first, stop):
         ranks.add(done.rank)
@@ -64,12 +93,12 @@ def trace_events(rec: Recording, first: int | None = None, stop: int | None = No
                 "exposed_comm_s": done.exposed_comm_s, "overlap": done.overlap}
         if done.aside_s > 0:
             args.update(iter_s=done.iter_s, set_aside_s=done.aside_s)
-        yield _x(done.rank, 0, f"step {done.step}", metrics.step_start(done) - origin, done.iter_s + done.aside_s,
-                 args)
+        yield _x(done.rank, 0, f"step {done.step}", clock.at(done.rank, metrics.step_start(done)),
+                 done.iter_s + done.aside_s, args)
     used: set[tuple[int, int]] = set()
     for spans in rec.step_events(first, stop, table="spans"):
         ranks.add(spans.rank)
-        yield from _span_events(spans, origin, used)
+        yield from _span_events(spans, clock, used)
     yield from _segment_marks(rec, first, stop)
     yield from _metadata(rec, ranks, used)
 
@@ -77,10 +106,12 @@ def trace_events(rec: Recording, first: int | None = None, stop: int | None = No
 def write_trace(path: str, rec: Recording, first: int | None = None, stop: int | None = None) -> int:
     """Stream the Chrome trace to `path` (a full hour of 8 ranks never sits in memory); returns the event count."""
     count = 0
-    other = {"ddptop_recording": os.path.basename(rec.path), "config": rec.config}
+    clock = TraceClock.of(rec)
+    other = {"ddptop_recording": os.path.basename(rec.path), "config": rec.config, "time_axis": "rank 0's clock",
+             "clocks": clock.described()}
     with _replacing(path) as f:
         f.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(other) + ',"traceEvents":[\n')
-        for event in trace_events(rec, first, stop):
+        for event in trace_events(rec, first, stop, clock):
             f.write((",\n" if count else "") + json.dumps(event, separators=(",", ":")))
             count += 1
         f.write("\n]}\n")
@@ -102,7 +133,7 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _span_events(spans: StepSpans, origin: float, used: set[tuple[int, int]]) -> Iterator[dict]:
+def _span_events(spans: StepSpans, clock: TraceClock, used: set[tuple[int, int]]) -> Iterator[dict]:
     """Spans of one step; spans of a lane that overlap without nesting go to the next free sub-lane."""
     ends: dict[str, list[float]] = {}
     for span in sorted(spans.spans, key=lambda s: s.start_s):
@@ -117,7 +148,8 @@ def _span_events(spans: StepSpans, origin: float, used: set[tuple[int, int]]) ->
         args = {"step": spans.step, "segment": spans.segment}
         if span.nbytes:
             args.update(bytes=span.nbytes, tx_bytes=span.tx_bytes, rx_bytes=span.rx_bytes)
-        yield _x(spans.rank, tid, span.name, spans.t0 + span.start_s - origin, span.dur_s, args, span.kind)
+        yield _x(spans.rank, tid, span.name, clock.at(spans.rank, spans.t0 + span.start_s), span.dur_s, args,
+                 span.kind)
 
 
 def _segment_marks(rec: Recording, first: int | None, stop: int | None) -> list[dict]:

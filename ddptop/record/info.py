@@ -9,7 +9,7 @@ from typing import Any
 
 from ddptop.metrics import rate_unit, table_rows, tables
 from ddptop.metrics.stragglers import Stragglers, analyse
-from ddptop.events import ClockSync, LogLine, ModelsDiverged, RunFinished
+from ddptop.events import LogLine, ModelsDiverged, RunFinished
 from ddptop.record.reader import WHOLE_STEP, Recording, damaged
 from ddptop.safe import clean
 
@@ -56,9 +56,7 @@ def summary(rec: Recording, table: list | None = None) -> dict[str, Any]:
 def stragglers(rec: Recording) -> dict[int | None, Stragglers]:
     """The straggler verdict of the whole run (key None) and of each segment (metrics.stragglers), from the sampled
     steps' comm spans and rank 0's clock ping-pongs (older recordings have none: their clocks are taken as one)."""
-    syncs = [e for (blob,) in rec.query("SELECT data FROM events WHERE kind = 'clock_sync' ORDER BY seq")
-             for e in [_decode(rec, blob)] if isinstance(e, ClockSync)]
-    return analyse(rec.events(tables=("spans",)), syncs, rec.world_size)  # every row: a bad one is counted
+    return analyse(rec.events(tables=("spans",)), rec.clock_syncs(), rec.world_size)  # every row: a bad one is counted
 
 
 def _dict(value: Any) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ddptop.errors import RecordingError
-from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, LINK_BY, Event, EventDecodeError, SystemSample
+from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, LINK_BY, ClockSync, Event, EventDecodeError, SystemSample
 from ddptop.record import schema
 from ddptop.safe import clean, clean_value
 
@@ -258,6 +258,11 @@ class Recording:
         lo, hi = -(1 << 62) if first is None else first, (1 << 62) if stop is None else stop
         sql = f"{self.select[table]} WHERE step >= ? AND step < ? ORDER BY seq"
         return _kept(self._decode(table, row) for _seq, table, row in self._stream(table, sql, (lo, hi)))
+
+    def clock_syncs(self) -> list[ClockSync]:
+        """Rank 0's clock ping-pongs (metrics.stragglers.clocks), in recorded order; older recordings hold none."""
+        rows = self.query("SELECT data FROM events WHERE kind = 'clock_sync' ORDER BY seq")
+        return [e for (blob,) in rows for e in [self._decode("events", (0, 0.0, blob))] if isinstance(e, ClockSync)]
 
     def step_losses(self) -> Iterator[tuple[int, int, float, float]]:
         """(step, segment, t, loss) of every StepDone, by step and then in recorded order, checked as whole rows

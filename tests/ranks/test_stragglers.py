@@ -1,14 +1,15 @@
 """Stragglers on 2 real gloo ranks: a test-only hook (DDPTOP_TEST_RANK) makes rank 1 arrive 40 ms late at every
 collective and sets its wall clock 5 s behind. Rank 0's clock ping-pong recovers the offset within the ±rtt/2 it
 states, and the recording names rank 1 with that delay, where its own clock would have it arrive first, 5 s early.
-Timing bounds: the alone phase (2 ranks on the 2-core CI machine, not 3: 3 left one rank's backward tens of ms
-behind now and then, which is a straggler too)."""
+The Chrome trace puts rank 1's bars back on rank 0's clock. Timing bounds: the alone phase (2 ranks on the 2-core CI
+machine, not 3: 3 left one rank's backward tens of ms behind now and then, which is a straggler too)."""
 
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 
@@ -84,3 +85,32 @@ def test_without_the_clocks_rank_0_would_seem_5_s_late(recording):
     with Recording.open(str(recording)) as rec:
         unaligned = analyse(rec.step_events(table="spans"), [], rec.world_size)[None]
     assert unaligned.rank == 0 and unaligned.late_s == pytest.approx(-OFFSET_S, abs=0.5)
+
+
+def test_the_chrome_trace_puts_every_rank_on_rank_0s_clock(recording, tmp_path):
+    """Ground truth: a collective completes on both ranks at once (gloo on loopback: ~0.1 ms apart), and the step
+    ends after it with the optimizer, on each rank by itself. So on one clock the two ranks' collectives end together
+    and so do their steps; on their own clocks (SQL on the rows) they are the hook's 5 s apart. Margins: 2 ms for the
+    collectives' median (a scheduler's time slice, metrics.stragglers.NOISE_S; 0.07 ms measured at a load average of
+    ~2), 5 ms for the steps' (the optimizer and the loss after the last collective: 1.4 ms measured)."""
+    out = tmp_path / "trace.json"
+    assert main(["export", str(recording), "--chrome-trace", str(out)]) == 0
+    trace = json.loads(out.read_text())
+    clock = trace["otherData"]["clocks"]["1"]
+    assert abs(clock["offset_s"] - OFFSET_S) <= clock["uncertainty_s"] + 1e-6, clock
+    apart = {cat: _ends_apart(trace, cat) for cat in ("comm", "step")}
+    assert len(apart["comm"]) == 104 and len(apart["step"]) == 18, {k: len(v) for k, v in apart.items()}
+    assert abs(statistics.median(apart["comm"])) < 0.002, apart["comm"]
+    assert abs(statistics.median(apart["step"])) < 0.005, apart["step"]
+    with sqlite3.connect(recording) as con:
+        (own,) = con.execute("SELECT avg(b.t - a.t) FROM steps a JOIN steps b ON a.step = b.step AND a.rank = 0 "
+                             "AND b.rank = 1").fetchone()
+    assert own == pytest.approx(OFFSET_S, abs=0.05)  # without the mapping the bars would be 5 s apart
+
+
+def _ends_apart(trace: dict, cat: str) -> list[float]:
+    """Rank 1's end − rank 0's, in seconds, of each slice of `cat` both ranks have (a step's bar, a collective)."""
+    ends = {(e["pid"], e["args"].get("step"), e["name"]): (e["ts"] + e["dur"]) / 1e6
+            for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == cat}
+    return [end - ends[(0, step, name)] for (rank, step, name), end in ends.items()
+            if rank == 1 and (0, step, name) in ends]
