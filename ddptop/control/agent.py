@@ -356,12 +356,13 @@ class ControlAgent:
 
     def _check_tune(self) -> None:
         """`ctl tune bucket` tries DDP bucket sizes: refused where there is nothing to tune (the front's tuner says
-        when one is already running)."""
+        when one is already running). A sweep before the strategy: its `single` would be told `ctl set strategy=ddp
+        first`, which the sweep refuses too."""
         if self.world_size < 2:
             raise UsageError("tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
-        if self._latest.strategy != "ddp":
-            raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {self._latest.strategy} "
-                             "(ddptop ctl set strategy=ddp first)")
         if self.sweep_segments:
             raise UsageError(f"a profile sweep of {self.sweep_segments} segments owns the configuration until it "
                              "ends: tune is refused")
+        if self._latest.strategy != "ddp":
+            raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {self._latest.strategy} "
+                             "(ddptop ctl set strategy=ddp first)")

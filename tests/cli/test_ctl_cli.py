@@ -15,10 +15,17 @@ import pytest
 
 from jobs import torchrun
 from test_run_cli import DDPTOP, TINY, assert_one_line_error
+from test_tune import check_tune_recording
 
 
-def ctl(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(DDPTOP + ["ctl", *args], capture_output=True, text=True, timeout=60, env=env)
+def ctl(*args: str, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(DDPTOP + ["ctl", *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_refused(result: subprocess.CompletedProcess, reason: str) -> None:
+    """Refused by the job: exit 1 and one line, `ddptop: refused: REASON` (README: the exit codes)."""
+    assert result.returncode == 1 and result.stdout == "", result
+    assert result.stderr.strip() == f"ddptop: refused: {reason}", result.stderr
 
 
 def wait_for_status(env: dict, deadline_s: float = 60) -> str:
@@ -105,7 +112,8 @@ def test_ctl_with_no_job_at_that_address_says_so(tmp_path):
 def test_ctl_status_is_quick_the_job_file_private_and_the_store_on_the_master_address_only(tmp_path):
     """README: the job file is readable only by you (0600, in a 0700 folder); the store listens on the --master
     address only (the kernel's socket table, and a connection to another local address is refused); `ctl status`
-    against a running job answers in well under a second (no torch import)."""
+    against a running job answers in well under a second (no torch import). The job has one rank: `ctl tune bucket`
+    is refused, there is nothing to communicate."""
     from ddptop.control.store import free_port
 
     jobs = tmp_path / "jobs"
@@ -131,6 +139,8 @@ def test_ctl_status_is_quick_the_job_file_private_and_the_store_on_the_master_ad
             assert result.returncode == 0 and "running" in result.stdout, result.stderr
         print(f"ctl status: {statistics.median(times):.2f} s median ({min(times):.2f}-{max(times):.2f} s)")
         assert statistics.median(times) < CTL_S, times
+        assert_refused(ctl("tune", "bucket", env=env),
+                       "tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
         assert ctl("stop", env=env).returncode == 0
         job.communicate(timeout=60)
     finally:
@@ -170,9 +180,10 @@ def test_attach_watches_a_running_job_and_detaching_leaves_it_running(tmp_path):
     assert job.returncode == 0
 
 
-def test_a_sweep_reports_segment_0_everywhere_and_refuses_set(tmp_path):
+def test_a_sweep_reports_segment_0_everywhere_and_refuses_set_and_tune(tmp_path):
     """A profile whose sweep starts with `single` while the flags say ddp: everything shows `single` (what runs),
-    and a `set` during the sweep is refused with the reason instead of being merged into it."""
+    and a `set` during the sweep is refused with the reason instead of being merged into it; so is `tune bucket`
+    (with the sweep's reason, not `single`'s: `set strategy=ddp` would be refused too)."""
     profile = tmp_path / "two.toml"
     profile.write_text('[run]\nmodel = "tiny"\n[sweep]\nwarmup = 0\nmeasure = 1000\n'
                        'configs = [{ strategy = "single" }, { strategy = "ddp", bucket_mb = 5 }]\n')
@@ -185,6 +196,8 @@ def test_a_sweep_reports_segment_0_everywhere_and_refuses_set(tmp_path):
         status = wait_for_status(env)
         assert "single batch=16" in status and "segment 0" in status, status
         assert_one_line_error(ctl("set", "lr=0.05", env=env), 1, "sweep")
+        assert_refused(ctl("tune", "bucket", env=env),
+                       "a profile sweep of 2 segments owns the configuration until it ends: tune is refused")
         assert "single batch=16" in ctl("status", env=env).stdout
         deadline = time.monotonic() + 60  # ctl answers in well under a second now: let a few steps happen first
         while json.loads(ctl("status", "--json", env=env).stdout)["step"] < 3 and time.monotonic() < deadline:
@@ -203,11 +216,13 @@ def test_a_sweep_reports_segment_0_everywhere_and_refuses_set(tmp_path):
 
 def test_a_torchrun_job_records_every_rank_and_ctl_and_attach_find_it(tmp_path):
     """README's torchrun line, run by torchrun itself: ranks found by torchrun, rank 0's collector records every
-    rank's steps (counted with SQL), and `ctl status` / `attach` find the job from its job file; `ctl stop` ends it."""
+    rank's steps (counted with SQL), and `ctl status` / `attach` find the job from its job file; `ctl tune bucket`
+    is answered by the collector's tuner (its trials checked with SQL, as cli/test_tune.py does); `ctl stop` ends
+    it. Spans every 2nd step: the what-if model the tuner waits for fits within seconds."""
     env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}
     record = tmp_path / "torchrun.db"
-    with torchrun(["-m", "ddptop", "--steps", "100000", "--log-every", "1000", "--record", str(record), *TINY],
-                  env) as job:
+    with torchrun(["-m", "ddptop", "--steps", "100000", "--log-every", "1000", "--span-every", "2", "--record",
+                   str(record), *TINY], env) as job:
         status = wait_for_status(env, deadline_s=90)
         assert "running" in status and "ddp bucket=25MB batch=16" in status, status
         watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "20"], stdout=subprocess.PIPE,
@@ -219,8 +234,11 @@ def test_a_torchrun_job_records_every_rank_and_ctl_and_attach_find_it(tmp_path):
         _, err = watcher.communicate(timeout=30)
         assert watcher.returncode == 0 and "detached; the job goes on" in err, err
         assert sum(line.startswith("step ") for line in lines) >= 2, lines
+        tuned = ctl("tune", "bucket", env=env, timeout=300)
         assert ctl("stop", env=env).returncode == 0
         out, err = job.communicate(timeout=90)
+    assert tuned.returncode == 0 and tuned.stdout.startswith("tune bucket: kept "), (tuned.stdout, tuned.stderr)
+    assert len(tuned.stdout.splitlines()) == 1 and tuned.stdout.strip() in out, (tuned.stdout, out)
     assert job.returncode == 0, err
     assert "ranks found by torchrun" in err and "(stopped)" in out, (out, err)
     import sqlite3
@@ -230,3 +248,4 @@ def test_a_torchrun_job_records_every_rank_and_ctl_and_attach_find_it(tmp_path):
         finished = dict(db.execute("SELECT rank, json_extract(data, '$.steps') FROM events "
                                    "WHERE kind = 'run_finished'").fetchall())
     assert sorted(per_rank) == [0, 1] and per_rank == finished and min(per_rank.values()) >= 3, (per_rank, finished)
+    assert check_tune_recording(record)["request_id"] > 0

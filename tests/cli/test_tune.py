@@ -55,7 +55,7 @@ def _slowest_mean(con, segment: int, first: int, last: int) -> float:
     return max(mean for _, mean, _ in rows)
 
 
-def _check_recording(db) -> dict:
+def check_tune_recording(db) -> dict:
     """The recording's tune against SQL; returns the note."""
     with sqlite3.connect(db) as con:
         notes = [json.loads(d) for (d,) in con.execute("SELECT data FROM events WHERE kind = 'tune_note'")]
@@ -112,7 +112,7 @@ def test_ctl_tune_bucket_keeps_the_fastest_trial_by_sql_and_refuses_a_second_tun
     done = second[0]
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("tune bucket: kept ") and len(done.stdout.splitlines()) == 1, done.stdout
-    note = _check_recording(tmp_path / "run.db")
+    note = check_tune_recording(tmp_path / "run.db")
     assert note["request_id"] == 1
     assert done.stdout.strip() in out  # the job's own printed line says the same
 
@@ -127,7 +127,7 @@ def test_run_flag_tune_bucket_keeps_the_fastest_trial_by_sql(tmp_path):
                 break
         _stop(proc, port)
     assert said and said[-1].startswith("tune bucket: kept "), said[-5:]
-    note = _check_recording(tmp_path / "run.db")
+    note = check_tune_recording(tmp_path / "run.db")
     assert note["request_id"] == 0
 
 
@@ -184,5 +184,5 @@ def test_the_same_tune_command_on_every_node_tunes_once_from_rank_0(tmp_path):
         out, err = master.communicate(timeout=120)
     assert worker.returncode == 0 and master.returncode == 0, worker.stderr + err
     assert "tune" not in worker.stdout + worker.stderr, worker.stderr
-    note = _check_recording(tmp_path / "run.db")
+    note = check_tune_recording(tmp_path / "run.db")
     assert note["kept_mb"] > 0 and out.count("tune bucket: kept ") == 1, out
