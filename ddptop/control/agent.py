@@ -29,8 +29,8 @@ import torch.distributed as dist
 from ddptop.config import SyncConfig
 from ddptop.control import keys
 from ddptop.control.auth import BadValue, JobKeys
-from ddptop.control.commands import Replays, apply_changes, open_json, read_request, seal_json
-from ddptop.errors import DdptopError, PeerLost, UsageError
+from ddptop.control.commands import Replays, apply_changes, check_request, open_json, read_request, seal_json
+from ddptop.errors import DdptopError, PeerLost
 from ddptop.events import ControlRefused, Event, RunState, TuneAsked
 
 CLOSE_WAIT_S = 2.0  # what close gives the control thread before cutting its client (a link gone quiet)
@@ -75,7 +75,7 @@ class ControlAgent:
         self.step = 0
         self.segment = 0
         self.config = initial  # segment 0's configuration: a sweep's first
-        self.sweep_segments = sweep_segments  # a profile sweep owns the configuration: `set` is refused
+        self.sweep_segments = sweep_segments  # a profile sweep owns the configuration: `set`, `tune` refused
         self._applied_id = 0
         self._lock = threading.Lock()
         self._pending: deque[Decision] = deque()  # rank 0: accepted, not yet broadcast
@@ -329,6 +329,7 @@ class ControlAgent:
         """The answer to a valid request and what follows it once the answer is written (None: nothing)."""
         op = request["op"]
         with self._lock:
+            check_request(op, self.world_size, self.sweep_segments, self._latest)
             if op == "pause":
                 self._paused = True
             elif op == "resume":
@@ -336,14 +337,10 @@ class ControlAgent:
             elif op == "stop":
                 self._stop_requested = True
             if op == "tune":
-                self._check_tune()
                 return {"ok": True, "state": "pending", "step": self.step}, lambda: self.emit(
                     TuneAsked(self.rank, request_id, request["who"], time.time()))
             if op != "set":
                 return {"ok": True, "state": "accepted"}, None
-            if self.sweep_segments:
-                raise UsageError(f"a profile sweep of {self.sweep_segments} segments owns the configuration "
-                                 "until it ends: set is refused (pause, resume and stop work)")
             config = apply_changes(self._latest, request["changes"])
             self.check(config)
             self._latest = config
@@ -353,16 +350,3 @@ class ControlAgent:
     def _queue(self, decision: Decision) -> None:
         with self._lock:
             self._pending.append(decision)
-
-    def _check_tune(self) -> None:
-        """`ctl tune bucket` tries DDP bucket sizes: refused where there is nothing to tune (the front's tuner says
-        when one is already running). A sweep before the strategy: its `single` would be told `ctl set strategy=ddp
-        first`, which the sweep refuses too."""
-        if self.world_size < 2:
-            raise UsageError("tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
-        if self.sweep_segments:
-            raise UsageError(f"a profile sweep of {self.sweep_segments} segments owns the configuration until it "
-                             "ends: tune is refused")
-        if self._latest.strategy != "ddp":
-            raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {self._latest.strategy} "
-                             "(ddptop ctl set strategy=ddp first)")

@@ -1,4 +1,4 @@
-"""Control requests (set, pause, resume, stop): parsing, signing, checking; and the events they lead to."""
+"""Control requests (set, pause, resume, stop, tune): parsing, signing, checking; and the events they lead to."""
 
 from __future__ import annotations
 
@@ -79,6 +79,21 @@ def apply_changes(current: SyncConfig, changes: dict[str, Any]) -> SyncConfig:
         # linear scaling rule: the learning rate follows the global batch size, b·K·N per step
         new = new.replace(lr=current.lr * after / before)
     return new
+
+
+def check_request(op: str, world_size: int, sweep_segments: int, latest: SyncConfig) -> None:
+    """Rank 0's refusals of a valid request, against the job as it runs (`latest`: the config its newest accepted
+    request leads to): `set` and `tune` while a profile sweep owns the configuration (pause, resume and stop work);
+    `tune` where there is nothing to tune (the front's tuner says when one is already running). For `tune` a sweep
+    comes before the strategy: its `single` would be told `ctl set strategy=ddp first`, which the sweep refuses too."""
+    if op == "tune" and world_size < 2:
+        raise UsageError("tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
+    if op in ("set", "tune") and sweep_segments:
+        raise UsageError(f"a profile sweep of {sweep_segments} segments owns the configuration until it ends: {op} is "
+                         f"refused{' (pause, resume and stop work)' if op == 'set' else ''}")
+    if op == "tune" and latest.strategy != "ddp":
+        raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {latest.strategy} "
+                         "(ddptop ctl set strategy=ddp first)")
 
 
 def who_am_i(role: str) -> str:
