@@ -63,7 +63,10 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
         for line in closing_lines(record, snap.step, len(snap.ranks)):
             print(line, flush=True)
     if code != 0:
-        lost = "; ".join(f"rank {e.rank} {e.reason}" for e in printer.lost.values()) if printer else ""
+        # a rank a signal ended first: the others' exits (5, a peer lost) followed from it
+        first = sorted(printer.lost.values(), key=lambda e: ("killed by signal" not in e.reason, e.rank)) \
+            if printer else []
+        lost = "; ".join(f"rank {e.rank} {e.reason}" for e in first)
         print(f"ddptop: the job failed{': ' + lost if lost else ''} (exit code {code})", file=sys.stderr)
     return code
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+from multiprocessing import forkserver
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -55,55 +57,63 @@ class LocalJob:
         self.channel = None  # the job's channel (channel.ChannelServer) this front hosts, set with `front`
         self._first_failure: float | None = None
         self._reported: set[int] = set()
+        self._lock = threading.Lock()
+
+    def codes(self) -> list[int | None]:
+        """Each rank process's exit code now (None: running), never waiting. One thread at a time: a forked
+        rank's code is read once from its server's pipe, and two threads reading it together lost it (255)."""
+        with self._lock:
+            return [p.exitcode for p in self.procs]
 
     def lost_events(self) -> list:
         """A RankLost for each local rank process that ended with a failure since the last call."""
         out = []
-        for rank, p in zip(self.ranks, self.procs):
-            ended_by_stop = self.stopped and p.exitcode is not None and p.exitcode < 0  # our own terminate
-            if p.exitcode not in (None, 0) and rank not in self._reported and not ended_by_stop:
+        for rank, p, code in zip(self.ranks, self.procs, self.codes()):
+            ended_by_stop = self.stopped and code is not None and code < 0  # our own terminate
+            if code not in (None, 0) and rank not in self._reported and not ended_by_stop:
                 self._reported.add(rank)
-                out.append(RankLost(rank, -1, _how(p), time.time()))
+                out.append(RankLost(rank, -1, _how(p.pid, code), time.time()))
         return out
 
     def outcome(self) -> tuple[bool, str]:
         """(a rank was lost, why), once the ranks ended: the front's last word to a `ddptop ctl` still waiting."""
-        ended = sorted(((p.exitcode >= 0, rank, p) for rank, p in zip(self.ranks, self.procs)  # killed ones first:
-                        if p.exitcode not in (None, 0) and not (self.stopped and p.exitcode < 0)),  # the others
-                       key=lambda e: e[:2])  # exit with code 5 because of them
-        failed = [f"rank {rank} {_how(p)}" for _, rank, p in ended]
+        ended = sorted((code >= 0, rank, p.pid, code)  # killed ones first: the others exit with code 5 because
+                       for rank, p, code in zip(self.ranks, self.procs, self.codes())  # of them
+                       if code not in (None, 0) and not (self.stopped and code < 0))
+        failed = [f"rank {rank} {_how(pid, code)}" for _, rank, pid, code in ended]
         if failed and not (self.stopped and not self._failed_before_stop):
             return True, "; ".join(failed)
         return False, "stopped" if self.stopped else "its ranks finished: their steps done, or a stop request"
 
     def alive(self) -> bool:
-        return any(p.is_alive() for p in self.procs)
+        return any(code is None for code in self.codes())
 
     def check(self) -> None:
         """Terminate the survivors some time after a rank failed, so nothing hangs in a dead collective."""
-        if self._first_failure is None and any(p.exitcode not in (None, 0) for p in self.procs):
+        if self._first_failure is None and any(code not in (None, 0) for code in self.codes()):
             self._first_failure = time.monotonic()
         if self._first_failure is not None and time.monotonic() - self._first_failure > GRACE_S:
             self.terminate()
 
     def terminate(self) -> None:
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-        for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        """SIGTERM to the ranks still running, SIGKILL to those still there 10 s later."""
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            for p, code in zip(self.procs, self.codes()):
+                if code is None:
+                    with contextlib.suppress(OSError):
+                        os.kill(p.pid, signum)
+            deadline = time.monotonic() + 10
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
 
     def stop(self) -> None:
         """The user asked the job to stop; what ends the ranks from now on is that, not a failure."""
         if not self.stopped:
             self.stopped = True
-            self._failed_before_stop = any(p.exitcode not in (None, 0) for p in self.procs)
+            self._failed_before_stop = any(code not in (None, 0) for code in self.codes())
 
     def exit_code(self) -> int:
-        codes = [p.exitcode for p in self.procs]
+        codes = self.codes()
         if self.stopped and not self._failed_before_stop and all(c is not None and c <= 0 for c in codes):
             return 0  # ranks the stop had to terminate (killed by our own signal) did not fail
         return next((c for c in codes if c not in (0, None)), 0) if all(c is not None for c in codes) else 1
@@ -129,7 +139,8 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         keys = JobKeys.from_token(token, options.job_id, options.salt)
         hosted = channel.ChannelServer(rdv.master, {b"control": keys.control, b"ranks": keys.ranks})
         channel.publish(stores.ddptop_view(server), options.salt, hosted.port)  # before any rank looks
-        job = _start_ranks(cfg, rdv, options)
+        job = LocalJob([], [])
+        _start_ranks(cfg, rdv, options, job)
         write_job_file(rdv.master, rdv.port, token, rdv.world_size)
         job.front = FrontInfo(rdv.master, rdv.port, token)
         job.keys, job.channel = keys, hosted
@@ -152,6 +163,7 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         signal.signal(signal.SIGTERM, previous)
         if job is not None:
             job.terminate()
+            _stop_server()
             _say_ended(rdv, options, job)
             remove_job_file(rdv.master, rdv.port, how=_ended_how(job, state))
     return job.exit_code()
@@ -171,9 +183,9 @@ def _ended_how(job: "LocalJob", state: SharedState | None) -> str:
     return f"{', '.join(reasons)} after {steps} steps"
 
 
-def _how(p: multiprocessing.Process) -> str:
-    how = f"killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
-    return f"process {p.pid} {how}"
+def _how(pid: int, code: int) -> str:
+    how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    return f"process {pid} {how}"
 
 
 def _say_ended(rdv: Rendezvous, options: WorkerOptions, job: "LocalJob") -> None:
@@ -197,10 +209,13 @@ def _say_ended(rdv: Rendezvous, options: WorkerOptions, job: "LocalJob") -> None
         pass
 
 
-def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> "LocalJob":
-    """Rank processes start with SIGINT ignored, so a Ctrl-C while they import torch is the front's alone."""
+def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, job: "LocalJob") -> None:
+    """Start this machine's ranks into `job`. They start with SIGINT ignored, so a Ctrl-C while they start is the
+    front's alone: spawned ranks inherit it from the front, forked ones (several CPU ranks, `_context`) from the
+    server they fork from, started in that window. The start of a forked rank waits for the server's imports
+    (seconds): it waits outside the window, so a Ctrl-C then is a stop while the ranks start."""
     ranks = list(range(rdv.world_size)) if rdv.source == "local" else [rdv.rank]
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _context(cfg, len(ranks))
     procs = [ctx.Process(target=rank_entry, args=(cfg, _for_rank(rdv, r), options), name=f"ddptop-rank-{r}")
              for r in ranks]
     interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -210,13 +225,57 @@ def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> "Lo
     # models differ by 2e-10 after 11 steps (fingerprints apart); torchrun sets 1 the same way
     os.environ.setdefault("OMP_NUM_THREADS", str(thread_count(cfg, _for_rank(rdv, ranks[0]))))
     try:
-        for p in procs:
-            p.start()
+        if ctx.get_start_method() == "forkserver":
+            forkserver.ensure_running()  # spawns the server (its imports run in the background)
+        else:
+            _start(job, procs, ranks)
     finally:
         signal.signal(signal.SIGINT, interrupt)
         if omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
-    return LocalJob(procs, ranks)
+    if ctx.get_start_method() == "forkserver":
+        _start(job, procs, ranks)
+
+
+def _start(job: "LocalJob", procs: list, ranks: list[int]) -> None:
+    for p, rank in zip(procs, ranks):
+        p.start()
+        job.procs.append(p)
+        job.ranks.append(rank)
+
+
+# What the server that CPU ranks fork from imports once for all of them: a rank's own imports (torch, and
+# torch._dynamo, which the optimizer pulls in) took ~4.5 s of CPU each here. The first one makes the server die
+# with the front.
+PRELOAD = ("ddptop.train.server", "ddptop.train.worker", "torch._dynamo")
+
+
+def _context(cfg: RunConfig, local_ranks: int) -> multiprocessing.context.BaseContext:
+    """Several CPU ranks fork from one server that imported their modules once; one rank, or ranks that may use
+    CUDA, start as fresh interpreters (a process that touched CUDA is never forked)."""
+    spawn = multiprocessing.get_context("spawn")
+    if local_ranks < 2 or cfg.device == "cuda" or cfg.backend == "nccl":
+        return spawn
+    from ddptop.train import devices
+
+    if devices.place(cfg.backend, cfg.device, local_ranks, devices.visible_gpus()).device != "cpu":
+        return spawn
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
+def _stop_server() -> None:
+    """The server goes with its job, so that the next job in this process (tests run many) starts one with its own
+    environment (OMP_NUM_THREADS, the test hooks); killed, not asked: it may still be importing (a Ctrl-C while
+    the ranks start), and a rank that would not end goes with it (it dies with its parent)."""
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None or not hasattr(server, "_stop"):
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    server._stop()
 
 
 def open_channel(job: LocalJob, timeout_s: float = 10.0) -> channel.ChannelClient:

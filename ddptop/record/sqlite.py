@@ -86,7 +86,7 @@ class RecordingWriter:
         self.error: str | None = None
         self.on_error = on_error  # called once, from the writer thread, with the reason
         self.written = 0  # events committed
-        self.joined = 0  # RankJoined events committed: none, and the run never started
+        self.joined = 0  # RankJoined events given to it (written or not): none, and the run never started
         self._db = _create(path)
         self._reserve = _reserve(path)
         self._meta = dict(meta)
@@ -112,6 +112,8 @@ class RecordingWriter:
 
     def handle(self, events: list[Event]) -> None:
         if events and not self._closed:
+            # a run whose ranks joined keeps its file, even when the disk filled before their joins were written
+            self.joined += sum(isinstance(e, RankJoined) for e in events)
             wall, mono = self._started
             received = wall + time.monotonic() - mono if self._clock == "received" else None
             self._queue.put([(received, e) for e in events])
@@ -181,7 +183,6 @@ class RecordingWriter:
             self._fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             return
         self.written += len(events)
-        self.joined += sum(isinstance(e, RankJoined) for _, e in events)
 
     def _fail(self, reason: str) -> None:
         """Stop recording: mark the file (a small row that usually still fits: the WAL reuses its pages after a

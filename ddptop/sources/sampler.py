@@ -80,14 +80,17 @@ class SystemSampler:
 
     def _run(self) -> None:
         self._guard("cpu/memory", self._cpu.prime, None)  # psutil's node CPU baseline is per thread
-        deadline = time.monotonic()
+        deadline, sent = time.monotonic(), False
         while True:
             # fixed cadence: a slow sample does not push every later one back
             deadline = max(deadline + self.interval_s, time.monotonic())
-            if self._stop.wait(deadline - time.monotonic()):
+            if self._stop.wait(deadline - time.monotonic()) and sent:
                 return
-            sample = self.sample()
+            sample = self.sample()  # a rank that ends before its first interval still says its system once
             self._guard("sink", lambda: self._sink(sample), None)
+            if self._stop.is_set():
+                return
+            sent = True
 
     def _guard(self, what: str, read: Callable[[], T], fallback: T) -> T:
         try:

@@ -23,6 +23,7 @@ from ddptop.errors import UsageError
 from ddptop.events import ClockSync, EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
 from ddptop.metrics.buckets import same_layout
 from ddptop.probes.clocksync import ping_pong
+from ddptop.probes.hooks import rank_hooks
 from ddptop.probes.own import now
 from ddptop.train import specs
 from ddptop.train.data import make_loader
@@ -146,6 +147,7 @@ class Trainer:
             self.emit(started)
             self._sweep_warning(started)
         self._sync_clocks("start", agent)
+        time.sleep(rank_hooks(self.rank).start_s)  # test-only (DDPTOP_TEST_RANK=start=RANK:MS): 0 otherwise
         criterion = self.criterion
         total = self.total_steps()
         self._evaluated_at = -1

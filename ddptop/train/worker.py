@@ -32,7 +32,7 @@ from ddptop.probes.step import StepProbe
 from ddptop.sources.gpu import cuda_uuid
 from ddptop.sources.sampler import SystemSampler
 from ddptop.sources.system import job_interface
-from ddptop.train import devices, specs
+from ddptop.train import devices, lifetime, specs
 from ddptop.train.models import test_tweaks
 from ddptop.train.loop import Trainer
 from ddptop.rendezvous import Rendezvous
@@ -258,23 +258,11 @@ def _leave() -> None:
             pass
 
 
-def _die_with_parent() -> None:
-    """A local rank must not outlive a front that was killed (-9): Linux delivers SIGKILL to it then."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the front died before prctl took effect
-            os._exit(1)
-    except (OSError, AttributeError):
-        pass
-
-
 def rank_entry(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> None:
     """multiprocessing target for a local rank: one line on failure, an exit code, never a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the front decides
-    _die_with_parent()
+    lifetime.die_with_parent()
+    lifetime.name(f"ddptop-rank-{rdv.rank}")
     try:
         run_rank(cfg, rdv, options)
     except DdptopError as exc:

@@ -11,6 +11,7 @@ import time
 
 import psutil
 
+from procs import rank_processes
 from test_run_cli import DDPTOP, TINY
 
 LONG = ["--local", "2", "--steps", "100000", "--log-every", "1000", *TINY]
@@ -35,7 +36,7 @@ def paused_job_with_a_waiting_set(env: dict) -> tuple[subprocess.Popen, subproce
                                text=True, env=env)
     time.sleep(2)  # rank 0 reads requests every 50 ms: accepted, and it waits for the resume
     assert waiting.poll() is None, waiting.communicate()
-    ranks = [c for c in psutil.Process(job.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    ranks = rank_processes(job.pid)
     assert len(ranks) == 2
     return job, waiting, ranks
 

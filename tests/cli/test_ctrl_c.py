@@ -71,9 +71,10 @@ def test_a_ctrl_c_before_any_step_leaves_a_recording_info_does_not_call_complete
     record = tmp_path / "run.db"
     proc = subprocess.Popen([sys.executable, "-m", "ddptop", "--local", "2", "--backend", "gloo", "--model", "tiny",
                              "--headless", "--steps", "100000", "--no-eval", "--record", str(record)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "DDPTOP_TEST_RANK": "start=0:5000"})  # 5 s before step 0
     try:
-        joined = proc.stdout.readline()  # the first rank's hello: before its model, data and first step
+        joined = proc.stdout.readline()  # the first rank's hello: before its first step
         assert joined.startswith("rank "), joined
         os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: to the whole group
         out, err = proc.communicate(timeout=60)

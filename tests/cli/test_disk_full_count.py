@@ -13,6 +13,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,3 +64,24 @@ def test_the_closing_line_counts_the_steps_the_file_holds(small_disk):
     assert said, out
     assert (int(said.group(1)), int(said.group(2)), said.group(3)) == (held, ranks, str(record)), out
     assert said.group(4) == f" (the run trained {STEPS}: the file stops early)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_run_whose_ranks_joined_keeps_its_file_when_the_disk_filled_before_any_write(small_disk):
+    """A failed start leaves no file; a run whose ranks joined keeps one, even when the disk was full before the
+    first commit: it holds what was written at its opening and reads incomplete, and the closing line says it
+    holds no step. (With ranks quick to start, the first commit can come after the disk filled.)"""
+    from ddptop.events import RankJoined
+    from ddptop.record.sqlite import RecordingWriter
+
+    record = small_disk / "run.db"
+    writer = RecordingWriter(str(record), {"config": {}}, commit_every_s=0.2, on_error=lambda reason: None)
+    fill(small_disk)
+    writer.handle([RankJoined(r, 2, "h", 1, "cpu", "gloo", 1, "2", "0.1.0", "local", time.time()) for r in (0, 1)])
+    writer.discard()
+    assert writer.error and "full" in writer.error
+    (small_disk / "filler").unlink()
+    assert record.exists()
+    with sqlite3.connect(f"file:{record}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT count(*) FROM steps").fetchone() == (0,)
+    db.close()

@@ -18,6 +18,7 @@ from ddptop.control.client import ControlClient
 from ddptop.control.store import free_port
 from ddptop.control.token import running_jobs
 from ddptop.errors import DdptopError
+import procs
 from test_run_cli import DDPTOP, TINY, ddptop
 
 BOUND_S = 90  # a hang guard: no process of a test may outlive its fault by this much
@@ -45,7 +46,7 @@ def wait_training(proc: subprocess.Popen, ranks: int, timeout: float = 60) -> li
         try:
             jobs = running_jobs()
             if jobs and ControlClient.find(None, jobs[0]["port"], None).status()["step"] >= 3:
-                return [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+                return procs.rank_processes(proc.pid)
         except DdptopError:
             pass
         time.sleep(0.3)
@@ -72,6 +73,10 @@ def test_a_killed_worker_is_reported_and_the_job_ends(tmp_path):
     record = tmp_path / "fault.db"
     front = start("--local", "2", "--record", str(record), *LONG)
     ranks = wait_training(front, 2)
+    servers = {r.ppid() for r in ranks}  # both CPU ranks forked from one server, the front's child, not from it
+    assert len(servers) == 1 and "forkserver" in " ".join(psutil.Process(servers.pop()).cmdline())
+    server = psutil.Process(ranks[0].ppid())
+    assert server.ppid() == front.pid
     time.sleep(1)
     killed_at = time.time()
     ranks[1].kill()
@@ -82,6 +87,7 @@ def test_a_killed_worker_is_reported_and_the_job_ends(tmp_path):
     assert err.strip().splitlines()[-1].startswith("ddptop: the job failed: rank 1 process")
     no_traceback(out, err)
     assert not ranks[0].is_running() or ranks[0].status() == psutil.STATUS_ZOMBIE
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE  # the server went with its job
     # the recording holds every step each rank finished before the fault, and the fault itself
     from ddptop.events import RankLost, StepDone
     from ddptop.record.reader import Recording
@@ -298,23 +304,22 @@ def sigint_ignored(proc: subprocess.Popen) -> bool:
 
 
 def rank_processes(front: subprocess.Popen) -> list[psutil.Process]:
-    """The front's rank processes now. A child that ended between the listing and the look (a zombie until the
-    front reaps it: CI once met one here) is not a rank that runs."""
-    out = []
-    for child in psutil.Process(front.pid).children():
-        try:
-            if "spawn_main" in " ".join(child.cmdline()):
-                out.append(child)
-        except psutil.NoSuchProcess:  # ZombieProcess too (its subclass)
-            pass
-    return out
+    return procs.rank_processes(front.pid)
+
+
+def fork_server(front: subprocess.Popen) -> bool:
+    """Whether the front started the server its CPU ranks fork from (front/supervisor.py)."""
+    try:
+        return any("forkserver" in " ".join(c.cmdline()) for c in psutil.Process(front.pid).children())
+    except psutil.Error:
+        return False
 
 
 @pytest.mark.parametrize("moment", ["before the ranks", "while the ranks start", "while training"])
 def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
     """Ctrl-C reaches the whole process group (the front and the ranks importing torch). Each moment is found by
     watching the processes, not by a delay, and has its own outcome: before the front starts the ranks,
-    `ddptop: interrupted` (130); while they import torch, `stopped while the ranks were starting` (0); once they
+    `ddptop: interrupted` (130); while their server imports torch, `stopped while the ranks were starting` (0); once they
     train, a stop (0, `finished: … (stopped)`). One line, no traceback, nothing left."""
     front = start("--local", "2", *LONG)
     if moment == "before the ranks":
@@ -322,10 +327,10 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
         assert not rank_processes(front), "the ranks started within 0.3 s: pick an earlier moment"
     elif moment == "while the ranks start":
         deadline = time.monotonic() + 30
-        while len(rank_processes(front)) < 2 or sigint_ignored(front):  # the front ignores Ctrl-C while it
-            assert time.monotonic() < deadline, "the ranks never started"  # spawns them (so that they inherit
-            time.sleep(0.02)  # SIG_IGN): a Ctrl-C in those milliseconds is lost (README: Failures)
-        # now the ranks import torch (~2 s here): none trains yet
+        while not fork_server(front) or sigint_ignored(front):  # the front ignores Ctrl-C while it starts the
+            assert time.monotonic() < deadline, "the ranks never started"  # server the ranks fork from (so that
+            time.sleep(0.02)  # they inherit SIG_IGN): a Ctrl-C in those milliseconds is lost (README: Failures)
+        # now the server imports torch for the ranks (~4 s of CPU here): none trains yet
     else:
         wait_training(front, 2)
     kids = psutil.Process(front.pid).children(recursive=True)

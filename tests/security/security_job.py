@@ -16,6 +16,7 @@ import psutil
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # the stranger's refused clients: no C++ traces in the log
 import torch.distributed as dist  # noqa: E402
+from procs import rank_processes  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "cli"))
 
@@ -89,7 +90,7 @@ class Job:
             time.sleep(0.2)
 
     def ranks(self) -> list[psutil.Process]:
-        return [c for c in psutil.Process(self.proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        return rank_processes(self.proc.pid)
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 60) -> tuple[str, str, float]:
         start = time.monotonic()

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from procs import rank_processes
+
 import json
 import sqlite3
 
@@ -73,7 +75,7 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
         assert shown.startswith("runs/")  # the default file in the runs folder, said relative to where ddptop ran
         shell = int(_tmux("list-panes", "-t", name, "-F", "#{pane_pid}").split()[0])
         front = _children(shell)[0]
-        ranks = _children(front)
+        ranks = [p.pid for p in rank_processes(front)]
         assert len(ranks) >= 2
         _tmux("send-keys", "-t", name, "7")
         _wait_for(name, "Change the running job", 10)

@@ -323,6 +323,17 @@ def test_sampler_delivers_samples_that_round_trip_and_stops_cleanly():
     assert samples[-1].t > samples[0].t
 
 
+def test_a_sampler_stopped_before_its_first_interval_still_sends_one_sample():
+    """A rank that trains for less than an interval (a short job) still says its system once, at its stop."""
+    samples = []
+    sampler = SystemSampler(0, "node0", loopback_interface(), samples.append, interval_s=30)
+    sampler.start()
+    started = time.monotonic()
+    sampler.stop()
+    assert time.monotonic() - started < 5  # not the 30 s interval
+    assert len(samples) == 1 and samples[0].nic() is not None and samples[0].node_mem_total_bytes > 0
+
+
 def test_sampler_survives_failing_reader_and_sink(capsys):
     calls = []
 
