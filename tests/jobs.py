@@ -84,7 +84,7 @@ def killed_if_left(proc: subprocess.Popen):
 @contextlib.contextmanager
 def torchrun(args: list[str], env: dict, cwd=None, ranks: int = 2):
     """`torchrun --nproc-per-node RANKS ARGS` as README writes it, output piped. Whatever happens in the block, its
-    process group is killed: torchrun's ranks outlive a killed torchrun."""
+    process group and every process under it are killed: torchrun's ranks outlive a killed torchrun."""
     import os
     import signal
     import sys
@@ -98,6 +98,15 @@ def torchrun(args: list[str], env: dict, cwd=None, ranks: int = 2):
     try:
         yield job
     finally:
-        if job.poll() is None:
+        if job.poll() is None:  # its ranks and collector too: torchrun starts them in sessions of their own, where
+            import psutil  # the group's kill does not reach
+
+            try:
+                left = psutil.Process(job.pid).children(recursive=True)
+            except psutil.Error:
+                left = []
             os.killpg(job.pid, signal.SIGKILL)
+            for child in left:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
             job.wait()
