@@ -88,7 +88,7 @@ def render(out: dict, seg) -> str:
 
     """The table, best first, with the fitted segment's line and the best configuration's predicted gain (among
     the rows on the recording's own link, world size and accum: out["link"])."""
-    from ddptop.metrics.whatif.rows import config_name, same_step
+    from ddptop.metrics.whatif.rows import best_row, config_name, same_step
     from ddptop.record.whatif import name as _name
 
     rows = sorted(out["predictions"], key=lambda r: r["step_s"])
@@ -103,9 +103,13 @@ def render(out: dict, seg) -> str:
         lines.append(f"{_name(r):30} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
                      f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {measured:>9} {error:>7}")
     as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == out["link"] and same_step(r, seg)]
-    best = as_run[0] if as_run else rows[0]
-    gain = seg.step_s - best["step_s"]
+    best = best_row(as_run or rows, seg)  # the one rule the screen and the report use (a tie: the one in force)
+    gain = best["saving_s"]
     verb = "saves" if gain >= 0 else "costs"
+    if _name(best) == fitted and best["world_size"] == seg.world_size and best["link"] is None:
+        lines.append(f"best at {best['world_size']} ranks: {fitted}, the configuration in force: no other is "
+                     "predicted faster")
+        return "\n".join(lines)
     lines.append(f"best at {best['world_size']} ranks: {_name(best)}, {best['step_s']:.3f} s/step predicted: {verb} "
                  f"{abs(gain):.3f} s/step ({100 * abs(gain) / seg.step_s:.0f}%) against the measured segment")
     return "\n".join(lines)

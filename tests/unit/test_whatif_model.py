@@ -54,3 +54,30 @@ def test_a_timeline_with_an_infinite_time_is_refused_not_looped_forever():
 
     with pytest.raises(ValueError):
         overlapped([0.1, math.inf], [0], [0.2], 0.6, 0.2)
+
+
+def test_a_tie_names_the_configuration_in_force_not_the_first_row():
+    """A model smaller than every bucket (tiny's 84 KB) is predicted alike at 1 and 25 MB: the best is then the
+    configuration in force (the recording's DDP 25 MB segment), not the table's first row (DDP 1 MB)."""
+    from ddptop.record.reader import Recording
+    from ddptop.record.whatif import best
+    from ddptop.state.advising import describe
+    from labs import REPO
+
+    with Recording.open(str(REPO / "recordings" / "live-switch.db")) as rec:
+        top = best(rec, 0)
+    assert (top["strategy"], top["bucket_mb"]) == ("ddp", 25.0) and top["saving_s"] == pytest.approx(0.0, abs=1e-6)
+    assert describe(top) == "ddp 25 MB, the configuration in force, is predicted fastest"
+
+
+def test_advise_says_the_configuration_in_force_is_best_when_nothing_beats_it():
+    import subprocess
+    import sys
+
+    from labs import REPO
+
+    out = subprocess.run([sys.executable, "-m", "ddptop", "advise", str(REPO / "recordings" / "live-switch.db")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "best at 2 ranks: ddp 25 MB, the configuration in force: no other is " \
+                                          "predicted faster"

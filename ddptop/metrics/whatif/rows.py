@@ -104,10 +104,14 @@ def same_step(row: dict[str, Any], seg: SegmentData) -> bool:
 
 def best_row(rows: list[dict[str, Any]], seg: SegmentData) -> dict[str, Any]:
     """The fastest prediction on the fitted segment's own world size and link, with "saving_s" against the
-    segment's measured step time (which the fit reproduces). Only rows at the segment's own accum compete: a step
+    segment's measured step time (which the fit reproduces); the fitted configuration's own row where no other is
+    faster. Only rows at the segment's own accum compete: a step
     of K micro-steps trains K times the samples, so its s/step is not the same race."""
     own = [r for r in rows if r["world_size"] == seg.world_size and same_step(r, seg)] or rows
     top = min(own, key=lambda r: r["step_s"])
+    fitted = row_for(own, seg.config, seg)
+    if fitted is not None and fitted["step_s"] <= top["step_s"] * (1 + 1e-6):  # a tie (a model smaller than every
+        top = fitted  # bucket: 1 MB and 25 MB alike) names the configuration in force, not the first row
     return {**top, "from_segment": seg.segment, "fitted_step_s": seg.step_s, "saving_s": seg.step_s - top["step_s"]}
 
 
