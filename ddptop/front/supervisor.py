@@ -216,6 +216,7 @@ def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, job: "
     (seconds): it waits outside the window, so a Ctrl-C then is a stop while the ranks start."""
     ranks = list(range(rdv.world_size)) if rdv.source == "local" else [rdv.rank]
     ctx = _context(cfg, len(ranks))
+    forked = ctx.get_start_method() == "forkserver"
     procs = [ctx.Process(target=rank_entry, args=(cfg, _for_rank(rdv, r), options), name=f"ddptop-rank-{r}")
              for r in ranks]
     interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -225,7 +226,7 @@ def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, job: "
     # models differ by 2e-10 after 11 steps (fingerprints apart); torchrun sets 1 the same way
     os.environ.setdefault("OMP_NUM_THREADS", str(thread_count(cfg, _for_rank(rdv, ranks[0]))))
     try:
-        if ctx.get_start_method() == "forkserver":
+        if forked:
             forkserver.ensure_running()  # spawns the server (its imports run in the background)
         else:
             _start(job, procs, ranks)
@@ -233,7 +234,7 @@ def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, job: "
         signal.signal(signal.SIGINT, interrupt)
         if omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
-    if ctx.get_start_method() == "forkserver":
+    if forked:
         _start(job, procs, ranks)
 
 
@@ -254,8 +255,8 @@ def _context(cfg: RunConfig, local_ranks: int) -> multiprocessing.context.BaseCo
     """Several CPU ranks fork from one server that imported their modules once; one rank, or ranks that may use
     CUDA, start as fresh interpreters (a process that touched CUDA is never forked)."""
     spawn = multiprocessing.get_context("spawn")
-    if local_ranks < 2 or cfg.device == "cuda" or cfg.backend == "nccl":
-        return spawn
+    if local_ranks < 2 or cfg.device == "cuda" or cfg.backend == "nccl":  # asked for CUDA: the rank says what is
+        return spawn  # wrong with that, as before (devices.place would refuse it here, in the front)
     from ddptop.train import devices
 
     if devices.place(cfg.backend, cfg.device, local_ranks, devices.visible_gpus()).device != "cpu":
