@@ -10,7 +10,7 @@ import math
 import statistics
 from array import array
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ddptop.config import IMAGE_DATASETS
 from ddptop.events import ConfigApplied, Event, StepDone
@@ -271,6 +271,13 @@ class SegmentTable:
     def apply_all(self, events: Iterable[Event]) -> None:
         for event in events:
             self.apply(event)
+
+    def passing(self, events: Iterable[Event]) -> Iterator[Event]:
+        """`events`, each applied here as it passes: one read of a recording's steps feeds this table and another
+        reader (the report's statistics), where two reads decoded every row twice."""
+        for event in events:
+            self.apply(event)
+            yield event
 
     def apply(self, event: Event) -> None:
         if isinstance(event, StepDone):

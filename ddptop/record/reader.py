@@ -185,14 +185,20 @@ class Recording:
     def segment_figures(self, warmup: int | None = None) -> list:
         """The per-segment table (ddptop.metrics) over every step in the file: what `info`, `report`,
         `export --csv` and a replayed screen show. `warmup`: the run's own (metrics.warmup_for) unless given."""
+        table = self.segment_table(warmup)
+        table.apply_all(self.step_events())
+        return table.segments()
+
+    def segment_table(self, warmup: int | None = None):
+        """segment_figures' table holding the file's switches, before any step: fed the steps (its `passing`, as
+        the report reads them), its segments() are segment_figures()."""
         from ddptop import metrics
         from ddptop.events import ConfigApplied
 
         table = metrics.SegmentTable(metrics.warmup_for(self.config) if warmup is None else warmup)
         switches = self.query("SELECT seq, at, data FROM events WHERE kind = 'config_applied' ORDER BY seq")
         table.apply_all(e for e in (self._decode("events", row) for row in switches) if isinstance(e, ConfigApplied))
-        table.apply_all(self.step_events())
-        return table.segments()
+        return table
 
     def count(self, table: str) -> int:
         return self._one(f"SELECT count(*) FROM {table}")[0]

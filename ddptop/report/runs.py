@@ -88,9 +88,10 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         note_incomplete(rec)
         used = metrics.warmup_for(config) if warmup is None else warmup
         buckets = meta.get("ddp_buckets") if isinstance(meta.get("ddp_buckets"), dict) else {}
+        figures = rec.segment_table()  # the what-if model's table, fed by the one read of the steps below
         try:
             stats = segment_stats(events, label=label, warmup=used, run_config=config, buckets=buckets,
-                                  steps=rec.step_events())
+                                  steps=figures.passing(rec.step_events()))
         except RecordingError:
             raise
         except (UsageError, ValueError, OverflowError) as exc:  # values no ddptop wrote (checked where decoded)
@@ -98,7 +99,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
                                  f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
         points = _points(rec.step_losses(), steps) if stats else []
         late = stragglers(rec)
-        table = rec.segment_figures()  # one more pass over the steps, for the what-if model
+        table = figures.segments()
         predicted, versus = whatif.bests(rec, table), whatif.versus(rec, table)
         left_out = rec.left_out_line()  # once every row was read
         if left_out:

@@ -15,8 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 10**6
 PEAK_MB = 200
-CPU_S = 60  # the report's own CPU time (user + sys): 43 s here (2 cores, micro_s and the what-if included; 52 s before
-# the plain-value check in record/schema.py, 57-65 s at load 1-4)
+CPU_S = 60  # the report's own CPU time (user + sys): 42 s here (2 cores, micro_s and the what-if included), 64 s when
+# it read the steps twice and checked every value of a well-formed row one by one (record/schema.py decode_step)
 
 
 def grow(src: Path, dst: Path, total: int) -> None:
