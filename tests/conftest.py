@@ -14,8 +14,12 @@ from skips import ci_failure  # noqa: E402
 
 # Tests whose assertions are about time, link rates or CPU shares: `make test` runs them on their own, after the
 # rest has run two at a time (pytest-xdist), so that no other test competes with them for the two cores.
-ALONE = ("tests/lab/", "tests/ranks/test_timing_truth.py", "tests/ranks/test_micro_steps_truth.py",
-         "tests/tui/test_e2e_tmux.py")
+# A lab's functional tests (test_lifecycle, test_lab_ctrl_c, test_refusals: what is left, exit codes, lines) run with
+# the rest; two labs at once are apart (each its own namespaces, bridge and cgroups, named by its tag).
+ALONE = ("tests/lab/test_course.py", "tests/lab/test_truth.py", "tests/lab/test_links.py",
+         "tests/lab/test_cgroup_weight.py", "tests/lab/test_wire_bytes.py", "tests/lab/test_straggler_clocks.py",
+         "tests/lab/test_hints_link.py", "tests/lab/test_outage.py",
+         "tests/ranks/test_timing_truth.py", "tests/ranks/test_micro_steps_truth.py", "tests/tui/test_e2e_tmux.py")
 
 
 def _skip_to_failure(report, path: str) -> None:

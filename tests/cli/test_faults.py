@@ -139,8 +139,31 @@ def test_stopping_the_master_stops_every_rank_and_frees_the_port(sig):
     assert "(stopped)" in out and "finished" in w_err
     no_traceback(out, err, w_out, w_err)
     assert not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
-    again = ddptop("--local", "2", "--port", port, "--steps", "2", *TINY)  # the port is free for the next run
-    assert again.returncode == 0, again.stderr
+    assert port_is_free(int(port))  # for the next run
+
+
+def test_port_is_free_sees_a_store_that_listens():
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 1, True, timedelta(seconds=5), wait_for_workers=False)
+    assert not port_is_free(port)
+    del store
+    assert port_is_free(port)
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens on the port (the kernel's socket table), and a store could listen there again: a socket with
+    SO_REUSEADDR, as torch's store sets it, binds and listens on the master's address."""
+    if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in psutil.net_connections("tcp")):
+        return False
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+    return True
 
 
 def test_a_wrong_token_never_reaches_the_job_and_both_sides_give_up_in_one_line(tmp_path):
