@@ -24,10 +24,25 @@ from ddptop.events import ClockSync, StepSpans
 # tiny runs lead by a median 0.3-0.9 ms (90th percentile 1.6-5.8 ms at a load average of 20+; README: Stragglers), a
 # scheduler's time slice (CFS: 0.75-3 ms) being the jitter one runnable rank waits for; a median over 2 ms keeps that
 # noise unnamed and names a straggler tens of ms late.
+#
+# The steps, not the collectives, are the pieces of evidence: a step's collectives share its backward pass (its 34
+# async all-reduces are one piece), so one slow backward makes a rank last at all of them. A sampled step votes for
+# the rank last at most of its collectives (a tie: no vote), and the candidate is named only when its votes are
+# beyond chance: with N ranks each is last in a step with probability 1/N, and the chance of at least its votes in
+# that many steps must be ≤ CHANCE. On 2 local ranks of VGG-11 (2 cores, nothing else running) rank 1 was last at 6
+# of 8 collectives, 32 ms ahead on average, and was named; it was last in 2 of the 4 sampled steps (the other 2
+# split), which chance gives 69% of the time. With 2 ranks 5 steps of 5 are needed, 7 of 8, 9 of 10; with 3, 3 of 3.
 SHARE = 2 / 3
 MIN_COLLECTIVES = 8  # the shipped lab reports' DDP segments, 2 sampled steps of 2-3 buckets, named a rank at 4-6
-MIN_STEPS = 3  # a step's collectives share its backward pass: its 34 async all-reduces are one piece of evidence
+MIN_STEPS = 3  # fewer cannot be beyond chance at 2 or 3 ranks (CHANCE below)
+CHANCE = 0.05
 NOISE_S = 0.002
+
+
+def chance(votes: int, steps: int, ranks: int) -> float:
+    """The probability that one given rank of `ranks` is last in at least `votes` of `steps` steps by chance."""
+    p = 1 / ranks
+    return sum(math.comb(steps, k) * p ** k * (1 - p) ** (steps - k) for k in range(votes, steps + 1))
 
 
 @dataclass(frozen=True)
@@ -134,6 +149,9 @@ class Stragglers:
     margin_s: float = NOISE_S
     uncertainty_s: float = 0.0  # the largest ±rtt/2 of any rank's clock
     aligned: bool = True  # False: no ping-pong recorded (older recordings), the ranks' clocks taken as one
+    votes: int = 0  # sampled steps whose collectives the candidate was last at most of
+    chance: float = 1.0  # the probability of at least that many by chance (CHANCE: the bound to be named)
+    ranks: int = 0
 
     def describe(self) -> str:
         """One line for info, the report and the screen."""
@@ -148,6 +166,10 @@ class Stragglers:
             elif self.share < SHARE:
                 why = (f"no rank arrived last at ≥{SHARE:.0%} of {self.collectives} collectives (rank "
                        f"{self.candidate} most often, {self.share:.0%})")
+            elif self.chance > CHANCE:
+                why = (f"rank {self.candidate} arrived last at {self.share:.0%} of {self.collectives} collectives, "
+                       f"{_ms(self.late_s)} after the rest on average, but was last in {self.votes} of {self.steps} "
+                       f"sampled steps, which chance gives one of {self.ranks} ranks {self.chance:.0%} of the time")
             else:
                 why = (f"rank {self.candidate} arrived last at {self.share:.0%} of {self.collectives} collectives, "
                        f"{_ms(self.late_s)} after the rest on average, but mostly within the {_ms(self.margin_s)} "
@@ -160,11 +182,12 @@ class Stragglers:
 class Tally:
     """Running sums toward one verdict (constant memory per rank)."""
 
-    def __init__(self, rank_clocks: dict[int, RankClock]):
+    def __init__(self, rank_clocks: dict[int, RankClock], world_size: int):
         self.clocks = rank_clocks
+        self.world_size = world_size
         self.uncertainty = max((c.uncertainty_s for c in rank_clocks.values()), default=0.0)
         self.n = 0
-        self.steps: set[tuple[int, int]] = set()
+        self.steps: dict[tuple[int, int], dict[int, int]] = {}  # sampled step → rank → collectives it was last at
         self.transfer = 0.0
         self.last: dict[int, int] = {}
         self.lead: dict[int, float] = {}
@@ -178,7 +201,8 @@ class Tally:
     def add(self, c: Collective) -> None:
         last, lead = c.last, c.lead_s
         self.n += 1
-        self.steps.add((c.segment, c.step))
+        in_step = self.steps.setdefault((c.segment, c.step), {})
+        in_step[last] = in_step.get(last, 0) + 1
         self.transfer += c.transfer_s
         self.last[last] = self.last.get(last, 0) + 1
         self.lead[last] = self.lead.get(last, 0.0) + lead
@@ -195,23 +219,28 @@ class Tally:
         count = self.last[candidate]
         share = count / self.n
         clear = self.clear[candidate] > count / 2
-        named = self.n >= MIN_COLLECTIVES and len(self.steps) >= MIN_STEPS and share >= SHARE and clear
+        votes = sum(1 for lasts in self.steps.values()
+                    if lasts.get(candidate, 0) > max((n for r, n in lasts.items() if r != candidate), default=0))
+        beyond = chance(votes, len(self.steps), self.world_size)
+        named = (self.n >= MIN_COLLECTIVES and len(self.steps) >= MIN_STEPS and share >= SHARE and clear
+                 and beyond <= CHANCE)
         return Stragglers(self.n, len(self.steps), candidate if named else None, candidate, share,
                           self.lead[candidate] / count,
                           clear, self.transfer / self.n, {r: w / self.n for r, w in sorted(self.waiting.items())},
-                          self.margin(candidate), self.uncertainty, bool(self.clocks))
+                          self.margin(candidate), self.uncertainty, bool(self.clocks), votes, beyond,
+                          self.world_size)
 
 
 def analyse(spans: Iterable[StepSpans], syncs: Iterable[ClockSync], world_size: int) -> dict[int | None, Stragglers]:
     """The verdict for the whole run (key None) and for each segment."""
     rank_clocks = clocks(syncs)
-    tallies: dict[int | None, Tally] = {None: Tally(rank_clocks)}
+    tallies: dict[int | None, Tally] = {None: Tally(rank_clocks, world_size)}
     if world_size < 2:
         return {None: Stragglers()}
     for c in collectives(spans, world_size, rank_clocks):
         tallies[None].add(c)
         if c.segment not in tallies:
-            tallies[c.segment] = Tally(rank_clocks)
+            tallies[c.segment] = Tally(rank_clocks, world_size)
         tallies[c.segment].add(c)
     return {key: tally.verdict() for key, tally in sorted(tallies.items(), key=lambda kv: -1 if kv[0] is None
                                                                             else kv[0])}

@@ -90,3 +90,35 @@ def test_the_overview_names_a_straggler_of_the_segment_in_force_and_nothing_else
     state.apply_all(steps({2: 0.030}))  # the same steps again, rank 2 now 30 ms late
     shown = " ".join(t.plain for t in warnings(state.snapshot()))
     assert shown.startswith("straggler: rank 2 arrived last at 100% of 12 collectives, 30.0 ms after the rest")
+
+
+def _two_ranks(late_by_step: list[dict[str, int]], lead: float = 0.030) -> list[StepSpans]:
+    """2 ranks; in step i, collective name → the rank that arrives `lead` late (the other on time)."""
+    out = []
+    for step, lasts in enumerate(late_by_step):
+        for rank in (0, 1):
+            spans = tuple(Span("comm", name, 0.1 + 0.05 * k + (lead if lasts[name] == rank else 0.0), 0.003, 64)
+                          for k, name in enumerate(sorted(lasts)))
+            out.append(StepSpans(rank, step, 0, T0 + step, (Span("bwd", "backward", 0.0, 0.1),) + spans))
+    return out
+
+
+def test_a_rank_last_at_most_collectives_but_in_few_steps_is_within_chance():
+    """2 local VGG-11 ranks, nothing injected: rank 1 last at 6 of 8 collectives, 32 ms ahead on average, but last
+    in 2 of 4 sampled steps (the other 2 split): chance gives that 69% of the time, so it is not named."""
+    split = {"bucket 0": 1, "bucket 1": 0}
+    verdict = analyse(_two_ranks([split, {"bucket 0": 1, "bucket 1": 1}, {"bucket 0": 1, "bucket 1": 1},
+                                  {"bucket 0": 0, "bucket 1": 1}]), [], 2)[None]
+    assert verdict.share == 0.75 and verdict.candidate == 1 and verdict.clear and verdict.votes == 2
+    assert verdict.rank is None and verdict.chance == pytest.approx(11 / 16)
+    assert "but was last in 2 of 4 sampled steps, which chance gives one of 2 ranks 69% of the time" in \
+        verdict.describe()
+
+
+@pytest.mark.parametrize("steps_last, named", [(4, False), (5, True), (7, True)])
+def test_with_two_ranks_a_straggler_needs_steps_beyond_chance(steps_last, named):
+    """Last in every one of 4 steps is 1/16 = 6% by chance (over the 5% bound); 5 of 5 is 3%; 7 of 8 is 3.5%."""
+    always = {"bucket 0": 1, "bucket 1": 1, "bucket 2": 1}
+    other = [{"bucket 0": 0, "bucket 1": 0, "bucket 2": 0}] if steps_last == 7 else []
+    verdict = analyse(_two_ranks([always] * steps_last + other), [], 2)[None]
+    assert verdict.votes == steps_last and (verdict.rank == 1) is named, verdict.describe()
