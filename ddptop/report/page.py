@@ -146,8 +146,10 @@ STRAGGLER_NOTE = ("On the sampled steps each rank stamps its arrival at every co
                   "start and end (±rtt/2, drift between the two). A rank is named when it arrived last at "
                   f"≥{stragglers.SHARE:.0%} of at least {stragglers.MIN_COLLECTIVES} collectives (from "
                   f"{stragglers.MIN_STEPS} sampled steps) that every rank recorded, at more than half of them by "
-                  f"more than {stragglers.NOISE_S * 1000:g} ms plus the clocks' uncertainty. Transfer: the last "
-                  "arriving rank's own time in the collective.")
+                  f"more than {stragglers.NOISE_S * 1000:g} ms plus the clocks' uncertainty, and was last in more "
+                  "sampled steps than chance gives one of N ranks (each step 1/N) in "
+                  f"{stragglers.CHANCE:.0%} of runs: a step's collectives share its backward pass, so a step is one "
+                  "piece of evidence. Transfer: the last arriving rank's own time in the collective.")
 
 
 def hpml_tables(runs: list[RunData], stats: list[SegmentStats], rows: list[Scaling]) -> list[tuple]:
