@@ -496,6 +496,10 @@ class TuneTrial:
     first_step: int
     last_step: int
     step_s: float
+    spread_s: float = 0.0  # the standard error of step_s (that rank's steps' spread / √n); 0 in older files
+
+    def ms(self) -> str:
+        return f"{self.step_s * 1e3:.1f}±{self.spread_s * 1e3:.1f} ms" if self.spread_s else f"{self.step_s * 1e3:.1f} ms"
 
 
 @dataclass(frozen=True)
@@ -515,13 +519,13 @@ class TuneNote(Event):
     def describe(self) -> str:
         if not self.kept_mb:
             return f"tune bucket stopped after {len(self.trials)} trials: {self.reason}"
-        tried = ", ".join(f"{x.bucket_mb:g} MB {x.step_s * 1e3:.1f} ms" for x in self.trials)
+        tried = ", ".join(f"{x.bucket_mb:g} MB {x.ms()}" for x in self.trials)
         if self.kept_mb == self.start.bucket_mb:
-            return (f"tune bucket: kept {self.kept_mb:g} MB ({self.start.step_s * 1e3:.1f} ms): no other size was "
+            return (f"tune bucket: kept {self.kept_mb:g} MB ({self.start.ms()}): no other size was "
                     f"faster by more than the noise of its measurement; tried {tried}")
         share = self.gain_s / self.start.step_s if self.start.step_s > 0 else 0.0
         return (f"tune bucket: kept {self.kept_mb:g} MB, {-self.gain_s * 1e3:+.1f} ms/step ({-share:+.1%}) against "
-                f"{self.start.bucket_mb:g} MB ({self.start.step_s * 1e3:.1f} ms); tried {tried}")
+                f"{self.start.bucket_mb:g} MB ({self.start.ms()}); tried {tried}")
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -80,7 +80,7 @@ class Tuner:
         start_mb = float(snap.config.get("bucket_mb", 25.0))
         first, last = tune.start_steps(snap.history, fig.index, fig.first_step, fig.warmup, self.steps)
         start = self._start_trial = TuneTrial(fig.index, start_mb, first, last,
-                                              tune.measure(snap.history, snap.world_size, fig.index, first, last))
+                                              *tune.measured(snap.history, snap.world_size, fig.index, first, last))
         sizes = tune.candidates(snap.whatif.rows, snap.world_size, start_mb, self.trials)
         if not sizes:
             raise Stopped("the what-if model predicts no other bucket size")
@@ -89,9 +89,9 @@ class Tuner:
             fig = self._wait(lambda s: next((f for f in s.segment_figures if f.index == segment), None),
                              TRIAL_WAIT_S, f"segment {segment} did not start")
             first, last = tune.trial_steps(fig.first_step, fig.warmup, self.steps)
-            step_s = self._wait(lambda s: tune.measure(s.history, s.world_size, segment, first, last), TRIAL_WAIT_S,
-                                f"{mb:g} MB's {self.steps} steps did not come")
-            trials.append(TuneTrial(segment, mb, first, last, step_s))
+            found = self._wait(lambda s: tune.measured(s.history, s.world_size, segment, first, last), TRIAL_WAIT_S,
+                               f"{mb:g} MB's {self.steps} steps did not come")
+            trials.append(TuneTrial(segment, mb, first, last, *found))
         best = tune.kept(start, trials)
         if best.bucket_mb != trials[-1].bucket_mb:
             self._switch(best.bucket_mb)

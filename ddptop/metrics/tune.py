@@ -4,6 +4,8 @@ size kept."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
 from ddptop.events import StepDone, TuneTrial
@@ -12,10 +14,14 @@ from ddptop.metrics import job_figures, window
 MAX_TRIALS = 5  # each trial is a live segment of the user's job: five already cost ~5 × (STEPS + 4) steps
 TRIALS = 3  # the model's best three other sizes: its error (README: median ≤ 10.6%) can reorder close neighbours
 STEPS = 20  # steps measured per trial after its warm-up: 20 tiny-model steps vary ~5% under a load of 4 here
-# a trial replaces the size in force only when faster by more than this share: below it the two 20-step means are
-# within their noise (VGG-11 on 2 local ranks here: 25, 10, 5 and 1 MB measured 214.8, 217.6, 216.0, 214.1 ms,
-# and 1 MB "won" by 0.3%), and a switch on noise is a change the user did not gain from
-MIN_GAIN = 0.03
+# A trial replaces the size in force only when faster by more than the noise of the two measurements: NOISE_Z
+# standard errors of the difference (each mean's own steps' spread / √n; 2: about 2.5% of equal sizes would pass on
+# noise alone), and never by less than MIN_GAIN of the step. A switch on noise is a change the user did not gain
+# from: VGG-11 on 2 local ranks here measured 25, 10, 5 and 1 MB at 214.8, 217.6, 216.0, 214.1 ms, and 1 MB had
+# "won" by 0.3%. The margin follows the machine: a quiet one keeps a 2% gain, a loaded one (20 tiny-model steps
+# vary ~5% under a load of 4) asks for more.
+MIN_GAIN = 0.01
+NOISE_Z = 2.0
 
 
 def candidates(rows: Sequence[Mapping[str, Any]], world_size: int, current_mb: float, trials: int = TRIALS
@@ -56,19 +62,36 @@ def measure(history: Mapping[int, Iterable[StepDone]], world_size: int, segment:
             ) -> float | None:
     """The slowest rank's mean step time over steps first..last of `segment` (sampled steps left out, as
     metrics.window does); None until each of `world_size` ranks reported every one of them."""
+    found = measured(history, world_size, segment, first, last)
+    return None if found is None else found[0]
+
+
+def measured(history: Mapping[int, Iterable[StepDone]], world_size: int, segment: int, first: int, last: int
+             ) -> tuple[float, float] | None:
+    """(measure's mean, its standard error: that slowest rank's step times' standard deviation / √n, 0 with one
+    step); None as measure."""
     if len(history) < world_size:
         return None
-    per_rank = []
+    per_rank, times = [], []
     for steps in history.values():
         chosen = [d for d in steps if d.segment == segment and first <= d.step <= last]
         if len({d.step for d in chosen}) < last - first + 1:
             return None
         per_rank.append(window(chosen))
-    return job_figures(per_rank).step_s
+        times.append([d.iter_s for d in chosen if not d.sampled] or [d.iter_s for d in chosen])  # window's steps
+    step_s = job_figures(per_rank).step_s
+    own = times[[f.step_s for f in per_rank].index(step_s)]  # the slowest rank's
+    return step_s, (statistics.stdev(own) / math.sqrt(len(own)) if len(own) > 1 else 0.0)
+
+
+def margin(start: TuneTrial, trial: TuneTrial, min_gain: float = MIN_GAIN) -> float:
+    """How much faster than the start a trial must be to replace it (s/step): NOISE_Z standard errors of the
+    difference of the two means, at least min_gain of the start's step."""
+    return max(min_gain * start.step_s, NOISE_Z * math.hypot(start.spread_s, trial.spread_s))
 
 
 def kept(start: TuneTrial, trials: Sequence[TuneTrial], min_gain: float = MIN_GAIN) -> TuneTrial:
-    """The fastest trial when it beats the start by more than `min_gain` of the start's step; else the start (a
-    tie between trials keeps the earlier)."""
+    """The fastest trial when it beats the start by more than the margin; else the start (a tie between trials
+    keeps the earlier)."""
     best = min(trials, key=lambda t: t.step_s, default=start)
-    return best if best.step_s < start.step_s * (1.0 - min_gain) else start
+    return best if start.step_s - best.step_s > margin(start, best, min_gain) else start

@@ -1,14 +1,16 @@
 """`tune bucket` on a real 2-rank gloo job (tiny model, DDP): through `ddptop ctl tune bucket` and through
 `--tune bucket`. Everything is checked with SQL on the recording, not by ddptop's functions: the trial segments (at
 most 5), every rank switching at the same step, each trial's measurement (the slowest rank's mean step over the
-note's steps), the kept size the fastest of them (the start unless a trial beats it by more than MIN_GAIN) and in
-force at the end, and the note's gain."""
+note's steps) and its standard error, the kept size the fastest of them (the start unless a trial beats it by more
+than NOISE_Z standard errors of the difference, and MIN_GAIN at least) and in force at the end, and the note's gain."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import threading
@@ -16,7 +18,7 @@ import threading
 import pytest
 
 from ddptop.control.store import free_port
-from ddptop.metrics.tune import MIN_GAIN
+from ddptop.metrics.tune import MIN_GAIN, NOISE_Z
 from jobs import connect, killed_if_left
 
 TOKEN = "test-token-tune-0123456789"
@@ -55,6 +57,16 @@ def _slowest_mean(con, segment: int, first: int, last: int) -> float:
     return max(mean for _, mean, _ in rows)
 
 
+def _slowest_spread(con, segment: int, first: int, last: int) -> float:
+    """The standard error of that mean: the slowest rank's step times' sample standard deviation / √n."""
+    per_rank: dict[int, list[float]] = {}
+    for rank, it in con.execute("""SELECT rank, iter_s FROM steps WHERE segment = ? AND step BETWEEN ? AND ?
+                                   AND sampled = 0 ORDER BY rank, step""", (segment, first, last)):
+        per_rank.setdefault(rank, []).append(it)
+    slowest = max(per_rank.values(), key=statistics.fmean)
+    return statistics.stdev(slowest) / math.sqrt(len(slowest))
+
+
 def check_tune_recording(db) -> dict:
     """The recording's tune against SQL; returns the note."""
     with sqlite3.connect(db) as con:
@@ -75,14 +87,18 @@ def check_tune_recording(db) -> dict:
             assert sorted(r for r, _, _ in ranks) == [0, 1], ranks
             assert len({s for _, s, _ in ranks}) == 1 and {b for _, _, b in ranks} == {trial["bucket_mb"]}, ranks
             assert trial["first_step"] == ranks[0][1] + 1  # its warm-up step left out
-        measured = {}
+        measured, spread = {}, {}
         for trial in [note["start"], *trials]:
             sql = _slowest_mean(con, trial["segment"], trial["first_step"], trial["last_step"])
             assert sql == pytest.approx(trial["step_s"], rel=1e-9), trial
+            se = _slowest_spread(con, trial["segment"], trial["first_step"], trial["last_step"])
+            assert se > 0 and se == pytest.approx(trial["spread_s"], rel=1e-9), trial
             measured.setdefault(trial["bucket_mb"], sql)
+            spread.setdefault(trial["bucket_mb"], se)
         start_mb = note["start"]["bucket_mb"]
         fastest = min(measured, key=measured.get)
-        if measured[fastest] >= measured[start_mb] * (1 - MIN_GAIN):  # within the noise: the size in force stays
+        noise = max(MIN_GAIN * measured[start_mb], NOISE_Z * math.hypot(spread[start_mb], spread[fastest]))
+        if measured[start_mb] - measured[fastest] <= noise:  # within the noise: the size in force stays
             fastest = start_mb
         assert note["kept_mb"] == fastest, (note, measured)
         assert note["gain_s"] == pytest.approx(measured[start_mb] - measured[fastest], rel=1e-9, abs=1e-12)

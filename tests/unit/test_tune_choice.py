@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ddptop.events import StepDone, TuneTrial
 from ddptop.metrics import tune
 
@@ -38,6 +40,23 @@ def test_the_kept_size_is_the_fastest_and_a_tie_keeps_the_start():
     start = TuneTrial(0, 25.0, 1, 20, 0.5)
     assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.4), TuneTrial(2, 10.0, 43, 62, 0.45)]).bucket_mb == 5.0
     assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.5)]) is start
-    # faster, but within the noise of a 20-step mean (MIN_GAIN): the size in force stays
+    # faster, but by less than MIN_GAIN: the size in force stays
     assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.5 * (1 - tune.MIN_GAIN / 2))]) is start
     assert tune.kept(start, [TuneTrial(1, 5.0, 22, 41, 0.5 * (1 - 2 * tune.MIN_GAIN))]).bucket_mb == 5.0
+
+
+def test_a_gain_within_the_two_measurements_noise_keeps_the_start():
+    """5% faster, but each 20-step mean ±10 ms (standard error): the difference's is 14.1 ms, and 2 of them (28 ms)
+    exceed the 25 ms gained; with ±5 ms each (14.1 ms needed) the same 25 ms is kept."""
+    noisy_start, quiet_start = TuneTrial(0, 25.0, 1, 20, 0.5, 0.010), TuneTrial(0, 25.0, 1, 20, 0.5, 0.005)
+    assert tune.margin(noisy_start, TuneTrial(1, 5.0, 22, 41, 0.475, 0.010)) == pytest.approx(2 * 0.010 * 2 ** 0.5)
+    assert tune.kept(noisy_start, [TuneTrial(1, 5.0, 22, 41, 0.475, 0.010)]) is noisy_start
+    assert tune.kept(quiet_start, [TuneTrial(1, 5.0, 22, 41, 0.475, 0.005)]).bucket_mb == 5.0
+
+
+def test_a_trials_spread_is_its_slowest_ranks_standard_error():
+    history = {0: [_step(0, s, 0.1) for s in range(10, 14)],
+               1: [_step(1, s, t) for s, t in zip(range(10, 14), (9.0, 0.2, 0.3, 0.4))]}
+    mean, se = tune.measured(history, 2, 1, 11, 13)
+    assert mean == pytest.approx(0.3) and se == pytest.approx(0.1 / 3 ** 0.5)  # stdev of .2 .3 .4 is 0.1
+    assert tune.measured({0: history[0], 1: history[1][:3]}, 2, 1, 11, 13) is None
