@@ -12,8 +12,8 @@ its wall clock (StepSpans.t0) plus the span's start, and ClockSync's ping-pong g
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Iterator, Mapping
 
 from ddptop.events import ClockSync, StepSpans
 
@@ -152,6 +152,7 @@ class Stragglers:
     votes: int = 0  # sampled steps whose collectives the candidate was last at most of
     chance: float = 1.0  # the probability of at least that many by chance (CHANCE: the bound to be named)
     ranks: int = 0
+    one_host: bool = False  # every rank ran on one host (its hosts as the ranks said them at their join)
 
     def describe(self) -> str:
         """One line for info, the report and the screen."""
@@ -175,8 +176,10 @@ class Stragglers:
                        f"{_ms(self.late_s)} after the rest on average, but mostly within the {_ms(self.margin_s)} "
                        "of noise and clocks")
             return f"no straggler: {why}; transfer {_ms(self.transfer_s)} ({clock})"
+        shared = "; all ranks share one host: contention there (CPU, the screen) can make a rank late" \
+            if self.one_host else ""
         return (f"rank {self.rank} arrived last at {self.share:.0%} of {self.collectives} collectives, "
-                f"{_ms(self.late_s)} after the rest on average; transfer {_ms(self.transfer_s)} ({clock})")
+                f"{_ms(self.late_s)} after the rest on average; transfer {_ms(self.transfer_s)} ({clock}){shared}")
 
 
 class Tally:
@@ -231,8 +234,13 @@ class Tally:
                           self.world_size)
 
 
-def analyse(spans: Iterable[StepSpans], syncs: Iterable[ClockSync], world_size: int) -> dict[int | None, Stragglers]:
-    """The verdict for the whole run (key None) and for each segment."""
+def analyse(spans: Iterable[StepSpans], syncs: Iterable[ClockSync], world_size: int,
+            hosts: Mapping[int, str] | None = None) -> dict[int | None, Stragglers]:
+    """The verdict for the whole run (key None) and for each segment. `hosts`: rank → host, where known: a rank
+    named on a single host gets a caution, that contention there can make a rank late (2 local ranks under the
+    screen on 2 cores named rank 0 with nothing injected: a real lead, the shared machine's doing)."""
+    known = {r: h for r, h in (hosts or {}).items() if h and h != "?"}
+    one_host = len(known) >= world_size and len(set(known.values())) == 1
     rank_clocks = clocks(syncs)
     tallies: dict[int | None, Tally] = {None: Tally(rank_clocks, world_size)}
     if world_size < 2:
@@ -242,8 +250,8 @@ def analyse(spans: Iterable[StepSpans], syncs: Iterable[ClockSync], world_size: 
         if c.segment not in tallies:
             tallies[c.segment] = Tally(rank_clocks, world_size)
         tallies[c.segment].add(c)
-    return {key: tally.verdict() for key, tally in sorted(tallies.items(), key=lambda kv: -1 if kv[0] is None
-                                                                            else kv[0])}
+    return {key: replace(tally.verdict(), one_host=one_host)
+            for key, tally in sorted(tallies.items(), key=lambda kv: -1 if kv[0] is None else kv[0])}
 
 
 def _ms(seconds: float) -> str:

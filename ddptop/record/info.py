@@ -56,7 +56,10 @@ def summary(rec: Recording, table: list | None = None) -> dict[str, Any]:
 def stragglers(rec: Recording) -> dict[int | None, Stragglers]:
     """The straggler verdict of the whole run (key None) and of each segment (metrics.stragglers), from the sampled
     steps' comm spans and rank 0's clock ping-pongs (older recordings have none: their clocks are taken as one)."""
-    return analyse(rec.events(tables=("spans",)), rec.clock_syncs(), rec.world_size)  # every row: a bad one is counted
+    ranks = rec.meta.get("ranks") if isinstance(rec.meta.get("ranks"), dict) else {}
+    hosts = {int(r): str(v.get("host", "")) for r, v in ranks.items() if str(r).isdigit() and isinstance(v, dict)}
+    # every row: a bad one is counted
+    return analyse(rec.events(tables=("spans",)), rec.clock_syncs(), rec.world_size, hosts)
 
 
 def _dict(value: Any) -> dict:

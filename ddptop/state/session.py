@@ -231,7 +231,8 @@ class SessionState:
         if self._straggler is None:
             segment = max(self.segments, default=0)
             spans = [e for e in self.spans.values() if e.segment == segment]
-            verdict = analyse(spans, self.clock_syncs, self.run.world_size if self.run else len(self.ranks))[None]
+            verdict = analyse(spans, self.clock_syncs, self.run.world_size if self.run else len(self.ranks),
+                              {r: v.host for r, v in self.ranks.items()})[None]
             self._straggler = verdict.describe() if verdict.rank is not None else ""
         return self._straggler
 

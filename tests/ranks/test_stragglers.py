@@ -70,6 +70,8 @@ def test_the_straggler_is_named_with_the_injected_delay(recording, capsys):
     assert main(["info", str(recording)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("stragglers"))
     assert line.startswith("stragglers rank 1 arrived last at ") and " of 104 collectives, " in line
+    assert line.endswith("; all ranks share one host: contention there (CPU, the screen) can make a rank late")
+    # 2 local ranks: the recording's ranks name one host (the delay here is the hook's: the clause says what may be)
     with Recording.open(str(recording)) as rec:
         verdicts = stragglers(rec)
     for segment in (0, 1):  # allreduce, ddp

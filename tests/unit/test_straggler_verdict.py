@@ -122,3 +122,14 @@ def test_with_two_ranks_a_straggler_needs_steps_beyond_chance(steps_last, named)
     other = [{"bucket 0": 0, "bucket 1": 0, "bucket 2": 0}] if steps_last == 7 else []
     verdict = analyse(_two_ranks([always] * steps_last + other), [], 2)[None]
     assert verdict.votes == steps_last and (verdict.rank == 1) is named, verdict.describe()
+
+
+def test_a_straggler_on_a_host_every_rank_shares_gets_the_caution_that_contention_there_can_make_a_rank_late():
+    one = analyse(steps({2: 0.030}), [], 3, {0: "vm", 1: "vm", 2: "vm"})[None]
+    assert one.rank == 2 and one.one_host
+    assert one.describe().endswith("; all ranks share one host: contention there (CPU, the screen) can make a rank "
+                                   "late")
+    for hosts in ({0: "a", 1: "a", 2: "b"}, {0: "vm", 1: "vm"}, {0: "?", 1: "?", 2: "?"}, None):  # two hosts; a
+        # rank's host unknown (not joined yet, "?" on the screen): not said
+        other = analyse(steps({2: 0.030}), [], 3, hosts)[None]
+        assert other.rank == 2 and not other.one_host and "one host" not in other.describe()
