@@ -499,7 +499,8 @@ class TuneTrial:
     spread_s: float = 0.0  # the standard error of step_s (that rank's steps' spread / √n); 0 in older files
 
     def ms(self) -> str:
-        return f"{self.step_s * 1e3:.1f}±{self.spread_s * 1e3:.1f} ms" if self.spread_s else f"{self.step_s * 1e3:.1f} ms"
+        spread = f"±{self.spread_s * 1e3:.1f}" if self.spread_s else ""
+        return f"{self.step_s * 1e3:.1f}{spread} ms"
 
 
 @dataclass(frozen=True)
