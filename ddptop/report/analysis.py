@@ -108,13 +108,17 @@ def _mean(values: list[float]) -> float:
 
 def segment_stats(events: Iterable[Event], label: str = "", warmup: int | None = None,
                   run_config: dict | None = None, buckets: dict | None = None,
-                  steps: Iterable[StepDone] | None = None) -> list[SegmentStats]:
+                  steps: Iterable[StepDone] | None = None,
+                  table: metrics.SegmentTable | None = None) -> list[SegmentStats]:
     """Statistics of every segment with at least one step: the figures of ddptop.metrics plus what only a report
     adds. `warmup` steps at each segment's start are not measured (default: metrics.warmup_for the run).
 
     `steps`: the run's StepDone in recorded order, read once as they come (default: those among `events`, the
     rest of the run). Memory is a few sums per segment and rank, one float per measured step (medians, p10–p90)
-    and a few steps per NIC reading (`_Wire`), never every step: 10^6 step rows take ~70 MB."""
+    and a few steps per NIC reading (`_Wire`), never every step: 10^6 step rows take ~70 MB.
+
+    `table`: the segment table to fill, its switches applied, at this `warmup` (Recording.segment_table): the
+    caller reads its segments() after, from the same read of the steps (default: one of its own)."""
     warmup = metrics.warmup_for(run_config) if warmup is None else warmup
     events = events if isinstance(events, list) else list(events)
     started = next((e for e in events if isinstance(e, RunStarted)), None)
@@ -122,7 +126,10 @@ def segment_stats(events: Iterable[Event], label: str = "", warmup: int | None =
     samples = [e for e in events if isinstance(e, SystemSample)]
     evals = test_accuracy(events)
     # switches first, as `info` reads a file: a segment's first step is known before its steps arrive
-    table = metrics.SegmentTable.of((e for e in events if isinstance(e, ConfigApplied)), warmup)
+    if table is None:
+        table = metrics.SegmentTable.of((e for e in events if isinstance(e, ConfigApplied)), warmup)
+    elif table.warmup != warmup:
+        raise ValueError(f"a segment table at warm-up {table.warmup} cannot count at {warmup}")
     readings = _nic_readings(samples)
     segments: dict[int, _Segment] = {}
     ranks: set[int] = set()

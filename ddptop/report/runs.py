@@ -88,10 +88,12 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         note_incomplete(rec)
         used = metrics.warmup_for(config) if warmup is None else warmup
         buckets = meta.get("ddp_buckets") if isinstance(meta.get("ddp_buckets"), dict) else {}
-        figures = rec.segment_table()  # the what-if model's table, fed by the one read of the steps below
+        figures = rec.segment_table()  # the what-if model's table (the run's warm-up), filled by the one read below:
+        shared = figures.warmup == used  # the statistics' own table too, unless --warmup asked for another
         try:
             stats = segment_stats(events, label=label, warmup=used, run_config=config, buckets=buckets,
-                                  steps=figures.passing(rec.step_events()))
+                                  steps=rec.step_events() if shared else figures.passing(rec.step_events()),
+                                  table=figures if shared else None)
         except RecordingError:
             raise
         except (UsageError, ValueError, OverflowError) as exc:  # values no ddptop wrote (checked where decoded)
