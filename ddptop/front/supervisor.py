@@ -57,6 +57,7 @@ class LocalJob:
         self.channel = None  # the job's channel (channel.ChannelServer) this front hosts, set with `front`
         self._first_failure: float | None = None
         self._reported: set[int] = set()
+        self._ended_by_us: set[int] = set()  # pids terminate() signalled: their signal is ours, not their failure
         self._lock = threading.Lock()
 
     def codes(self) -> list[int | None]:
@@ -69,8 +70,7 @@ class LocalJob:
         """A RankLost for each local rank process that ended with a failure since the last call."""
         out = []
         for rank, p, code in zip(self.ranks, self.procs, self.codes()):
-            ended_by_stop = self.stopped and code is not None and code < 0  # our own terminate
-            if code not in (None, 0) and rank not in self._reported and not ended_by_stop:
+            if code not in (None, 0) and rank not in self._reported and not self._ours(p, code):
                 self._reported.add(rank)
                 out.append(RankLost(rank, -1, _how(p.pid, code), time.time()))
         return out
@@ -79,11 +79,16 @@ class LocalJob:
         """(a rank was lost, why), once the ranks ended: the front's last word to a `ddptop ctl` still waiting."""
         ended = sorted((code >= 0, rank, p.pid, code)  # killed ones first: the others exit with code 5 because
                        for rank, p, code in zip(self.ranks, self.procs, self.codes())  # of them
-                       if code not in (None, 0) and not (self.stopped and code < 0))
+                       if code not in (None, 0) and not self._ours(p, code))
         failed = [f"rank {rank} {_how(pid, code)}" for _, rank, pid, code in ended]
         if failed and not (self.stopped and not self._failed_before_stop):
             return True, "; ".join(failed)
         return False, "stopped" if self.stopped else "its ranks finished: their steps done, or a stop request"
+
+    def _ours(self, proc: multiprocessing.Process, code: int | None) -> bool:
+        """Whether a rank's end was our own signal: the user's stop, or the survivors terminated after another
+        rank failed (a rank 0 that terminate() killed once rank 1 failed its handshake is no failure of its own)."""
+        return code is not None and code < 0 and (self.stopped or proc.pid in self._ended_by_us)
 
     def alive(self) -> bool:
         return any(code is None for code in self.codes())
@@ -100,6 +105,7 @@ class LocalJob:
         for signum in (signal.SIGTERM, signal.SIGKILL):
             for p, code in zip(self.procs, self.codes()):
                 if code is None:
+                    self._ended_by_us.add(p.pid)
                     with contextlib.suppress(OSError):
                         os.kill(p.pid, signum)
             deadline = time.monotonic() + 10
@@ -113,10 +119,17 @@ class LocalJob:
             self._failed_before_stop = any(code not in (None, 0) for code in self.codes())
 
     def exit_code(self) -> int:
+        """README's code: the first failed rank's own (4 handshake, 5 a peer lost, 6 ...), 5 for a rank a signal
+        killed that was not ours (a peer lost); ranks ended by our own signal count only when no rank failed else."""
         codes = self.codes()
         if self.stopped and not self._failed_before_stop and all(c is not None and c <= 0 for c in codes):
             return 0  # ranks the stop had to terminate (killed by our own signal) did not fail
-        return next((c for c in codes if c not in (0, None)), 0) if all(c is not None for c in codes) else 1
+        if not all(c is not None for c in codes):
+            return 1
+        failed = [c for p, c in zip(self.procs, codes) if c not in (0, None) and not self._ours(p, c)]
+        failed = failed or [c for c in codes if c not in (0, None)]
+        code = failed[0] if failed else 0
+        return 5 if code < 0 else code  # a negative one left sys.exit(-15): exit status 241
 
 
 def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer: Callable, sinks: Sequence = (),

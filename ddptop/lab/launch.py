@@ -27,6 +27,10 @@ FRONT_STOP_S = 60.0  # after a stop, the front's own STOP_WAIT_S (20 s) and its 
 WORKER_EXIT_S = 30.0  # after the front ends, the other hosts' ranks get this long to finish and leave
 FAILED_WORKER_EXIT_S = 10.0  # a rank whose link is gone cuts its heartbeat and last telemetry after 2 s each
 LOST_FRONT_S = 30.0  # every worker gone but the front still runs: it gets this long to notice, then SIGTERM
+# A stop reaches the front once it has run this long: before, its interpreter may still be importing `site`, where a
+# SIGINT is a fatal error (`Fatal Python error: init_import_site`, exit 1: read as a crash) and not ddptop's stop.
+# Starting Python takes ~0.05 s here; the front then imports torch for ~2 s, where a SIGINT is a clean exit 130.
+FRONT_START_S = 1.0
 
 
 class Signals:
@@ -112,6 +116,7 @@ def run_job(lab: Lab, nodes: int, run_argv: list[str], record: str | None, signa
     if lab.cpus is not None:  # a node's ranks see no cgroup files under `ip netns exec`: its node CPU needs it
         env[CPUS_ENV] = repr(lab.cpus)
     front = lab.popen(0, node_argv(run_argv, lab, nodes, 0, record), quota=False, group=True, env=env)
+    front_at = time.monotonic()
     try:
         os.setpgid(front.pid, front.pid)  # also from this side, before the terminal is handed over
     except OSError:
@@ -124,7 +129,7 @@ def run_job(lab: Lab, nodes: int, run_argv: list[str], record: str | None, signa
             workers.append(lab.popen(r, node_argv(run_argv, lab, nodes, r, None), session=True, env=env,
                                      stdin=subprocess.DEVNULL, stdout=logs[-1], stderr=subprocess.STDOUT))
         signals.job_running = True
-        _supervise(lab, front, workers, signals)
+        _supervise(lab, front, workers, signals, front_at)
     finally:
         signals.job_running = False
         terminal.restore()
@@ -145,11 +150,12 @@ def stopped_by_user(lab: Lab) -> bool:
     return note is not None and "stopped" in note["how"].split(" after ")[0].split(", ")
 
 
-def _supervise(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen], signals: Signals) -> None:
+def _supervise(lab: Lab, front: subprocess.Popen, workers: list[subprocess.Popen], signals: Signals,
+               front_at: float) -> None:
     moved: set[int] = set()
     stop_at = workers_gone_at = None
     while front.poll() is None:
-        for signum in signals.take():
+        for signum in signals.take() if time.monotonic() - front_at >= FRONT_START_S else ():
             _signal(front, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
             stop_at = stop_at or time.monotonic()
         _quota_for_rank0(lab, front.pid, moved)
