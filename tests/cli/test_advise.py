@@ -26,7 +26,7 @@ def errors(advice: dict, truth: dict[int, float]) -> dict[int, float]:
     out = {}
     for row in advice["predictions"]:
         if row["segment"] is not None and row["segment"] != advice["from_segment"]:
-            assert row["measured_step_s"] == pytest.approx(truth[row["segment"]], rel=1e-6)
+            assert row["measured_step_s"] == pytest.approx(truth[row["segment"]], abs=1e-6)  # JSON keeps 6 decimals
             out[row["segment"]] = (row["step_s"] - truth[row["segment"]]) / truth[row["segment"]]
     return out
 
@@ -58,6 +58,24 @@ def test_predictions_from_one_ddp_segment_are_within_the_issues_bounds(name, seg
     found = errors(advice, slowest_rank_means(REC / name, warmup))
     print(name, {s: f"{100 * e:+.1f}%" for s, e in sorted(found.items())})
     assert len(found) >= 2
+    assert statistics.median(abs(e) for e in found.values()) <= 0.10, found
+    assert max(abs(e) for e in found.values()) <= 0.20, found
+
+
+GRID = Path(__file__).resolve().parents[2] / "benchmarks" / "whatif-grid"
+
+
+@pytest.mark.parametrize("name", ["whatif-vgg11-100mbit.db", "whatif-vgg11-1gbit.db", "whatif-vgg11-unlimited.db",
+                                  "whatif-resnet18-100mbit.db", "whatif-resnet18-1gbit.db"])
+def test_fresh_lab_jobs_at_three_links_and_two_models_are_predicted_within_the_issues_bounds(name):
+    """benchmarks/whatif_grid.py's jobs (README "What-if / advise": the table): fitted on DDP 25 MB (segment 1), 7
+    other configurations each, truth by SQL. Not resnet18-unlimited: its no-overlap rows miss by +24% to +33% (the
+    transfer beside the backward pass ran 2.5× slower there, the model's constant says 1.2×: README)."""
+    advice = advise(str(GRID / name), "--segment", "1")
+    found = errors(advice, slowest_rank_means(GRID / name, 1))
+    found.pop(0)  # the sweep's DDP 100 MB warm-up segment: neither fitted nor checked (profiles/whatif-lab.toml)
+    print(name, {s: f"{100 * e:+.1f}%" for s, e in sorted(found.items())})
+    assert len(found) == 7
     assert statistics.median(abs(e) for e in found.values()) <= 0.10, found
     assert max(abs(e) for e in found.values()) <= 0.20, found
 
