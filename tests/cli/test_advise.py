@@ -69,8 +69,7 @@ GRID = Path(__file__).resolve().parents[2] / "benchmarks" / "whatif-grid"
                                   "whatif-resnet18-100mbit.db", "whatif-resnet18-1gbit.db"])
 def test_fresh_lab_jobs_at_three_links_and_two_models_are_predicted_within_the_issues_bounds(name):
     """benchmarks/whatif_grid.py's jobs (README "What-if / advise": the table): fitted on DDP 25 MB (segment 1), 7
-    other configurations each, truth by SQL. Not resnet18-unlimited: its no-overlap rows miss by +24% to +33% (the
-    transfer beside the backward pass ran 2.5× slower there, the model's constant says 1.2×: README)."""
+    other configurations each, truth by SQL. Not resnet18-unlimited: its async row is +20.3% (the next test)."""
     advice = advise(str(GRID / name), "--segment", "1")
     found = errors(advice, slowest_rank_means(GRID / name, 1))
     found.pop(0)  # the sweep's DDP 100 MB warm-up segment: neither fitted nor checked (profiles/whatif-lab.toml)
@@ -78,6 +77,25 @@ def test_fresh_lab_jobs_at_three_links_and_two_models_are_predicted_within_the_i
     assert len(found) == 7
     assert statistics.median(abs(e) for e in found.values()) <= 0.10, found
     assert max(abs(e) for e in found.values()) <= 0.20, found
+
+
+def test_a_transfer_slowed_beside_the_backward_pass_is_fitted_from_the_segments_own_buckets():
+    """resnet18-unlimited's DDP 25 MB segment: its first bucket ran beside the backward pass, its second alone, on
+    every sampled step (link.fit_comm_slowdown). The 50 MB segment's one bucket runs after the backward pass, all of
+    it exposed: predicted from segment 1 against SQL's mean over the ranks of segment 5's exposed communication.
+    With compute.py's constant (1.2× beside) it came out 0.198 s against 0.097 s measured (+104%)."""
+    name = GRID / "whatif-resnet18-unlimited.db"
+    advice = advise(str(name), "--segment", "1")
+    row = next(r for r in advice["predictions"] if r["segment"] == 5)
+    assert (row["strategy"], row["bucket_mb"]) == ("ddp", 50.0)
+    with sqlite3.connect(name) as con:
+        (exposed,) = con.execute("""SELECT avg(s.exposed_comm_s) FROM steps s JOIN segments g ON g.segment = s.segment
+                                    WHERE s.segment = 5 AND s.sampled = 0 AND s.step > g.step""").fetchone()
+    print(f"50 MB exposed: predicted {row['exposed_comm_s']:.3f} s, measured {exposed:.3f} s")
+    assert row["exposed_comm_s"] == pytest.approx(exposed, rel=0.15)
+    found = errors(advice, slowest_rank_means(name, 1))
+    found.pop(0)
+    assert statistics.median(abs(e) for e in found.values()) <= 0.10, found  # the max: +20.3% (README)
 
 
 def test_weak_scaling_from_4_hosts_predicts_2_hosts():

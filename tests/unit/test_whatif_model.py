@@ -81,3 +81,18 @@ def test_advise_says_the_configuration_in_force_is_best_when_nothing_beats_it():
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "best at 2 ranks: ddp 25 MB, the configuration in force: no other is " \
                                           "predicted faster"
+
+
+def test_the_comm_slowdown_is_fitted_only_where_buckets_ran_both_beside_the_backward_pass_and_alone():
+    """link.fit_comm_slowdown: buckets of 10 MB at 3 ranks, 2 ns a wire byte alone, 3× as long beside (s = 2)."""
+    from ddptop.metrics.whatif.link import DEFAULT_ALPHA, fit_comm_slowdown, latency_steps, wire_bytes
+
+    def bucket(nbytes: int, beside: bool) -> CommSample:
+        t = DEFAULT_ALPHA * latency_steps("allreduce", 3) + 2e-9 * wire_bytes("allreduce", nbytes, 3) * (1 + 2 * beside)
+        return CommSample("allreduce", nbytes, t, t if beside else 0.0)
+
+    both = [bucket(10_000_000, True), bucket(6_000_000, True), bucket(8_000_000, False), bucket(4_000_000, False)]
+    assert fit_comm_slowdown(both, 3) == pytest.approx(2.0, rel=1e-6)
+    assert fit_comm_slowdown(both[:3], 3) is None  # one alone: MIN_EACH is 2
+    assert fit_comm_slowdown([b for b in both if b.overlap_s == 0] * 2, 3) is None  # none beside
+    assert fit_comm_slowdown(both, 1) is None

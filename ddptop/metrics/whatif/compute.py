@@ -20,7 +20,8 @@ from ddptop.metrics.whatif.data import LayerTime, SegmentData
 # 1/(1+COMM_SLOWDOWN). One DDP segment cannot tell them from the work itself (every step overlaps about alike), so
 # they are the lab's (3 hosts of 0.67 core, 1 Gbit/s, VGG-11 batch 8, README "What-if / advise"): backward 0.332 s
 # at 25 MB buckets (0.13 s beside communication) against 0.249 s at 50 MB (none); the buckets' 0.443 s against
-# 0.420 s for the same bytes alone.
+# 0.420 s for the same bytes alone. The transfer's is fitted on the segment where its buckets can tell
+# (link.fit_comm_slowdown: 2.8× on an unshaped link, where the transfer is the CPU's); COMM_SLOWDOWN is the fallback.
 COMPUTE_SLOWDOWN = 0.6
 COMM_SLOWDOWN = 0.2
 

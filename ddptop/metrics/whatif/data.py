@@ -53,6 +53,9 @@ class SegmentData:
     comm: tuple[CommSample, ...] = ()
     link_bps: float | None = None  # the link the segment ran on (bits/s each way), when known
     param_shapes: tuple[tuple[int, ...], ...] = ()  # each gradient's shape (PowerSGD's bytes; older files: ())
+    # DDP buckets that no other bucket ran beside (on every rank), each on its own: what tells a transfer beside the
+    # backward pass from one alone within one segment (link.fit_comm_slowdown)
+    isolated: tuple[CommSample, ...] = ()
 
     @property
     def bytes_per_param(self) -> float:

@@ -74,9 +74,9 @@ def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], sp
     first = fig.first_step + fig.warmup
     spans = [e for e in spans if e.segment == fig.index]
     is_async = bool(fig.config.get("async_op")) and fig.config.get("strategy") == "allreduce"
-    backward, comm = samples(spans, first, is_async)
+    backward, comm, isolated = samples(spans, first, is_async)
     if not backward:  # a sweep's warm-up can hold a segment's only sampled step: any but its very first will do
-        backward, comm = samples(spans, fig.first_step + 1, is_async)
+        backward, comm, isolated = samples(spans, fig.first_step + 1, is_async)
     if not comm and world_size > 1:
         raise NoFit(f"segment {fig.index} has no sampled collectives to fit the link on "
                     f"({fig.config.get('strategy')}; spans are recorded every --span-every steps): "
@@ -84,24 +84,40 @@ def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], sp
     return SegmentData(segment=fig.index, config=dict(fig.config), world_size=world_size, layers=run.layers,
                        param_bytes=run.param_bytes, param_tensors=run.param_tensors or len(run.layers),
                        step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps,
-                       param_shapes=tuple(tuple(s) for s in getattr(run, "param_shapes", ()) or ()), **parts(rows))
+                       param_shapes=tuple(tuple(s) for s in getattr(run, "param_shapes", ()) or ()),
+                       isolated=isolated, **parts(rows))
 
 
-def samples(spans: Iterable, first: int, is_async: bool) -> tuple[tuple, tuple[CommSample, ...]]:
-    """Backward layers per (rank, sampled step) from `first` on, and each collective pooled over ranks."""
+def samples(spans: Iterable, first: int, is_async: bool) -> tuple[tuple, tuple[CommSample, ...],
+                                                                   tuple[CommSample, ...]]:
+    """Backward layers per (rank, sampled step) from `first` on, each collective pooled over ranks, and the DDP
+    buckets that ran with no other bucket beside them on any rank, each pooled over ranks (`_isolated`)."""
     backward = []
     collectives: dict[tuple[int, str], list[tuple[int, float, float, int, list]]] = {}
+    alone: dict[tuple[int, str], list[tuple[int, float, float, int, list] | None]] = {}
     for e in spans:
         if e.step < first:
             continue
         bwd = [(s.name, s.start_s, s.end_s) for s in e.spans if s.kind == "bwd"]
         talk = [(s.name, s.start_s, s.end_s, s.nbytes) for s in e.spans if s.kind == "comm"]
+        if not is_async:
+            for name, a, b, nbytes, by_itself in _isolated(talk):
+                alone.setdefault((e.step, name), []).append((e.rank, a, b, nbytes, bwd) if by_itself else None)
         talk = _as_one(talk, "allreduce " if is_async else "bucket ")
         backward.append(layer_times(bwd, [(a, b) for _, a, b, _ in talk]))
         for name, a, b, nbytes in talk:
             collectives.setdefault((e.step, name), []).append((e.rank, a, b, nbytes, bwd))
+    isolated = tuple(_pooled(name, seen) for (_, name), seen in alone.items()
+                     if len(seen) > 1 and all(s is not None for s in seen))
     return tuple(backward), tuple(_pooled(name, seen) for (_, name), seen in collectives.items()
-                                  if name.split(" ")[0] in _KINDS)
+                                  if name.split(" ")[0] in _KINDS), isolated
+
+
+def _isolated(talk: list[tuple[str, float, float, int]]) -> list[tuple[str, float, float, int, bool]]:
+    """One rank's DDP buckets of one step, each with whether no other bucket's span met its own."""
+    buckets = [t for t in talk if t[0].startswith("bucket ")]
+    return [(n, a, b, nbytes, not any(m != n and a2 < b and a < b2 for m, a2, b2, _ in buckets))
+            for n, a, b, nbytes in buckets]
 
 
 def _as_one(talk: list[tuple[str, float, float, int]], prefix: str) -> list[tuple[str, float, float, int]]:

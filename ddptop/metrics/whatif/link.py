@@ -78,6 +78,40 @@ def fit_line(kind: str, samples: Sequence[CommSample], world: int, slowdown: flo
     return Line(alpha, beta, (sum(e * e for e in errors) / len(errors)) ** 0.5, len(alone))
 
 
+# a bucket counts as beside the backward pass when at least this share of its time ran beside it, as alone when at
+# most 1 − this share did
+BESIDE = 0.8
+MAX_SLOWDOWN = 4.0  # a transfer beside compute at most 5× slower: beyond, the fit is noise (two tiny buckets)
+MIN_EACH = 2  # buckets of each kind (beside, alone) the fit needs: one of each moved cs744-lab-buckets' rows 3 points
+
+
+def fit_comm_slowdown(isolated: Sequence[CommSample], world: int, alpha: float = DEFAULT_ALPHA) -> float | None:
+    """How much slower a transfer ran beside the backward pass than alone, from one segment's DDP buckets that no
+    other bucket ran beside (so each span is its own transfer): time − α·steps = β·w·(1 − f) + β(1+s)·w·f over
+    the buckets' wire bytes w and shares f beside the backward pass, by least squares. None unless MIN_EACH buckets
+    ran beside it (f ≥ BESIDE) and MIN_EACH alone (f ≤ 1 − BESIDE): else the two cannot be told apart
+    (compute.py's constant stands). gloo's transfers take the host's CPU: on the lab's unshaped links a bucket
+    beside the backward pass ran 2.5× slower, at 1 Gbit/s about 1.2× (README "What-if / advise")."""
+    pts = [(wire_bytes("allreduce", s.nbytes, world), s.dur_s - alpha * latency_steps("allreduce", world),
+            min(1.0, s.overlap_s / s.dur_s)) for s in isolated if s.dur_s > 0 and s.nbytes > 0]
+    if (world <= 1 or sum(f >= BESIDE for _, _, f in pts) < MIN_EACH
+            or sum(f <= 1 - BESIDE for _, _, f in pts) < MIN_EACH):
+        return None
+    rows = [(w * (1 - f), w * f, t) for w, t, f in pts]
+    a11 = sum(x * x for x, _, _ in rows)
+    a12 = sum(x * y for x, y, _ in rows)
+    a22 = sum(y * y for _, y, _ in rows)
+    b1 = sum(x * t for x, _, t in rows)
+    b2 = sum(y * t for _, y, t in rows)
+    det = a11 * a22 - a12 * a12
+    if det <= 0:
+        return None
+    alone, beside = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
+    if alone <= 0 or beside <= 0:
+        return None
+    return min(MAX_SLOWDOWN, max(0.0, beside / alone - 1.0))
+
+
 def fit_links(samples: Iterable[CommSample], world: int, slowdown: float = 0.0) -> dict[str, Line]:
     """One line per kind seen; kinds not seen borrow the busiest-sampled kind's line (same link, same β)."""
     by_kind: dict[str, list[CommSample]] = {}

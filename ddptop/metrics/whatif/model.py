@@ -10,7 +10,7 @@ from typing import Iterable, Mapping, Sequence
 from ddptop.metrics.buckets import ddp_buckets
 from ddptop.metrics.whatif.compute import COMM_SLOWDOWN, COMPUTE_SLOWDOWN, Backward, fit_backward
 from ddptop.metrics.whatif.data import SegmentData
-from ddptop.metrics.whatif.link import Line, fit_links
+from ddptop.metrics.whatif.link import Line, fit_comm_slowdown, fit_links
 from ddptop.metrics.whatif.settings import accum_of, check, compress_of, micro_s, transfer
 from ddptop.metrics.whatif.simulate import Timeline, after_backward, overlapped
 
@@ -49,6 +49,7 @@ class Model:
     calibration_s: float
     cpu_s_per_byte: float | None  # β less the recorded link's 8/rate: the CPU's share of a byte (None: link unknown)
     micro_s: float = 0.0  # one micro-step's data, forward and backward (settings.micro_s)
+    comm_slowdown: float = COMM_SLOWDOWN  # the segment's own (link.fit_comm_slowdown) where it can tell, else the lab's
 
     @property
     def fixed_s(self) -> float:
@@ -70,12 +71,14 @@ class Prediction:
 
 def fit(seg: SegmentData) -> Model:
     """Fit every part from `seg`; the measured configuration is then predicted exactly (calibration_s)."""
-    links = fit_links(seg.comm, seg.world_size, COMM_SLOWDOWN)
+    fitted = fit_comm_slowdown(seg.isolated, seg.world_size)
+    slowdown = COMM_SLOWDOWN if fitted is None else fitted
+    links = fit_links(seg.comm, seg.world_size, slowdown)
     cpu = None
     if seg.link_bps and links:
         cpu = max(0.0, links["allreduce"].beta - 8.0 / seg.link_bps)
     micro = micro_s(seg.data_s, seg.fwd_s, seg.bwd_s, accum_of(seg.config))
-    model = Model(seg, _without_ddp(seg, fit_backward(seg, COMPUTE_SLOWDOWN)), links, 0.0, cpu, micro)
+    model = Model(seg, _without_ddp(seg, fit_backward(seg, COMPUTE_SLOWDOWN)), links, 0.0, cpu, micro, slowdown)
     base = predict(model, measured_config(seg))
     return replace(model, calibration_s=seg.step_s - base.step_s)
 
@@ -147,7 +150,7 @@ def _ddp(model: Model, config: Config, world: int, beta: float | None) -> Timeli
     ready = [max(position.get(name, last) for name in b.layers) if b.layers else last for b in buckets]
     comm = [transfer(line, "allreduce", b.nbytes, world, beta, config.compress, seg.param_shapes, seg.param_bytes)
             for b in buckets]
-    tl = overlapped(back.work, ready, comm, COMPUTE_SLOWDOWN, COMM_SLOWDOWN)
+    tl = overlapped(back.work, ready, comm, COMPUTE_SLOWDOWN, model.comm_slowdown)
     return replace(tl, bwd_s=tl.bwd_s + DDP_COPY_S_PER_BYTE * seg.param_bytes)
 
 
