@@ -86,8 +86,8 @@ def main() -> int:
             rate = parse_link(link).bits_per_s
             measure = args.slow_measure if rate is not None and rate <= slow else args.measure
             errors, fitted, took = one_job(model, link, measure, args.keep)
-            every += [abs(e) for e in errors.values()]
             values = [abs(e) for e in errors.values()]
+            every += values
             print(f"| {model} | {link} | {fitted:.3f} | "
                   + ", ".join(f"{k} {100 * e:+.1f}%" for k, e in errors.items())
                   + f" | {100 * statistics.median(values):.1f}% / {100 * max(values):.1f}% |"
