@@ -1,5 +1,5 @@
 """Makes the shared test helpers (jobs.py, labs.py, the CLI helpers) importable from every test folder; marks the
-tests that run alone; under CI=true turns a skip into a failure."""
+tests that run alone and the lab's; under CI=true turns a skip into a failure."""
 
 from __future__ import annotations
 
@@ -31,12 +31,17 @@ def _skip_to_failure(report, path: str) -> None:
             report.outcome, report.longrepr = "failed", line
 
 
+LAB = "tests/lab/"  # network namespaces, shaped links, CPU quotas (root): `make lab-test`, which CI runs after `make test`
+
+
 def pytest_collection_modifyitems(config, items):
     root = str(config.rootpath)
     for item in items:
         path = os.path.relpath(str(item.path), root)
         if path.startswith(ALONE):
             item.add_marker(pytest.mark.alone)
+        if path.startswith(LAB):
+            item.add_marker(pytest.mark.lab)
 
 
 @pytest.hookimpl(hookwrapper=True)

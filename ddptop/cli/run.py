@@ -184,9 +184,12 @@ def cmd_run(argv: Sequence[str]) -> int:
         raise UsageError("--record-required and --no-record contradict each other")
     from ddptop.train import devices
     from ddptop import rendezvous
-    from ddptop.train.data import ensure_dataset
+    from ddptop.front import forks
 
-    gpus = devices.visible_gpus()
+    # ranks this command will fork (several on the CPU): their thread count set before torch loads (front/forks.py)
+    planned = forks.plan(cfg, rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local))
+    threads_set = forks.set_threads(planned)
+    gpus = devices.visible_gpus()  # the first `import torch` (tests/unit/test_forks.py fails on an earlier one)
     rdv = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local,
                              default_local=devices.default_local(cfg.backend, cfg.device, gpus))
     rendezvous.check_host(rdv.master, rdv.port)
@@ -199,7 +202,16 @@ def cmd_run(argv: Sequence[str]) -> int:
         devices.check_strategy(placement.device, placement.backend, sync.strategy)
     if placement.note:
         print(f"ddptop: {placement.note}", file=sys.stderr)
+    from ddptop.train.data import ensure_dataset
+
     ensure_dataset(cfg)
+    from ddptop.front.supervisor import forked
+
+    same = planned and forks.plan(cfg, rdv) == planned and os.environ.get("OMP_NUM_THREADS") == str(planned)
+    if same and forked(cfg, rdv):
+        forks.start()  # before the user's code below and the front start any thread
+    elif threads_set:
+        os.environ.pop("OMP_NUM_THREADS")
     if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss)):
         from ddptop.train import specs
 

@@ -22,6 +22,7 @@ from ddptop.control.client import ControlClient
 from ddptop.control.auth import JobKeys, new_job_id, new_salt
 from ddptop.control.token import remove_job_file, resolve_token, write_job_file
 from ddptop.events import RankLost
+from ddptop.front import forks
 from ddptop.front.feed import Feed, SharedState
 from ddptop.front.pipeline import compose
 from ddptop.front.tune import Tuner
@@ -258,10 +259,10 @@ def _start(job: "LocalJob", procs: list, ranks: list[int]) -> None:
         job.ranks.append(rank)
 
 
-# What the server that CPU ranks fork from imports once for all of them: a rank's own imports (torch, and
-# torch._dynamo, which the optimizer pulls in) took ~4.5 s of CPU each here. The first one makes the server die
-# with the front.
-PRELOAD = ("ddptop.train.server", "ddptop.train.worker", "torch._dynamo")
+def forked(cfg: RunConfig, rdv: Rendezvous) -> bool:
+    """Whether this machine's ranks fork from a server (front/forks.py can start it out of the command itself)."""
+    local = rdv.world_size if rdv.source == "local" else 1
+    return _context(cfg, local).get_start_method() == "forkserver"
 
 
 def _context(cfg: RunConfig, local_ranks: int) -> multiprocessing.context.BaseContext:
@@ -275,7 +276,7 @@ def _context(cfg: RunConfig, local_ranks: int) -> multiprocessing.context.BaseCo
     if devices.place(cfg.backend, cfg.device, local_ranks, devices.visible_gpus()).device != "cpu":
         return spawn
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    ctx.set_forkserver_preload(list(forks.PRELOAD))  # a rank's own imports took ~4.5 CPU-s each here
     return ctx
 
 

@@ -28,6 +28,7 @@ from ddptop.control.bus import Publisher
 from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
 from ddptop.events import RankJoined
 from ddptop.probes.clock import clock_for
+from ddptop.probes.hooks import rank_hooks
 from ddptop.probes.step import StepProbe
 from ddptop.sources.gpu import cuda_uuid
 from ddptop.sources.sampler import SystemSampler
@@ -264,6 +265,7 @@ def rank_entry(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> None:
     lifetime.die_with_parent()
     lifetime.name(f"ddptop-rank-{rdv.rank}")
     try:
+        time.sleep(rank_hooks(rdv.rank).join_s)  # test-only (DDPTOP_TEST_RANK=join=RANK:MS): 0 otherwise
         run_rank(cfg, rdv, options)
     except DdptopError as exc:
         print(f"ddptop rank {rdv.rank}: {exc}", file=sys.stderr, flush=True)

@@ -18,6 +18,7 @@ from ddptop.control.client import ControlClient
 from ddptop.control.store import free_port
 from ddptop.control.token import running_jobs
 from ddptop.errors import DdptopError
+from ddptop.front import forks
 import procs
 from test_run_cli import DDPTOP, TINY, ddptop
 
@@ -74,7 +75,7 @@ def test_a_killed_worker_is_reported_and_the_job_ends(tmp_path):
     front = start("--local", "2", "--record", str(record), *LONG)
     ranks = wait_training(front, 2)
     servers = {r.ppid() for r in ranks}  # both CPU ranks forked from one server, the front's child, not from it
-    assert len(servers) == 1 and "forkserver" in " ".join(psutil.Process(servers.pop()).cmdline())
+    assert len(servers) == 1 and psutil.Process(servers.pop()).name() == forks.NAME  # forked out of the command
     server = psutil.Process(ranks[0].ppid())
     assert server.ppid() == front.pid
     time.sleep(1)
@@ -330,30 +331,23 @@ def rank_processes(front: subprocess.Popen) -> list[psutil.Process]:
     return procs.rank_processes(front.pid)
 
 
-def fork_server(front: subprocess.Popen) -> bool:
-    """Whether the front started the server its CPU ranks fork from (front/supervisor.py)."""
-    try:
-        return any("forkserver" in " ".join(c.cmdline()) for c in psutil.Process(front.pid).children())
-    except psutil.Error:
-        return False
-
-
 @pytest.mark.parametrize("moment", ["before the ranks", "while the ranks start", "while training"])
 def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
     """Ctrl-C reaches the whole process group (the front and the ranks importing torch). Each moment is found by
     watching the processes, not by a delay, and has its own outcome: before the front starts the ranks,
-    `ddptop: interrupted` (130); while their server imports torch, `stopped while the ranks were starting` (0); once they
-    train, a stop (0, `finished: … (stopped)`). One line, no traceback, nothing left."""
-    front = start("--local", "2", *LONG)
+    `ddptop: interrupted` (130); while they start (forked, rank 0 not yet joined: the test hook holds it 20 s),
+    `stopped while the ranks were starting` (0); once they train, a stop (0, `finished: … (stopped)`). One line, no
+    traceback, nothing left."""
+    hold = {"DDPTOP_TEST_RANK": "join=0:20000"} if moment == "while the ranks start" else None
+    front = start("--local", "2", *LONG, env=hold)
     if moment == "before the ranks":
         time.sleep(0.3)  # the front is still importing ddptop: ~1 s before it starts a rank here
         assert not rank_processes(front), "the ranks started within 0.3 s: pick an earlier moment"
     elif moment == "while the ranks start":
         deadline = time.monotonic() + 30
-        while not fork_server(front) or sigint_ignored(front):  # the front ignores Ctrl-C while it starts the
-            assert time.monotonic() < deadline, "the ranks never started"  # server the ranks fork from (so that
-            time.sleep(0.02)  # they inherit SIG_IGN): a Ctrl-C in those milliseconds is lost (README: Failures)
-        # now the server imports torch for the ranks (~4 s of CPU here): none trains yet
+        while len(rank_processes(front)) < 2:  # forked from the server (front/forks.py), each named by its rank
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.02)
     else:
         wait_training(front, 2)
     kids = psutil.Process(front.pid).children(recursive=True)
