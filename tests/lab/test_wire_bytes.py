@@ -27,8 +27,10 @@ S = 4 * sum(math.prod(shape) for shape in SHAPES)  # float32 gradient bytes: 7,3
 MODEL = REPO / "examples" / "wide_mlp.py"  # its gradients' shapes are SHAPES
 # PowerSGD all-reduces whole buckets for its first POWERSGD_START_STEP steps of a segment: its measured steps
 # come after them, so every segment runs that many steps plus MEASURE (one step of warm-up for the others: a
-# switch re-wraps the model, and DDP's constructor broadcasts the parameters, S bytes, in the segment's first step)
-MEASURE = 6
+# switch re-wraps the model, and DDP's constructor broadcasts the parameters, S bytes, in the segment's first step).
+# A counter read late, into the next step's sync, adds up to that sync's bytes over the steps counted: over 6 steps
+# PowerSGD's host 1 once read +10.3% (CI, 2026-11-26); over 16 the same reading is +3.4%.
+MEASURE = 16
 STEPS = POWERSGD_START_STEP + MEASURE
 CONFIGS = ["none", "fp16", "bf16", f"powersgd:{RANK}", "accum"]
 PROFILE = f"""
@@ -108,7 +110,7 @@ def per_step(db: sqlite3.Connection, watch: NicWatch) -> dict[str, list[tuple[fl
     sync begins (its end less its optimizer and communication time, as its rank recorded them); the earliest and the
     latest step ends with a reading there bound the count. Where no reading fell in such a gap (DDP at batch 32
     syncs ~10 ms after a step ends, the readings are 10 ms apart), the first reading after the end is taken, which
-    can come late, into the next sync: over the 14 steps of those segments that is a few percent at most. Reading
+    can come late, into the next sync: over the 24 steps of those segments that is a few percent at most. Reading
     between the readings around a step's end instead counted part of that step's all-reduce (PowerSGD's 0.82 MB
     steps up to 18% over 6 steps); the first reading after it, late at a load of 20, counted 1.00 MB on one host."""
     out = {}
