@@ -24,11 +24,12 @@ NAME = "ddptop-forks"  # the server's name as ps and psutil show it (its command
 
 def plan(cfg, rdv) -> int:
     """The thread count of each local rank if this command will fork them from a server of its own (several local
-    ranks, on the CPU, no GPU visible: what `_context` picks the forkserver for), else 0. Decided before torch loads,
-    from what needs no torch: a CUDA device file (/dev/nvidia0) keeps the usual start, where a GPU may be placed."""
+    ranks, on the CPU, no GPU here: what `_context` picks the forkserver for), else 0. Decided before torch loads,
+    from what needs no torch. A CUDA device file (/dev/nvidia0) keeps the usual start even for `--device cpu`: the
+    command asks torch about CUDA before the fork, and a process that touched CUDA is never forked."""
     if rdv.source != "local" or rdv.local_world_size < 2 or cfg.device == "cuda" or cfg.backend == "nccl":
         return 0
-    if cfg.device != "cpu" and glob.glob("/dev/nvidia[0-9]*"):
+    if glob.glob("/dev/nvidia[0-9]*"):
         return 0
     return cfg.threads or max(1, (os.cpu_count() or 1) // rdv.local_world_size)
 
