@@ -6,7 +6,8 @@ at a moment the command has no thread of its own, and tells multiprocessing wher
 start, or died, is started the usual way by `forkserver.ensure_running`.
 
 OpenMP reads OMP_NUM_THREADS once, when torch loads it, and threads that gloo starts later (PowerSGD's math runs in
-them) take that count: so a command that will fork its ranks sets it before its first `import torch` (`plan`)."""
+them) take that count: so a command that will fork its ranks sets it before its first `import torch` (`plan`,
+`set_threads`)."""
 
 from __future__ import annotations
 
@@ -53,14 +54,16 @@ def start() -> bool:
     resource_tracker.ensure_running()  # as ensure_running does first: the ranks report to the front's tracker
     address = connection.arbitrary_address("AF_UNIX")
     listener = socket.socket(socket.AF_UNIX)
+    alive_r, alive_w = os.pipe()  # the server ends when the front's end closes (every rank holds a copy of it too)
     try:
         listener.bind(address)
         os.chmod(address, 0o600)
         listener.listen()
-        alive_r, alive_w = os.pipe()
         pid = os.fork()
     except OSError:
         listener.close()
+        os.close(alive_r)
+        os.close(alive_w)
         return False
     if pid == 0:
         _serve(listener, alive_r, alive_w)
