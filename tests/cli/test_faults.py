@@ -320,13 +320,6 @@ def test_an_io_error_stops_the_job_cleanly_with_record_required(failing_disk):
     print(f"I/O error: the job ended {time.monotonic() - start_t:.1f} s after the disk failed")
 
 
-def sigint_ignored(proc: subprocess.Popen) -> bool:
-    """Whether `proc` ignores SIGINT now (the kernel's SigIgn mask; SIGINT is signal 2, bit 1)."""
-    with open(f"/proc/{proc.pid}/status") as fh:
-        mask = next(line.split()[1] for line in fh if line.startswith("SigIgn:"))
-    return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
-
-
 def rank_processes(front: subprocess.Popen) -> list[psutil.Process]:
     return procs.rank_processes(front.pid)
 
