@@ -32,7 +32,9 @@ def plan(cfg, rdv) -> int:
         return 0
     if glob.glob("/dev/nvidia[0-9]*"):
         return 0
-    return cfg.threads or max(1, (os.cpu_count() or 1) // rdv.local_world_size)
+    from ddptop.train.devices import thread_count
+
+    return thread_count(cfg.threads, rdv.local_world_size)
 
 
 def set_threads(threads: int) -> bool:

@@ -27,7 +27,8 @@ from ddptop.front.feed import Feed, SharedState
 from ddptop.front.pipeline import compose
 from ddptop.front.tune import Tuner
 from ddptop.rendezvous import Rendezvous
-from ddptop.train.worker import WorkerOptions, rank_entry, thread_count
+from ddptop.train.devices import thread_count
+from ddptop.train.worker import WorkerOptions, rank_entry
 
 GRACE_S = 15.0  # after one rank fails, the others get this long to notice before they are terminated
 STOP_WAIT_S = 20.0  # after a stop request, ranks get this long to finish their step and leave
@@ -238,7 +239,7 @@ def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, job: "
     # every thread of a rank computes with its thread count, not only the main one (torch.set_num_threads):
     # PowerSGD's math runs in gloo's callback threads, and there 2 OpenMP threads, not 1, made the two ranks'
     # models differ by 2e-10 after 11 steps (fingerprints apart); torchrun sets 1 the same way
-    os.environ.setdefault("OMP_NUM_THREADS", str(thread_count(cfg, _for_rank(rdv, ranks[0]))))
+    os.environ.setdefault("OMP_NUM_THREADS", str(thread_count(cfg.threads, _for_rank(rdv, ranks[0]).local_world_size)))
     try:
         if forked:
             forkserver.ensure_running()  # spawns the server (its imports run in the background)

@@ -31,6 +31,12 @@ class Placement:
         return local_rank if self.backend == "nccl" else local_rank % gpus
 
 
+def thread_count(threads: int, local_ranks: int) -> int:
+    """Compute threads per rank: as given, else N ranks on one machine each get cores/N (oversubscribed ranks ruin
+    every timing). Torch-free: the command sets OMP_NUM_THREADS from it before torch loads (front/forks.py)."""
+    return threads or max(1, (os.cpu_count() or 1) // max(1, local_ranks))
+
+
 def visible_gpus() -> int:
     """CUDA devices this process can use (CUDA_VISIBLE_DEVICES applied); 0 without CUDA."""
     import torch

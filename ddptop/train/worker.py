@@ -65,11 +65,6 @@ def pick_device(cfg: RunConfig, rdv: Rendezvous) -> tuple[torch.device, str]:
     return torch.device("cuda", index), placement.backend
 
 
-def thread_count(cfg: RunConfig, rdv: Rendezvous) -> int:
-    # N ranks on one machine each get cores/N threads: oversubscribed ranks ruin every timing
-    return cfg.threads or max(1, (os.cpu_count() or 1) // max(1, rdv.local_world_size))
-
-
 def hello(cfg: RunConfig, rdv: Rendezvous, device: torch.device, backend: str, threads: int,
           model: torch.nn.Module | None = None) -> dict:
     params = [[name, list(p.shape)] for name, p in model.named_parameters()] if model is not None else []
@@ -112,7 +107,7 @@ def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, model: torch
     """Join the job (handshake, process groups, the job's channel, system samples) for the block; on the way out
     a peer's failure becomes PeerLost (one line), and the agent, sampler, publisher and process groups close.
     `model`: the user's own (ddptop/api.py); None builds ddptop's from cfg's spec (Joined.parts)."""
-    threads = thread_count(cfg, rdv)
+    threads = devices.thread_count(cfg.threads, rdv.local_world_size)
     torch.set_num_threads(threads)
     device, backend = pick_device(cfg, rdv)
     iface = job_interface(rdv.master, cfg.iface)
