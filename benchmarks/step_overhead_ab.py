@@ -16,6 +16,12 @@ Besides the ratios it reports ddptop's own cost measured from inside: the median
 the ranks published (time the training thread spent in ddptop code), in µs and as a share of the step.
 
     .venv/bin/python benchmarks/step_overhead_ab.py [--blocks 4] [--block-steps 10] [--model vgg11] [--batch 64]
+        [--cases single,ddp,...] [--device cuda]
+
+`--device cuda`: one rank on GPU 0 under nccl (world size 1, so the sync strategies are their single-rank paths),
+CUDA-event clocks, and `torch.cuda.synchronize()` before and after each timed block (never inside one). A GPU step is
+short (VGG-11 at batch 64: ~6 ms on an H200), so the host's Python time per step is what this measures there; a
+CPU step of the tiny model at batch 2 (~3 ms) is the same regime on this machine (`--model tiny --batch 2`).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from ddptop.control.agent import ControlAgent, Decision  # noqa: E402
 from ddptop.control.auth import JobKeys  # noqa: E402
 from ddptop.control.bus import Collector, Publisher  # noqa: E402
 from ddptop.events import StepDone  # noqa: E402
-from ddptop.probes.clock import CpuClock  # noqa: E402
+from ddptop.probes.clock import clock_for  # noqa: E402
 from ddptop.probes.step import StepProbe  # noqa: E402
 from ddptop.sources.sampler import SystemSampler  # noqa: E402
 from ddptop.train.loop import Trainer  # noqa: E402
@@ -76,25 +82,36 @@ def ddptop_iteration(trainer: Trainer, agent: ControlAgent, criterion) -> None:
 
 def _rank(rank, world, port, store_port, args, out_path):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+
+    def settle():  # a timed block starts and ends with the device idle (no-op on the CPU)
+        if cuda:
+            torch.cuda.synchronize()
 
     def connect():
         return stores.ddptop_view(stores.connect("127.0.0.1", store_port, 30))
 
     publisher = Publisher(connect(), rank, BENCH_KEYS)
-    clock = CpuClock()
+    clock = clock_for(device.type)
     probes = {"plain": StepProbe(rank, clock, publisher.emit, detail=False),
               "off": StepProbe(rank, clock, publisher.emit, detail=False),
               "all": StepProbe(rank, clock, publisher.emit, args.span_every, spans=True)}
     first = SyncConfig(strategy="single", batch_size=args.batch)
     cfg = RunConfig(model=args.model, sync=first, eval=False, span_every=args.span_every,
                     synthetic_size=max(12800, args.batch * world * (args.block_steps + 2) * 2))
-    trainer = Trainer(cfg, rank, world, torch.device("cpu"), publisher.emit, probes["off"])
+    trainer = Trainer(cfg, rank, world, device, publisher.emit, probes["off"])
     agent = ControlAgent(rank, world, BENCH_KEYS, connect, publisher.emit, trainer.check, first)
     criterion = torch.nn.CrossEntropyLoss()
     lines, segments = [], {}  # segment → (case, mode): one trainer, so segment numbers are unique
     for strategy, async_op in CASES:
         case = f"{strategy}{' async' if async_op else ''}"
+        if case not in args.cases:
+            continue
         sync = first.replace(strategy=strategy, async_op=async_op)
         times = {m: [] for m in MODES}
         for block in range(args.blocks * len(MODES)):
@@ -104,12 +121,14 @@ def _rank(rank, world, port, store_port, args, out_path):
             segments[trainer.segment] = (case, mode)
             forward = trainer.forward_module  # plain DDP: the wrapper without the comm hook (the probe is off)
             plain_iter = iter(trainer.loader)
-            sampler = SystemSampler(rank, "bench", "lo", publisher.emit) if mode == "all" else None
+            sampler = (SystemSampler(rank, "bench", "lo", publisher.emit, gpu_indices=[0] if cuda else None)
+                       if mode == "all" else None)
             if sampler:
                 sampler.start()
             dist.barrier()
             for i in range(args.block_steps + 2):  # the first iteration of a block (a new DDP) is not timed
                 if i == 1:
+                    settle()
                     t0 = time.perf_counter()
                 if mode == "plain":
                     plain_iteration(trainer, forward, plain_iter, criterion, strategy, async_op)
@@ -117,6 +136,7 @@ def _rank(rank, world, port, store_port, args, out_path):
                 else:
                     ddptop_iteration(trainer, agent, criterion)
                 if i == args.block_steps:
+                    settle()
                     times[mode].append((time.perf_counter() - t0) / args.block_steps)
             trainer.probe.close()
             if sampler:
@@ -138,9 +158,18 @@ def main() -> None:
     ap.add_argument("--model", default="vgg11")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--span-every", type=int, default=10)
+    ap.add_argument("--cases", default=",".join(f"{s}{' async' if a else ''}" for s, a in CASES),
+                    help="which strategies, comma-separated (default: all five)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: one rank on GPU 0 with nccl (world size 1); cpu: two gloo ranks")
     args = ap.parse_args()
+    args.cases = [c.strip() for c in args.cases.split(",")]
+    unknown = set(args.cases) - {f"{s}{' async' if a else ''}" for s, a in CASES}
+    if unknown:
+        ap.error(f"unknown --cases {sorted(unknown)}")
+    world = 1 if args.device == "cuda" else 2
     server = stores.serve(0)
-    collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", server.port, 30)), 2, BENCH_KEYS)
+    collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", server.port, 30)), world, BENCH_KEYS)
     done = threading.Event()
     events = []
 
@@ -151,7 +180,7 @@ def main() -> None:
     thread = threading.Thread(target=collect, daemon=True)
     thread.start()
     out = f"/tmp/ddptop-ab-{os.getpid()}.txt"
-    mp.spawn(_rank, args=(2, stores.free_port(), server.port, args, out), nprocs=2)
+    mp.spawn(_rank, args=(world, stores.free_port(), server.port, args, out), nprocs=world)
     time.sleep(0.5)
     done.set()
     thread.join()
@@ -160,9 +189,10 @@ def main() -> None:
         result = json.load(f)
     os.unlink(out)
     own = _own_costs(events, result["segments"])
-    print(f"{args.model}, batch {args.batch}/rank, 2 local gloo ranks, {os.cpu_count()} cores; modes interleaved in "
+    ranks = "1 rank on cuda:0 (nccl)" if args.device == "cuda" else "2 local gloo ranks"
+    print(f"{args.model}, batch {args.batch}/rank, {ranks}, {os.cpu_count()} cores; modes interleaved in "
           f"blocks of {args.block_steps} steps, {args.blocks} blocks each; median s/step of whole loop iterations; "
-          f"ddptop's own cost: median own_s of the published steps, both ranks\n")
+          f"ddptop's own cost: median own_s of the published steps, every rank\n")
     print("| strategy | plain torch | ddptop --probes off | ddptop --probes all | off / plain | all / plain | all / off "
           "| ddptop's own cost, off | ddptop's own cost, all |")
     print("|---|---|---|---|---|---|---|---|---|")

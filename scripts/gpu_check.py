@@ -384,8 +384,10 @@ def plain_loop(model_name: str, batch: int, steps: int, warmup: int) -> float:
 
 def ddptop_wall(model: str, probes: str, batch: int, steps: int, warmup: int) -> float:
     db = fresh(f"bench-{model}-{probes}.db")
-    run = ddptop("--headless", "--local", "1", *backend(), "--model", model, "--batch-size", str(batch), "--steps",
-                 str(steps), "--probes", probes, "--no-eval", "--log-every", "100", "--record", db,
+    # --strategy single: at world size 1 it syncs nothing, as the plain loop does (the default, DDP, adds its
+    # wrapper and a one-rank all-reduce per bucket: step_overhead_ab.py --device cuda compares it with plain DDP)
+    run = ddptop("--headless", "--local", "1", *backend(), "--model", model, "--strategy", "single", "--batch-size",
+                 str(batch), "--steps", str(steps), "--probes", probes, "--no-eval", "--log-every", "100", "--record", db,
                  log=f"bench-{model}-{probes}")
     if run.returncode != 0:
         raise RuntimeError(run.stderr.strip().splitlines()[-1:])
@@ -418,8 +420,8 @@ def main() -> int:
     p.add_argument("what", choices=("cuda", "oom", "bench", "plain"))
     p.add_argument("rest", nargs="*")
     p.add_argument("--cpu", action="store_true", help="dry run on a machine without a GPU")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--models", default="vgg11,resnet18")
     args = p.parse_args()
     CPU = args.cpu

@@ -2,8 +2,8 @@
 # The GPU checks of issue 17 (README, "GPUs"): run from the repository root on a machine with an NVIDIA GPU.
 #   scripts/gpu_check.sh cuda            nccl world size 1, placement, gloo on CUDA tensors, spans, NVML, no syncs
 #   scripts/gpu_check.sh oom             a real CUDA out-of-memory: ctl set rolls back; the hpml-lab4-q1 profile
-#   scripts/gpu_check.sh bench           plain torch vs --probes off vs all on VGG-11 and ResNet-18 (GPU), then
-#                                        the repository's CPU benchmarks
+#   scripts/gpu_check.sh bench           plain torch vs --probes off vs all on VGG-11 and ResNet-18 (GPU): separate
+#                                        runs, then interleaved in one process (benchmarks/step_overhead_ab.py)
 #   scripts/gpu_check.sh suite [ARGS]    the test suite, tests/gpu (these checks as tests) included; tests/tui is
 #                                        left out when textual is not installed
 # Logs and recordings go to $OUT (default /tmp/ddptop-gpu). Wheels in .whl/ (see README) are installed first.
@@ -25,8 +25,9 @@ case "$what" in
     "$PY" scripts/gpu_check.py "$what" "$@" 2>&1 | tee "$OUT/$what.log" ;;
   bench)
     "$PY" scripts/gpu_check.py bench "$@" 2>&1 | tee "$OUT/bench.log"
-    for model in vgg11 resnet18; do  # the lead's interleaved benchmark (gloo, 2 ranks on the CPU)
-      "$PY" benchmarks/step_overhead_ab.py --model "$model" 2>&1 | tee "$OUT/step_overhead_ab-$model.log"
+    for model in vgg11 resnet18; do  # interleaved in one process on the GPU: plain, off, all; single and DDP
+      "$PY" benchmarks/step_overhead_ab.py --device cuda --cases single,ddp --blocks 6 --block-steps 30 \
+        --model "$model" 2>&1 | tee "$OUT/step_overhead_ab-cuda-$model.log"
     done ;;
   suite)
     skip=()

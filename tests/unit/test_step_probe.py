@@ -120,6 +120,17 @@ def test_the_training_thread_never_waits_and_the_publisher_reads_only_completed_
     assert set(reads) == {"publisher"}
 
 
+def test_completed_marks_are_read_without_a_wait():
+    """A step whose marks have all completed is resolved without one `wait` (on CUDA each is a GIL hand-over)."""
+    clock, records = FakeDeviceClock(), []
+    probe = StepProbe(0, clock, records.append, span_every=1000)
+    _run_steps(probe, clock, [2.5, 2.25, 2.0])
+    probe.close()  # the device is idle: every mark, the side-stream ones too, has completed
+    done = [e for e in _resolve_on_another_thread(records) if isinstance(e, StepDone)]
+    assert [d.loss for d in done] == [2.5, 2.25, 2.0] and all(d.comm_s > 0 for d in done)
+    assert [what for what, _ in clock.calls if what == "wait"] == []
+
+
 def test_without_waiting_the_marks_could_not_be_read():
     """The fake is strict: a record resolved without its waits fails, so the test above can fail."""
     clock, records = FakeDeviceClock(), []
