@@ -175,13 +175,26 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
             print("ddptop: stopped while the ranks were starting", file=sys.stderr)
         job.stop()
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        if job is not None:
-            job.terminate()
-            _stop_server()
-            _say_ended(rdv, options, job)
-            remove_job_file(rdv.master, rdv.port, how=_ended_how(job, state))
+        with _ctrl_c_ignored():  # the teardown runs whole: a second Ctrl-C here skipped the job file's removal and
+            signal.signal(signal.SIGTERM, previous)  # made a clean stop exit 130 ("interrupted", CI once)
+            if job is not None:
+                time.sleep(_teardown_hold_s())
+                job.terminate()
+                _stop_server()
+                _say_ended(rdv, options, job)
+                remove_job_file(rdv.master, rdv.port, how=_ended_how(job, state))
     return job.exit_code()
+
+
+def _teardown_hold_s() -> float:
+    """Test-only (DDPTOP_TEST_FRONT=teardown:MS): the front waits that long before tearing its job down, so that a
+    test can aim a Ctrl-C at the teardown. 0 otherwise."""
+    value = os.environ.get("DDPTOP_TEST_FRONT", "")
+    key, _, ms = value.partition(":")
+    try:
+        return float(ms) / 1000.0 if key == "teardown" else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _ended_how(job: "LocalJob", state: SharedState | None) -> str:

@@ -9,6 +9,7 @@ at the end is the ground truth. The second's ground truth is the file's own step
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -65,6 +66,35 @@ def test_two_ctrl_cs_print_the_closing_lines_once_and_no_bar_after_them(tmp_path
     after = lines[finished[0] + 1:]
     assert not any("training" in line or "s/it" in line for line in after), shown  # no bar nor step line after
     assert status.read_text().strip() == "0", shown
+
+
+def test_a_ctrl_c_while_the_front_tears_the_job_down_changes_nothing(tmp_path):
+    """The second Ctrl-C of the test above once came after the closing lines, while the front tore the job down:
+    exit 130 and `ddptop: interrupted` after a clean stop, the job file left with its token (CI, 2026-11-27). The front
+    is held 3 s at the teardown's start (DDPTOP_TEST_FRONT), and a Ctrl-C is sent there."""
+    name, status, jobs = f"ddptop-teardown-{os.getpid()}", tmp_path / "exit", tmp_path / "jobs"
+    command = (f"cd {tmp_path} && DDPTOP_STATE_DIR={jobs} DDPTOP_TEST_FRONT=teardown:3000 "
+               f"PYTHONPATH={shlex.quote(os.environ.get('PYTHONPATH', REPO))} {sys.executable} "
+               "-m ddptop --local 2 --backend gloo --model tiny --headless --steps 100000 --synthetic-size 640 "
+               f"--batch-size 16 --no-eval --log-every 1 --record run.db; echo $? > {status}; sleep 30")
+    tmux("new-session", "-d", "-s", name, "-x", "200", "-y", "50", f"sleep 1; {command}")
+    try:
+        assert wait_for(lambda: "step 2/" in screen(name), 90), screen(name)
+        assert len(list(jobs.iterdir())) == 1  # the job file, while the job runs
+        tmux("send-keys", "-t", name, "C-c")
+        assert wait_for(lambda: "finished: " in screen(name), 60), screen(name)
+        tmux("send-keys", "-t", name, "C-c")  # within the 3 s hold: the teardown has not run yet
+        time.sleep(0.2)
+        assert not status.exists(), screen(name)  # still held when the second Ctrl-C arrived
+        assert wait_for(status.exists, 60), screen(name)
+        shown = screen(name)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    assert status.read_text().strip() == "0" and "interrupted" not in shown, shown
+    (note,) = jobs.iterdir()  # the teardown ran whole: the job file became the note that the job ended, no token
+    left = json.loads(note.read_text())
+    assert "ended" in left and "token" not in left and left["how"].startswith("stopped"), (left, shown)
+    assert shown.count("finished: ") == 1, shown
 
 
 def test_a_ctrl_c_before_any_step_leaves_a_recording_info_does_not_call_complete(tmp_path):
