@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import sqlite3
+import statistics
 from pathlib import Path
 
 from ddptop import cli
@@ -25,6 +27,25 @@ def cli_json(*argv: str) -> dict:
     code, out, err = run_cli(*argv)
     assert code == 0, err
     return json.loads(out)
+
+
+def slowest_rank_standard_errors(db: Path, warmup: int) -> dict[int, float]:
+    """Each segment's slowest rank's standard error of its mean step time, from the raw rows (SQL, then the sample
+    standard deviation over √n here): warm-up and sampled steps left out, as slowest_rank_means."""
+    with sqlite3.connect(db) as con:
+        rows = con.execute("""
+            SELECT s.segment, s.rank, s.iter_s FROM steps s JOIN segments g ON g.segment = s.segment
+            WHERE s.sampled = 0 AND s.step >= g.step + ?""", (warmup,)).fetchall()
+    times: dict[tuple[int, int], list[float]] = {}
+    for segment, rank, t in rows:
+        times.setdefault((segment, rank), []).append(t)
+    out: dict[int, tuple[float, float]] = {}  # segment → (slowest mean, its standard error)
+    for (segment, _), ts in times.items():
+        mean = sum(ts) / len(ts)
+        se = statistics.stdev(ts) / math.sqrt(len(ts)) if len(ts) > 1 else 0.0
+        if segment not in out or mean > out[segment][0]:
+            out[segment] = (mean, se)
+    return {segment: se for segment, (_, se) in out.items()}
 
 
 def slowest_rank_means(db: Path, warmup: int) -> dict[int, float]:

@@ -88,20 +88,26 @@ def render(out: dict, seg) -> str:
 
     """The table, best first, with the fitted segment's line and the best configuration's predicted gain (among
     the rows on the recording's own link, world size and accum: out["link"])."""
-    from ddptop.metrics.whatif.rows import best_row, config_name, same_step
+    from ddptop.metrics.whatif.rows import best_row, config_name, error_se, same_step
     from ddptop.record.whatif import name as _name
 
     rows = sorted(out["predictions"], key=lambda r: r["step_s"])
     fitted = config_name(seg.config)
-    lines = [f"fitted on segment {seg.segment} ({fitted}, {seg.world_size} ranks): measured {seg.step_s:.3f} s/step",
+    noise = (f" ± {seg.step_se_s:.3f} (the standard error of its steps: every prediction carries it)"
+             if seg.step_se_s > 0 else "")
+    lines = [f"fitted on segment {seg.segment} ({fitted}, {seg.world_size} ranks): measured {seg.step_s:.3f} s/step"
+             + noise,
              f"{'configuration':30} {'ranks':>5} {'link':>9} {'s/step':>8} {'exposed':>8} {'overlap':>7} "
-             f"{'measured':>9} {'error':>7}"]
+             f"{'measured':>9} {'error':>7} {'±noise':>7}"]
     for r in rows:
         measured = f"{r['measured_step_s']:.3f}" if r["measured_step_s"] is not None else "–"
-        error = (f"{100 * (r['step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1f}%"
-                 if r["measured_step_s"] else "–")
+        error = spread = "–"
+        if r["measured_step_s"]:
+            error = f"{100 * (r['step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1f}%"
+        if r["measured_step_s"] and r["segment"] != seg.segment:  # the fitted row is exact by construction
+            spread = f"{100 * error_se(r['step_s_se'], r['measured_step_s_se'], r['measured_step_s']):.1f}%"
         lines.append(f"{_name(r):30} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
-                     f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {measured:>9} {error:>7}")
+                     f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {measured:>9} {error:>7} {spread:>7}")
     as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == out["link"] and same_step(r, seg)]
     best = best_row(as_run or rows, seg)  # the one rule the screen and the report use (a tie: the one in force)
     gain = best["saving_s"]

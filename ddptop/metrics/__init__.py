@@ -150,6 +150,7 @@ class _Sums:
         mean = lambda total: total / n  # noqa: E731
         return Figures(
             steps=n, step_s=mean(self.time), median_step_s=statistics.median(self.times),
+            step_sd_s=statistics.stdev(self.times) if n > 1 else 0.0,
             images_per_s=self.images / self.time if self.time > 0 else 0.0, data_s=mean(self.data),
             compute_s=mean(self.compute), micro_s=mean(self.micro), comm_s=mean(self.comm),
             exposed_comm_s=mean(self.exposed),
@@ -179,6 +180,13 @@ class Figures:
     loss: float = math.nan  # at the window's last step
     sampled: int = 0  # sampled steps counted (only where the window had no other steps)
     time_s: float = 0.0  # the window's wall time: the sum of its step times
+    step_sd_s: float = 0.0  # the sample standard deviation of the window's step times (0 with fewer than 2)
+
+    @property
+    def step_se_s(self) -> float:
+        """The standard error of the mean step time: how far another window of as many steps of the same
+        configuration may land from this one by step-to-step noise alone (0 with fewer than 2 steps)."""
+        return self.step_sd_s / math.sqrt(self.steps) if self.steps > 1 else 0.0
 
     def share(self, seconds: float) -> float:
         """`seconds` as a fraction of the mean step time."""
@@ -356,7 +364,7 @@ def _mean_figures(figures: list[Figures]) -> Figures:
         micro_s=mean("micro_s"), comm_s=mean("comm_s"), exposed_comm_s=mean("exposed_comm_s"),
         overlap=(comm - exposed) / comm if comm > 0 else 0.0, own_s=mean("own_s"), other_s=mean("other_s"),
         tx_bytes=mean("tx_bytes"), rx_bytes=mean("rx_bytes"), loss=mean("loss"), sampled=sum(f.sampled for f in figures),
-        time_s=mean("time_s"))
+        time_s=mean("time_s"), step_sd_s=mean("step_sd_s"))
 
 
 def table_rows(segments: Iterable[SegmentFigures]) -> list[dict[str, Any]]:

@@ -74,7 +74,7 @@ def best(rec: Recording, segment: int, table: list | None = None) -> dict[str, A
 def bests(rec: Recording, table: list | None = None) -> dict[int, dict[str, Any]]:
     """best() of every DDP and allreduce segment with measured steps (the hints' prediction)."""
     table = rec.segment_figures() if table is None else table
-    found = {index: best(rec, index, table) for index, cfg, _ in measured_steps(table)
+    found = {index: best(rec, index, table) for index, cfg, _, _ in measured_steps(table)
              if cfg.get("strategy") in ("ddp", "allreduce")}
     return {index: b for index, b in found.items() if b is not None}
 

@@ -129,16 +129,19 @@ def versus_blocks(runs: list[RunData]) -> list[tuple]:
             continue
         fitted, found, median, worst = run.versus
         rows += [[markdown.untrusted(run.name), str(r["segment"]), whatif.name(r), f"{r['measured_step_s']:.3f}",
-                  f"{r['step_s']:.3f}", f"{100 * r['error']:+.1f}%"] for r in found]
+                  f"{r['step_s']:.3f}", f"{100 * r['error']:+.1f}%", f"±{100 * r['error_se']:.1f}%"] for r in found]
         notes.append(f"{markdown.untrusted(run.name)}: fitted on segment {fitted}, median |error| {median:.1%}, "
                      f"max {worst:.1%} over {len(found)} segment{'s' if len(found) > 1 else ''}")
     if not rows:
         return []
     return [("h2", "Predicted vs measured"),
-            ("table", ["run", "segment", "configuration", "measured s/step", "predicted s/step", "error"], rows),
+            ("table", ["run", "segment", "configuration", "measured s/step", "predicted s/step", "error", "noise"],
+             rows),
             ("p", "; ".join(notes) + ". The what-if model is fitted on one segment (the first DDP one, as `ddptop "
                   "advise FILE` picks) and predicts each other segment's configuration; measured: the slowest rank's "
-                  "mean step time over the segment's measured steps, as in the table above.")]
+                  "mean step time over the segment's measured steps, as in the table above; noise: the standard "
+                  "error that the two segments' step-to-step spread alone gives the error (an error within twice "
+                  "its noise is as close as these segments can tell).")]
 
 
 STRAGGLER_NOTE = ("On the sampled steps each rank stamps its arrival at every collective (the moment it calls it); "

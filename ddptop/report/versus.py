@@ -28,8 +28,11 @@ def figure(runs: list[RunData], out: Path) -> Made | None:
                     color="#999999", alpha=0.2, linewidth=0, label=f"±{BAND:.0%}")
     for i, (run, (fitted, rows, median, worst)) in enumerate(found):
         label = f"{run.name}: fitted on segment {fitted}" if len(found) > 1 else f"fitted on segment {fitted}"
-        ax.plot([r["measured_step_s"] for r in rows], [r["step_s"] for r in rows], linestyle="none", marker="o",
-                color=plot.color(i), label=f"{label} (median |error| {median:.1%}, max {worst:.1%})")
+        x, y = [r["measured_step_s"] for r in rows], [r["step_s"] for r in rows]
+        ax.errorbar(x, y, xerr=[r["measured_step_s_se"] for r in rows], yerr=[r["step_s_se"] for r in rows],
+                    fmt="none", capsize=2, elinewidth=0.8, color=plot.color(i))  # ±1 standard error of each mean
+        ax.plot(x, y, linestyle="none", marker="o", color=plot.color(i),
+                label=f"{label} (median |error| {median:.1%}, max {worst:.1%})")
         for j, r in enumerate(sorted(rows, key=lambda r: r["measured_step_s"])):  # numbers: close points stay legible
             ax.annotate(str(r["segment"]), (r["measured_step_s"], r["step_s"]), textcoords="offset points",
                         xytext=(6, -10 if j % 2 else 3), fontsize=8, color=plot.color(i))
@@ -38,7 +41,8 @@ def figure(runs: list[RunData], out: Path) -> Made | None:
     ax.set_aspect("equal")
     ax.set_xlabel("measured s/step (slowest rank's mean)")
     ax.set_ylabel("predicted s/step")
-    ax.set_title("each segment's configuration predicted from one segment, against its measurement", fontsize=9)
+    ax.set_title("each segment's configuration predicted from one segment, against its measurement\n(bars: ±1 "
+                 "standard error of each mean from its steps' spread)", fontsize=9)
     ax.legend(loc="best", frameon=False, fontsize=8)  # inside: outside, it took half the width from a square plot
     segments = "; ".join(f"{run.name + ' ' if len(found) > 1 else ''}{r['segment']}: {name(r)}"
                          for run, (_, rows, _, _) in found for r in rows)
@@ -52,8 +56,10 @@ def _finding(found: list) -> str:
     for run, (fitted, rows, median, worst) in found:
         far = max(rows, key=lambda r: abs(r["error"]))
         inside = sum(1 for r in rows if abs(r["error"]) <= BAND)
+        noise = sum(1 for r in rows if abs(r["error"]) <= 2 * r["error_se"])
         parts.append(f"{run.name}: {inside} of {len(rows)} segments within ±{BAND:.0%} of the prediction from "
-                     f"segment {fitted} (median |error| {median:.1%}); the farthest, segment {far['segment']} "
-                     f"({name(far)}), measured {far['measured_step_s']:.3g} s against {far['step_s']:.3g} s predicted "
-                     f"({far['error']:+.1%})")
+                     f"segment {fitted} (median |error| {median:.1%}), {noise} within twice the noise of their two "
+                     f"segments; the farthest, segment {far['segment']} ({name(far)}), measured "
+                     f"{far['measured_step_s']:.3g} s against {far['step_s']:.3g} s predicted ({far['error']:+.1%}, "
+                     f"noise ±{far['error_se']:.1%})")
     return "; ".join(parts) + "."

@@ -11,7 +11,8 @@ from typing import Any, Callable, Mapping
 
 from ddptop.metrics.whatif.data import SegmentData
 from ddptop.metrics.whatif.inputs import NoFit, segment_input, step_row
-from ddptop.metrics.whatif.rows import best_row, config_name, measured_steps, name, prediction_rows, row_for
+from ddptop.metrics.whatif.rows import (best_row, config_name, error_se, measured_steps, name, prediction_rows,
+                                        row_for)
 
 # A fit costs ~10 ms of the screen's thread (README "What-if panel"); a tiny model samples a step every 20 ms, so
 # the view is redone at most every REFIT_S as steps come in (at once for a new segment or a switch)
@@ -30,10 +31,17 @@ class Check:
     from_segment: int
     predicted_s: float
     measured_s: float | None = None  # the segment's slowest rank's mean step time, once it has measured steps
+    predicted_se_s: float = 0.0  # the fitted segment's standard error, which the prediction inherits
+    measured_se_s: float = 0.0  # the new segment's own
 
     @property
     def error(self) -> float | None:
         return None if not self.measured_s else (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def error_se(self) -> float:
+        """The error's standard error from both segments' step-to-step noise (rows.error_se)."""
+        return error_se(self.predicted_se_s, self.measured_se_s, self.measured_s or 0.0)
 
 
 @dataclass(frozen=True)
@@ -138,7 +146,8 @@ class Advisor:
             seg, rows, _ = self._fit(state, table, figures[earlier])
             if seg is not None:  # settled: no row means the model does not predict it (another batch size)
                 row = row_for(rows, cfg, seg)
-                self._predicted[index] = row and Check(index, config_name(cfg), earlier, row["step_s"])
+                self._predicted[index] = row and Check(index, config_name(cfg), earlier, row["step_s"],
+                                                       predicted_se_s=row["step_s_se"])
                 return
 
     def _unsettled(self, state) -> list[int]:
@@ -147,9 +156,9 @@ class Advisor:
         return [i for i in sorted(state.segments) if i > first and i not in self._predicted]
 
     def _checks(self, table: tuple) -> tuple[Check, ...]:
-        measured = {i: step for i, _, step in measured_steps(table)}
-        return tuple(Check(c.segment, c.config, c.from_segment, c.predicted_s, measured.get(c.segment))
-                     for i, c in sorted(self._predicted.items()) if c is not None)
+        measured = {i: (step, se) for i, _, step, se in measured_steps(table)}
+        return tuple(replace(c, measured_s=measured[c.segment][0], measured_se_s=measured[c.segment][1])
+                     if c.segment in measured else c for i, c in sorted(self._predicted.items()) if c is not None)
 
 
 def _in_force(state, table: tuple):

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from in_process import cli_json, run_cli, slowest_rank_means
+from in_process import cli_json, run_cli, slowest_rank_means, slowest_rank_standard_errors
 
 REC = Path(__file__).resolve().parents[2] / "recordings"
 KEYS = ["strategy", "bucket_mb", "async_op", "accum", "compress", "world_size", "link", "step_s", "exposed_comm_s",
-        "overlap", "measured_step_s", "segment"]
+        "overlap", "measured_step_s", "segment", "step_s_se", "measured_step_s_se"]
 
 
 def advise(*argv: str) -> dict:
@@ -63,6 +63,31 @@ def test_predictions_from_one_ddp_segment_are_within_the_issues_bounds(name, seg
 
 
 GRID = Path(__file__).resolve().parents[2] / "benchmarks" / "whatif-grid"
+
+
+def test_each_prediction_carries_the_fitted_segments_standard_error_and_each_measured_one_its_own_by_sql():
+    """The noise beside each number: every row's step_s_se is the fitted segment's standard error, each measured
+    row's measured_step_s_se its segment's, both from the slowest rank's raw step times by SQL; the text shows the
+    error's spread (both combined) beside each error and none on the fitted row, which is exact by construction."""
+    db = GRID / "whatif-vgg11-unlimited.db"
+    advice = advise(str(db), "--segment", "1")
+    se = slowest_rank_standard_errors(db, 1)
+    assert se[1] > 0.005  # the unshaped link's noisy base: 0.011 s on 0.318 s (README)
+    rows = advice["predictions"]
+    assert all(r["step_s_se"] == pytest.approx(se[1], abs=1e-6) for r in rows)
+    matched = [r for r in rows if r["segment"] is not None]
+    assert len(matched) == 9
+    assert all(r["measured_step_s_se"] == pytest.approx(se[r["segment"]], abs=1e-6) for r in matched)
+    code, out, _ = run_cli("advise", str(db), "--segment", "1")
+    text = out.splitlines()
+    fitted = next(r for r in rows if r["segment"] == 1)
+    assert code == 0 and text[0].endswith(f"measured {fitted['measured_step_s']:.3f} s/step ± {se[1]:.3f} (the "
+                                          "standard error of its steps: every prediction carries it)")
+    ten = next(line for line in text if line.startswith("ddp 10 MB "))
+    ten_row = next(r for r in rows if r["bucket_mb"] == 10.0)
+    spread = (se[1] ** 2 + se[ten_row["segment"]] ** 2) ** 0.5 / ten_row["measured_step_s"]
+    assert ten.split()[-1] == f"{100 * spread:.1f}%"
+    assert next(line for line in text if line.startswith("ddp 25 MB ")).split()[-1] == "–"
 
 
 @pytest.mark.parametrize("name", ["whatif-vgg11-100mbit.db", "whatif-vgg11-1gbit.db", "whatif-vgg11-unlimited.db",

@@ -18,7 +18,7 @@ import pytest
 
 from ddptop.metrics.hints import PREDICTED_SHARE
 from ddptop.report import page, runs
-from in_process import cli_json, slowest_rank_means
+from in_process import cli_json, slowest_rank_means, slowest_rank_standard_errors
 
 REC = Path(__file__).resolve().parents[2] / "recordings"
 
@@ -80,9 +80,13 @@ def test_the_reports_predicted_vs_measured_table_is_advises_beside_sql(name, war
     # every segment of a predicted configuration but the fitted one, with SQL's step time
     expected = {s for s, _ in truth.items() if s != fitted and _configured(REC / name, s) in predicted}
     assert {int(r[1]) for r in rows} == expected and len(expected) >= 4
+    se = slowest_rank_standard_errors(REC / name, warmup)
+    assert header[-1] == "noise"
     errors = []
-    for _, segment, config, measured_s, predicted_s, error in rows:
+    for _, segment, config, measured_s, predicted_s, error, noise in rows:
         assert float(measured_s) == pytest.approx(truth[int(segment)], abs=5e-4)
+        spread = (se[fitted] ** 2 + se[int(segment)] ** 2) ** 0.5 / truth[int(segment)]  # both means' noise, by SQL
+        assert noise.startswith("±") and float(noise[1:].rstrip("%")) == pytest.approx(100 * spread, abs=0.06)
         assert float(predicted_s) == pytest.approx(predicted[config], abs=5e-4)
         errors.append(abs(predicted[config] - truth[int(segment)]) / truth[int(segment)])
         assert float(error.rstrip("%")) == pytest.approx(100 * (predicted[config] / truth[int(segment)] - 1), abs=0.06)
@@ -116,7 +120,7 @@ def test_the_predicted_vs_measured_figure_draws_the_tables_rows(tmp_path):
     truth = slowest_rank_means(REC / "whatif-lab.db", 1)
     predicted = {(r["strategy"], r["bucket_mb"], r["async_op"]): r["step_s"]
                  for r in cli_json("advise", str(REC / "whatif-lab.db"), "--json")["predictions"]}
-    for x, y, (_, segment, config, measured_s, predicted_s, _) in zip(points["x"], points["y"], rows):
+    for x, y, (_, segment, config, measured_s, predicted_s, _, _) in zip(points["x"], points["y"], rows):
         assert x == pytest.approx(float(measured_s), abs=5e-4) and y == pytest.approx(float(predicted_s), abs=5e-4)
         assert x == pytest.approx(truth[int(segment)], rel=1e-9)
         assert y in predicted.values()

@@ -41,6 +41,7 @@ class SegmentData:
     param_bytes: int
     param_tensors: int
     step_s: float  # measured: the slowest rank's mean step time
+    step_se_s: float = 0.0  # that mean's standard error (metrics.Figures.step_se_s): every prediction inherits it
     data_s: float = 0.0
     fwd_s: float = 0.0
     bwd_s: float = 0.0  # backward compute (what waiting on the last bucket adds is exposed_comm_s)

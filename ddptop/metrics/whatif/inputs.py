@@ -83,7 +83,8 @@ def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], sp
                     "pick another --segment")
     return SegmentData(segment=fig.index, config=dict(fig.config), world_size=world_size, layers=run.layers,
                        param_bytes=run.param_bytes, param_tensors=run.param_tensors or len(run.layers),
-                       step_s=fig.slowest.step_s, backward=backward, comm=comm, link_bps=link_bps,
+                       step_s=fig.slowest.step_s, step_se_s=fig.slowest.step_se_s, backward=backward, comm=comm,
+                       link_bps=link_bps,
                        param_shapes=tuple(tuple(s) for s in getattr(run, "param_shapes", ()) or ()),
                        isolated=isolated, **parts(rows))
 

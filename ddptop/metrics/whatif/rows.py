@@ -4,6 +4,7 @@ and the predicted-vs-measured comparison (the report's table and figure, the pan
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Sequence
 
@@ -11,35 +12,41 @@ from ddptop.metrics.whatif import model as whatif
 from ddptop.metrics.whatif.data import SegmentData
 
 
-def measured_steps(table: Sequence) -> list[tuple[int, dict, float]]:
-    """(segment, config, the slowest rank's mean step time) of every segment with measured steps."""
-    return [(f.index, dict(f.config), f.slowest.step_s) for f in table if f.measured_steps]
+def measured_steps(table: Sequence) -> list[tuple[int, dict, float, float]]:
+    """(segment, config, the slowest rank's mean step time, its standard error) of every segment with measured
+    steps."""
+    return [(f.index, dict(f.config), f.slowest.step_s, f.slowest.step_se_s) for f in table if f.measured_steps]
 
 
-def prediction_rows(seg: SegmentData, measured: list[tuple[int, dict, float]],
+def prediction_rows(seg: SegmentData, measured: list[tuple[int, dict, float, float]],
                     buckets: Sequence[float] = whatif.BUCKETS_MB, worlds: Sequence[int] = (),
                     links: Sequence[float | None] = (None,), recorded_link: str | None = None,
                     settings: Sequence[tuple[int, str]] | None = None) -> list[dict[str, Any]]:
     """The model fitted on `seg` (once), every configuration of the grid predicted, each beside `measured`'s
     segment of that configuration (the fitted one first). `settings`: the (accum, compress) pairs to predict for
-    the fitted configuration (default: those `measured` ran at the fitted batch size, so each is checked)."""
+    the fitted configuration (default: those `measured` ran at the fitted batch size, so each is checked).
+
+    Each row's "step_s_se" is the fitted segment's standard error: the fit reproduces that segment's mean, so a
+    mean that step-to-step noise moved by x moves every prediction by x. "measured_step_s_se" is the matched
+    segment's own."""
     fitted = whatif.fit(seg)
     settings = ran_settings(seg, measured) if settings is None else settings
     return [_row(whatif.predict(fitted, c), seg, measured, recorded_link)
             for c in whatif.grid(seg, buckets, worlds, links, settings)]
 
 
-def ran_settings(seg: SegmentData, measured: list[tuple[int, dict, float]]) -> list[tuple[int, str]]:
+def ran_settings(seg: SegmentData, measured: list[tuple[int, dict, float, float]]) -> list[tuple[int, str]]:
     """Every (accum, compress) a measured segment ran at the fitted segment's batch size, in order."""
     out: list[tuple[int, str]] = []
-    for _, cfg, _ in measured:
+    for _, cfg, _, _ in measured:
         pair = (whatif.accum_of(cfg), whatif.compress_of(cfg))
         if cfg.get("batch_size") == seg.config.get("batch_size") and pair not in out:
             out.append(pair)
     return out
 
 
-def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float]], recorded_link: str | None) -> dict[str, Any]:
+def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float, float]], recorded_link: str | None
+         ) -> dict[str, Any]:
     c = p.config
     world = c.world_size or seg.world_size
     link = recorded_link or None
@@ -47,13 +54,14 @@ def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float]], recorded_
         link = "unlimited" if c.link_bps == 0 else _describe(c.link_bps)
     match = None
     if c.world_size is None and c.link_bps is None:
-        same = [(i, step) for i, cfg, step in measured if same_config(cfg, c, seg)]
+        same = [(i, step, se) for i, cfg, step, se in measured if same_config(cfg, c, seg)]
         match = next((m for m in same if m[0] == seg.segment), same[0] if same else None)  # the fitted one first
     return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "accum": c.accum,
             "compress": c.compress, "world_size": world,
             "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
             "overlap": round(p.overlap, 4), "measured_step_s": None if match is None else round(match[1], 6),
-            "segment": None if match is None else match[0]}
+            "segment": None if match is None else match[0], "step_s_se": round(seg.step_se_s, 6),
+            "measured_step_s_se": None if match is None else round(match[2], 6)}
 
 
 def _describe(bps: float) -> str:
@@ -115,15 +123,24 @@ def best_row(rows: list[dict[str, Any]], seg: SegmentData) -> dict[str, Any]:
     return {**top, "from_segment": seg.segment, "fitted_step_s": seg.step_s, "saving_s": seg.step_s - top["step_s"]}
 
 
-def versus_rows(seg: SegmentData, rows: list[dict[str, Any]], measured: list[tuple[int, dict, float]]
+def error_se(fitted_se_s: float, measured_se_s: float, measured_s: float) -> float:
+    """The standard error of (predicted − measured)/measured from the two segments' step-to-step noise alone (the
+    fitted segment's passes into the prediction, the other's is the truth's): how far apart two means of one
+    configuration would land by chance. 0 where neither says."""
+    return math.hypot(fitted_se_s, measured_se_s) / measured_s if measured_s > 0 else 0.0
+
+
+def versus_rows(seg: SegmentData, rows: list[dict[str, Any]], measured: list[tuple[int, dict, float, float]]
                 ) -> tuple[list[dict[str, Any]], float, float] | None:
     """Every measured segment but the fitted one that ran a predicted configuration, beside its prediction:
-    (rows with "error" = (predicted − measured)/measured, median |error|, max |error|); None where there is none."""
+    (rows with "error" = (predicted − measured)/measured and "error_se", that error's standard error from both
+    segments' step-to-step noise, median |error|, max |error|); None where there is none."""
     out = []
-    for index, cfg, step_s in measured:
+    for index, cfg, step_s, se in measured:
         row = row_for(rows, cfg, seg) if index != seg.segment else None
         if row is not None and step_s > 0:
-            out.append({**row, "segment": index, "measured_step_s": step_s, "error": (row["step_s"] - step_s) / step_s})
+            out.append({**row, "segment": index, "measured_step_s": step_s, "measured_step_s_se": se,
+                        "error": (row["step_s"] - step_s) / step_s, "error_se": error_se(seg.step_se_s, se, step_s)})
     if not out:
         return None
     errors = [abs(r["error"]) for r in out]

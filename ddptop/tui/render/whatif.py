@@ -28,6 +28,8 @@ def _head(w: WhatIf, width: int) -> Text:
     seg = w.seg
     out = Text("fitted from segment ", style="bold")
     out.append(f"{seg.segment} ({_config(seg.config)}, {seg.world_size} ranks): measured {fmt_s(seg.step_s)}/step")
+    if seg.step_se_s > 0:
+        out.append(f" ±{fmt_s(seg.step_se_s)}", style="dim")  # its noise, which every prediction below carries
     out.append(f"\nstated error: {STATED_ERROR}", style="dim")
     if w.best is not None:
         out.append("\nbest: ", style="bold")
@@ -103,6 +105,8 @@ def _checks(w: WhatIf, width: int) -> list[Text]:
         else:
             line.append(f"measured {fmt_s(c.measured_s)}  error ")
             line.append(f"{c.error:+.1%}", style=ORANGE if abs(c.error) > 0.10 else GREEN)
+            if c.error_se > 0:  # how far the two means may differ by the segments' step-to-step noise alone
+                line.append(f" ±{c.error_se:.1%}", style="dim")
         lines.append(line)
     return lines
 
