@@ -5,7 +5,6 @@ size kept."""
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
 from ddptop.events import StepDone, TuneTrial
@@ -69,19 +68,17 @@ def measure(history: Mapping[int, Iterable[StepDone]], world_size: int, segment:
 def measured(history: Mapping[int, Iterable[StepDone]], world_size: int, segment: int, first: int, last: int
              ) -> tuple[float, float] | None:
     """(measure's mean, its standard error: that slowest rank's step times' standard deviation / √n, 0 with one
-    step); None as measure."""
+    step, metrics.Figures.step_se_s); None as measure."""
     if len(history) < world_size:
         return None
-    per_rank, times = [], []
+    per_rank = []
     for steps in history.values():
         chosen = [d for d in steps if d.segment == segment and first <= d.step <= last]
         if len({d.step for d in chosen}) < last - first + 1:
             return None
         per_rank.append(window(chosen))
-        times.append([d.iter_s for d in chosen if not d.sampled] or [d.iter_s for d in chosen])  # window's steps
-    step_s = job_figures(per_rank).step_s
-    own = times[[f.step_s for f in per_rank].index(step_s)]  # the slowest rank's
-    return step_s, (statistics.stdev(own) / math.sqrt(len(own)) if len(own) > 1 else 0.0)
+    slowest = job_figures(per_rank)
+    return slowest.step_s, slowest.step_se_s
 
 
 def margin(start: TuneTrial, trial: TuneTrial, min_gain: float = MIN_GAIN) -> float:

@@ -72,7 +72,7 @@ def test_each_prediction_carries_the_fitted_segments_standard_error_and_each_mea
     db = GRID / "whatif-vgg11-unlimited.db"
     advice = advise(str(db), "--segment", "1")
     se = slowest_rank_standard_errors(db, 1)
-    assert se[1] > 0.005  # the unshaped link's noisy base: 0.011 s on 0.318 s (README)
+    assert se[1] > 0.002  # the unshaped link's base: 0.0048 s on 0.354 s over 10 steps (README)
     rows = advice["predictions"]
     assert all(r["step_s_se"] == pytest.approx(se[1], abs=1e-6) for r in rows)
     matched = [r for r in rows if r["segment"] is not None]
@@ -91,10 +91,12 @@ def test_each_prediction_carries_the_fitted_segments_standard_error_and_each_mea
 
 
 @pytest.mark.parametrize("name", ["whatif-vgg11-100mbit.db", "whatif-vgg11-1gbit.db", "whatif-vgg11-unlimited.db",
-                                  "whatif-resnet18-100mbit.db", "whatif-resnet18-1gbit.db"])
+                                  "whatif-resnet18-100mbit.db", "whatif-resnet18-1gbit.db",
+                                  "whatif-resnet18-unlimited.db"])
 def test_fresh_lab_jobs_at_three_links_and_two_models_are_predicted_within_the_issues_bounds(name):
     """benchmarks/whatif_grid.py's jobs (README "What-if / advise": the table): fitted on DDP 25 MB (segment 1), 7
-    other configurations each, truth by SQL. Not resnet18-unlimited: its async row is +20.3% (the next test)."""
+    other configurations each, truth by SQL. The profile's last segment, DDP 25 MB again, matches the fitted row
+    (advise's rows name the first segment of a configuration), so it is not among the 7."""
     advice = advise(str(GRID / name), "--segment", "1")
     found = errors(advice, slowest_rank_means(GRID / name, 1))
     found.pop(0)  # the sweep's DDP 100 MB warm-up segment: neither fitted nor checked (profiles/whatif-lab.toml)
@@ -107,8 +109,9 @@ def test_fresh_lab_jobs_at_three_links_and_two_models_are_predicted_within_the_i
 def test_a_transfer_slowed_beside_the_backward_pass_is_fitted_from_the_segments_own_buckets():
     """resnet18-unlimited's DDP 25 MB segment: its first bucket ran beside the backward pass, its second alone, on
     every sampled step (link.fit_comm_slowdown). The 50 MB segment's one bucket runs after the backward pass, all of
-    it exposed: predicted from segment 1 against SQL's mean over the ranks of segment 5's exposed communication.
-    With compute.py's constant (1.2× beside) it came out 0.198 s against 0.097 s measured (+104%)."""
+    it exposed: predicted from segment 1 against SQL's mean over the ranks of segment 5's exposed communication:
+    0.124 s against 0.125 s (fitted: 1.59, 2.6× beside). With compute.py's constant (1.2× beside) it came out 0.233 s
+    (+86%); the grid's first recording of this job, 0.198 s against 0.097 s (+104%)."""
     name = GRID / "whatif-resnet18-unlimited.db"
     advice = advise(str(name), "--segment", "1")
     row = next(r for r in advice["predictions"] if r["segment"] == 5)
@@ -120,7 +123,7 @@ def test_a_transfer_slowed_beside_the_backward_pass_is_fitted_from_the_segments_
     assert row["exposed_comm_s"] == pytest.approx(exposed, rel=0.15)
     found = errors(advice, slowest_rank_means(name, 1))
     found.pop(0)
-    assert statistics.median(abs(e) for e in found.values()) <= 0.10, found  # the max: +20.3% (README)
+    assert statistics.median(abs(e) for e in found.values()) <= 0.10, found
 
 
 def test_weak_scaling_from_4_hosts_predicts_2_hosts():
