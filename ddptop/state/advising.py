@@ -190,6 +190,6 @@ def _world(state) -> int:
 def describe(best: Mapping[str, Any]) -> str:
     """The best configuration and its predicted gain in a few words: "ddp 5 MB, −127 ms/step (15%) predicted"."""
     gain, step = best["saving_s"], best["fitted_step_s"]
-    if gain <= 0:
+    if gain <= 0 or best.get("segment") == best.get("from_segment"):  # its own row: a gain of rounding, 0 ms
         return f"{name(dict(best))}, the configuration in force, is predicted fastest"
     return f"{name(dict(best))}, −{gain * 1e3:.0f} ms/step ({gain / step if step > 0 else 0.0:.0%}) predicted"
