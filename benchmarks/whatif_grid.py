@@ -1,8 +1,8 @@
 """Issue 23's table: the what-if model against fresh lab jobs at several link rates and models. For each (model,
 link) one 3-host lab job runs profiles/whatif-lab.toml's sweep (DDP 100 MB warm-up, DDP 25 MB, 1/5/10/50 MB,
 per-parameter all_reduce sync and async, gather+scatter, DDP 25 MB again) with that model and link; `ddptop advise
---segment 1` fits on the DDP 25 MB segment and predicts every other; the truth is SQL on the recording (each segment's slowest
-rank's mean over its unsampled steps after the first, as benchmarks/whatif_lab.py). Prints a markdown row per job
+--segment 1` fits on the DDP 25 MB segment and predicts every other; the truth is SQL on the recording (each
+segment's slowest rank's mean over its unsampled steps after the first, as benchmarks/whatif_lab.py). Prints a markdown row per job
 and the median and max |error| over all of them; exits 1 beyond issue 23's bounds (10% median, 20% max).
 
     .venv/bin/python benchmarks/whatif_grid.py --models vgg11,resnet18 --links 100mbit,1gbit,unlimited \
@@ -87,8 +87,8 @@ def main() -> int:
     slow = parse_link(args.slow_below).bits_per_s
     every: list[float] = []
     inside = 0
-    print("| model | link | DDP 25 MB s/step | errors of the other segments (± noise) | median / max | within 2× noise "
-          "| DDP 25 MB again |\n|---|---|---|---|---|---|---|")
+    print("| model | link | DDP 25 MB s/step | errors of the other segments (± noise) | median / max "
+          "| within 2× noise | DDP 25 MB again |\n|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for link in args.links.split(","):
             rate = parse_link(link).bits_per_s

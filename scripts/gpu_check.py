@@ -387,7 +387,8 @@ def ddptop_wall(model: str, probes: str, batch: int, steps: int, warmup: int) ->
     # --strategy single: at world size 1 it syncs nothing, as the plain loop does (the default, DDP, adds its
     # wrapper and a one-rank all-reduce per bucket: step_overhead_ab.py --device cuda compares it with plain DDP)
     run = ddptop("--headless", "--local", "1", *backend(), "--model", model, "--strategy", "single", "--batch-size",
-                 str(batch), "--steps", str(steps), "--probes", probes, "--no-eval", "--log-every", "100", "--record", db,
+                 str(batch), "--steps", str(steps), "--probes", probes, "--no-eval", "--log-every", "100", "--record",
+                 db,
                  log=f"bench-{model}-{probes}")
     if run.returncode != 0:
         raise RuntimeError(run.stderr.strip().splitlines()[-1:])
