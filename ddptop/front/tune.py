@@ -85,17 +85,27 @@ class Tuner:
         if not sizes:
             raise Stopped("the what-if model predicts no other bucket size")
         for mb in sizes:
-            segment = self._switch(mb)
-            fig = self._wait(lambda s: next((f for f in s.segment_figures if f.index == segment), None),
-                             TRIAL_WAIT_S, f"segment {segment} did not start")
-            first, last = tune.trial_steps(fig.first_step, fig.warmup, self.steps)
-            found = self._wait(lambda s: tune.measured(s.history, s.world_size, segment, first, last), TRIAL_WAIT_S,
-                               f"{mb:g} MB's {self.steps} steps did not come")
-            trials.append(TuneTrial(segment, mb, first, last, *found))
+            trials.append(self._trial(mb))
+        grid = tune.ddp_sizes(snap.whatif.rows, snap.world_size)
+        while len(trials) < tune.MAX_TRIALS:  # then toward the side the measurements found faster
+            mb = tune.next_size(grid, {start.bucket_mb: start.step_s, **{t.bucket_mb: t.step_s for t in trials}})
+            if mb is None:
+                break
+            trials.append(self._trial(mb))
         best = tune.kept(start, trials)
         if best.bucket_mb != trials[-1].bucket_mb:
             self._switch(best.bucket_mb)
         return TuneNote(request_id, start, tuple(trials), best.bucket_mb, start.step_s - best.step_s, "", time.time())
+
+    def _trial(self, mb: float) -> TuneTrial:
+        """`mb` as a live segment, measured over its fixed window of steps after its warm-up."""
+        segment = self._switch(mb)
+        fig = self._wait(lambda s: next((f for f in s.segment_figures if f.index == segment), None),
+                         TRIAL_WAIT_S, f"segment {segment} did not start")
+        first, last = tune.trial_steps(fig.first_step, fig.warmup, self.steps)
+        found = self._wait(lambda s: tune.measured(s.history, s.world_size, segment, first, last), TRIAL_WAIT_S,
+                           f"{mb:g} MB's {self.steps} steps did not come")
+        return TuneTrial(segment, mb, first, last, *found)
 
     def _fitted(self, snap):
         """(snapshot, its segment in force's figures) once the model fits that segment on DDP and it holds the

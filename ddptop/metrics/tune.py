@@ -38,6 +38,30 @@ def candidates(rows: Sequence[Mapping[str, Any]], world_size: int, current_mb: f
     return out[:max(0, min(trials, MAX_TRIALS))]
 
 
+def ddp_sizes(rows: Sequence[Mapping[str, Any]], world_size: int) -> list[float]:
+    """Every DDP bucket size the what-if rows hold on the run's own world size and link, smallest first."""
+    return sorted({float(r["bucket_mb"]) for r in rows if r["strategy"] == "ddp" and r["bucket_mb"] is not None
+                   and r["world_size"] == world_size and r["link"] is None})
+
+
+def next_size(sizes: Sequence[float], measured: Mapping[float, float]) -> float | None:
+    """After the predicted trials, what the measurements ask for: when the fastest size measured so far (the start
+    among them) is the smallest measured and a smaller size of `sizes` is left, the nearest smaller; the largest
+    and a larger one left, the nearest larger; else None. The model's error can rank sizes on one side of the best
+    wrongly (a lab job at 1 Gbit/s: 10, 50 and 100 MB tried from 25 MB, 10 MB the fastest of them, while 5 and 1 MB,
+    never tried, were faster still): the measurements then walk on toward the side that was faster."""
+    if not measured:
+        return None
+    fastest = min(measured, key=lambda mb: (measured[mb], mb))
+    smaller = [mb for mb in sizes if mb < fastest and mb not in measured]
+    larger = [mb for mb in sizes if mb > fastest and mb not in measured]
+    if fastest == min(measured) and smaller:
+        return max(smaller)
+    if fastest == max(measured) and larger:
+        return min(larger)
+    return None
+
+
 def trial_steps(first_step: int, warmup: int, steps: int = STEPS) -> tuple[int, int]:
     """(first, last) step a trial segment that began at `first_step` is measured over: the first `steps` after its
     warm-up, a fixed window, so the measurement does not depend on when the tuner looked."""

@@ -60,3 +60,29 @@ def test_a_trials_spread_is_its_slowest_ranks_standard_error():
     mean, se = tune.measured(history, 2, 1, 11, 13)
     assert mean == pytest.approx(0.3) and se == pytest.approx(0.1 / 3 ** 0.5)  # stdev of .2 .3 .4 is 0.1
     assert tune.measured({0: history[0], 1: history[1][:3]}, 2, 1, 11, 13) is None
+
+
+def test_the_measurements_walk_on_toward_the_faster_side_within_five_trials():
+    """The CI lab run (2026-11-27) in which the model's three (10, 50, 100 MB from 25 MB) missed the fastest sizes:
+    its measured s/step, then what the walk would have met (SQL on that job: 5 MB 0.578, 1 MB 0.581)."""
+    rows = [_row(mb, 0.5) for mb in (1.0, 5.0, 10.0, 25.0, 50.0, 100.0)] + [_row(5.0, 0.1, world=8)]
+    grid = tune.ddp_sizes(rows, 2)
+    assert grid == [1.0, 5.0, 10.0, 25.0, 50.0, 100.0]
+    seen = {25.0: 0.6178, 10.0: 0.6007, 50.0: 0.6611, 100.0: 0.6679}
+    assert tune.next_size(grid, seen) == 5.0  # 10 MB is the fastest and the smallest measured: one size down
+    seen[5.0] = 0.5784
+    assert tune.next_size(grid, seen) == 1.0
+    seen[1.0] = 0.5815
+    assert tune.next_size(grid, seen) is None  # 5 MB is fastest with both neighbours measured: the walk ends
+    start = TuneTrial(0, 25.0, 1, 20, 0.6178, 0.0063)
+    trials = [TuneTrial(i, mb, 1, 20, s, 0.01) for i, (mb, s) in enumerate(seen.items()) if mb != 25.0]
+    assert len(trials) == 5 and tune.kept(start, trials).bucket_mb == 5.0
+
+
+def test_the_walk_goes_up_when_the_largest_is_fastest_and_stops_at_the_grids_end():
+    grid = [1.0, 5.0, 10.0, 25.0, 50.0, 100.0]
+    assert tune.next_size(grid, {25.0: 0.6, 10.0: 0.7, 50.0: 0.5}) == 100.0
+    assert tune.next_size(grid, {25.0: 0.6, 50.0: 0.7, 100.0: 0.5}) is None  # nothing larger left
+    assert tune.next_size(grid, {25.0: 0.5, 10.0: 0.7, 50.0: 0.7}) is None  # the start, between two slower
+    assert tune.next_size(grid, {1.0: 0.4, 5.0: 0.5}) is None  # the smallest of the grid is fastest
+    assert tune.next_size(grid, {}) is None
