@@ -83,7 +83,14 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
         # the focus starts on strategy; enter in a number field applies the form
         _apply(name, ["Tab", *clear, "0.02", "Enter"], 1)  # bucket MB 25 → 0.02
         _apply(name, ["Tab", "Tab", *clear, "8", "Enter"], 2)  # → async → batch: 16 → 8
-        _apply(name, [*["BTab"] * 3, "Enter", "Up", "Enter", *["Tab"] * 6, "Enter"], 3)  # ddp → allreduce, Apply
+        # ddp → allreduce: each key waits for the screen to show the one before it took effect. A Tab sent while
+        # the strategy list was still closing went to the list, so six Tabs reached scale_lr, not accum, and the
+        # Enter toggled it (a CI run under load); the edit shown below the form comes after the list gave focus back
+        _keys(name, [*["BTab"] * 3, "Enter"])
+        _wait_for(name, "gather-scatter", 10)  # the strategy list is open
+        _keys(name, ["Up", "Enter"])
+        _wait_for(name, "Apply sends {'strategy': 'allreduce'}", 10)
+        _apply(name, [*["Tab"] * 6, "Enter"], 3)  # strategy → accum, a number field: enter applies the form
         _tmux("send-keys", "-t", name, "Escape")  # out of the form: keys reach the app again (space: pause)
         time.sleep(0.5)  # an escape followed at once by `1` reads as alt+1
         _tmux("send-keys", "-t", name, "1")  # the overview: the new segment's row fills in as it is measured
@@ -128,11 +135,15 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
     assert "allreduce" in text and "ddp" in text
 
 
-def _apply(name: str, keys: list[str], segment: int) -> None:
-    """Type `keys` into the controls, see the change applied as `segment`, then let it run 6 steps (a sampled one)."""
+def _keys(name: str, keys: list[str]) -> None:
     for key in keys:
         _tmux("send-keys", "-t", name, *(["-l", key] if key[0].isdigit() else [key]))
         time.sleep(0.3)
+
+
+def _apply(name: str, keys: list[str], segment: int) -> None:
+    """Type `keys` into the controls, see the change applied as `segment`, then let it run 6 steps (a sampled one)."""
+    _keys(name, keys)
     screen = _wait_for(name, f"(segment {segment}) on every rank", 60)
     k = int(re.search(rf"applied at step (\d+) \(segment {segment}\)", screen).group(1))
     deadline = time.monotonic() + 60
