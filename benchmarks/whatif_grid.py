@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import shutil
 import statistics
@@ -28,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from whatif_lab import measured  # noqa: E402
+
+from ddptop.metrics.whatif.rows import error_se  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = REPO / "profiles" / "whatif-lab.toml"
@@ -67,9 +68,11 @@ def one_job(model: str, link: str, measure: int, keep: Path | None
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copy(db, keep / f"whatif-{model}-{link}.db")
     rows = [r for r in json.loads(out.stdout)["predictions"] if r["segment"] not in (None, 0, 1)]
-    noise = {label(r): math.hypot(r["step_s_se"], r["measured_step_s_se"]) / truth[r["segment"]] for r in rows}
-    last = max(truth)  # the profile's last segment runs the fitted DDP 25 MB again: the job's own drift
-    drift = (truth[last] - truth[1]) / truth[1] if last > 8 else None
+    noise = {label(r): error_se(r["step_s_se"], r["measured_step_s_se"], truth[r["segment"]]) for r in rows}
+    # the profile's last segment runs the fitted DDP 25 MB again (the job's own drift): advise matched it to the
+    # fitted segment, so it is no row's
+    last = max(truth)
+    drift = (truth[last] - truth[1]) / truth[1] if last not in {r["segment"] for r in rows} else None
     return ({label(r): (r["step_s"] - truth[r["segment"]]) / truth[r["segment"]] for r in rows}, noise, truth[1],
             drift, took)
 

@@ -27,9 +27,7 @@ def candidates(rows: Sequence[Mapping[str, Any]], world_size: int, current_mb: f
                ) -> list[float]:
     """The `trials` (at most MAX_TRIALS) DDP bucket sizes predicted fastest on the run's own world size and link,
     ties by size; the size in force is left out (the starting segment measures it)."""
-    ddp = sorted((r for r in rows if r["strategy"] == "ddp" and r["bucket_mb"] is not None
-                  and r["world_size"] == world_size and r["link"] is None
-                  and float(r["bucket_mb"]) != float(current_mb)),
+    ddp = sorted((r for r in _ddp_rows(rows, world_size) if float(r["bucket_mb"]) != float(current_mb)),
                  key=lambda r: (r["step_s"], r["bucket_mb"]))
     out: list[float] = []
     for r in ddp:
@@ -40,8 +38,13 @@ def candidates(rows: Sequence[Mapping[str, Any]], world_size: int, current_mb: f
 
 def ddp_sizes(rows: Sequence[Mapping[str, Any]], world_size: int) -> list[float]:
     """Every DDP bucket size the what-if rows hold on the run's own world size and link, smallest first."""
-    return sorted({float(r["bucket_mb"]) for r in rows if r["strategy"] == "ddp" and r["bucket_mb"] is not None
-                   and r["world_size"] == world_size and r["link"] is None})
+    return sorted({float(r["bucket_mb"]) for r in _ddp_rows(rows, world_size)})
+
+
+def _ddp_rows(rows: Sequence[Mapping[str, Any]], world_size: int) -> Iterable[Mapping[str, Any]]:
+    """The what-if rows of DDP with a bucket size, on the run's own world size and link."""
+    return (r for r in rows if r["strategy"] == "ddp" and r["bucket_mb"] is not None
+            and r["world_size"] == world_size and r["link"] is None)
 
 
 def next_size(sizes: Sequence[float], measured: Mapping[float, float]) -> float | None:
