@@ -83,14 +83,15 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
         # the focus starts on strategy; enter in a number field applies the form
         _apply(name, ["Tab", *clear, "0.02", "Enter"], 1)  # bucket MB 25 → 0.02
         _apply(name, ["Tab", "Tab", *clear, "8", "Enter"], 2)  # → async → batch: 16 → 8
-        # ddp → allreduce: each key waits for the screen to show the one before it took effect. A Tab sent while
-        # the strategy list was still closing went to the list, so six Tabs reached scale_lr, not accum, and the
-        # Enter toggled it (a CI run under load); the edit shown below the form comes after the list gave focus back
+        # ddp → allreduce, then enter in accum (a number field) applies the form. Tabs are not counted here: in two
+        # CI runs under load six Tabs after the strategy list closed reached scale_lr, not accum (the Enter toggled
+        # it: 'Apply sends {'strategy': 'allreduce', 'scale_lr': True}'), once even after the form showed the edit
         _keys(name, [*["BTab"] * 3, "Enter"])
         _wait_for(name, "gather-scatter", 10)  # the strategy list is open
         _keys(name, ["Up", "Enter"])
         _wait_for(name, "Apply sends {'strategy': 'allreduce'}", 10)
-        _apply(name, [*["Tab"] * 6, "Enter"], 3)  # strategy → accum, a number field: enter applies the form
+        _tab_to(name, "accum")
+        _apply(name, ["Enter"], 3)
         _tmux("send-keys", "-t", name, "Escape")  # out of the form: keys reach the app again (space: pause)
         time.sleep(0.5)  # an escape followed at once by `1` reads as alt+1
         _tmux("send-keys", "-t", name, "1")  # the overview: the new segment's row fills in as it is measured
@@ -139,6 +140,32 @@ def _keys(name: str, keys: list[str]) -> None:
     for key in keys:
         _tmux("send-keys", "-t", name, *(["-l", key] if key[0].isdigit() else [key]))
         time.sleep(0.3)
+
+
+FIELD = re.compile(r"(strategy|bucket MB|async_op|batch size|lr warm-up|lr|scale_lr|accum|compress) {2,}")
+
+
+def _form(name: str) -> dict[str, str]:
+    """The controls' field lines as the terminal draws them (capture-pane -e: with their attributes), by label."""
+    out: dict[str, str] = {}
+    for line in _tmux("capture-pane", "-e", "-p", "-t", name).splitlines():
+        found = FIELD.match(re.sub(r"\x1b\[[0-9;]*m", "", line).strip())
+        if found:
+            out.setdefault(found.group(1), line)
+    return out
+
+
+def _tab_to(name: str, label: str) -> None:
+    """Tab until the number field `label` is drawn focused (bold): each Tab waits for the form to be redrawn."""
+    for _ in range(12):
+        form = _form(name)
+        if "\x1b[1m" in form.get(label, ""):
+            return
+        _keys(name, ["Tab"])
+        deadline = time.monotonic() + 10
+        while _form(name) == form and time.monotonic() < deadline:
+            time.sleep(0.2)
+    raise AssertionError(f"{label} never had the focus:\n{_screen(name)}")
 
 
 def _apply(name: str, keys: list[str], segment: int) -> None:
