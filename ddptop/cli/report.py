@@ -28,7 +28,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--segments", default="", metavar="LIST",
                    help="segments to show, e.g. 1,3-5 (in every FILE), or all; default: every segment with at least "
                         f"warm-up + {MIN_MEASURED} steps")
+    p.add_argument("--formats", default="png,svg,pdf", metavar="LIST",
+                   help="figure formats, png among them (report.html embeds it): png,svg,pdf (default) or png alone, "
+                        "about half the time")
     return p
+
+
+def parse_formats(spec: str) -> tuple[str, ...]:
+    """`png,svg` → ('png', 'svg'); PNG must be among them, nothing but png/svg/pdf."""
+    from ddptop.report.plot import FORMATS
+
+    chosen = tuple(dict.fromkeys(f.strip().lower() for f in spec.split(",") if f.strip()))
+    unknown = [f for f in chosen if f not in FORMATS]
+    if unknown or "png" not in chosen:
+        raise UsageError(f"--formats {spec!r}: a comma-separated list of png, svg, pdf with png in it")
+    return chosen
 
 
 def parse_segments(spec: str) -> set[int] | None:
@@ -79,6 +93,7 @@ def cmd_report(argv: Sequence[str]) -> int:
         raise UsageError("--warmup must be ≥ 0")
     if args.segments:
         parse_segments(args.segments)  # a bad list fails before any recording is read
+    formats = parse_formats(args.formats)
     from ddptop.report.runs import load
 
     several = len(args.files) > 1
@@ -97,10 +112,14 @@ def cmd_report(argv: Sequence[str]) -> int:
     except OSError as exc:
         raise UsageError(f"cannot create {out}: {exc.strerror}") from None
     try:
-        made, _ = write(runs, shown, left_out, out)
+        from ddptop.report.plot import formats as writing
+
+        with writing(formats):
+            made, _ = write(runs, shown, left_out, out)
     except OSError as exc:  # disk full, a file where a figure goes
         raise DdptopError(f"cannot write the report in {out}: {exc.strerror or exc}") from None
-    print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {len(made)} figures (PNG, SVG, PDF)")
+    kinds = ", ".join(f.upper() for f in formats)
+    print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {len(made)} figures ({kinds})")
     return 0
 
 

@@ -111,9 +111,10 @@ def render(blocks: list[tuple]) -> str:
             out += _table(block[1], block[2]) + [""]
         elif kind == "figure":
             made = block[1]
-            png, svg, pdf = made.data["files"]
+            png, *others = made.data["files"]
+            links = " · ".join(f"[{f.rsplit('.', 1)[1].upper()}]({f})" for f in others)
             out += [f"![{made.title}]({png})", "",
-                    f"*What this shows:* {untrusted(made.finding, None)} ([SVG]({svg}) · [PDF]({pdf}))", ""]
+                    f"*What this shows:* {untrusted(made.finding, None)}" + (f" ({links})" if links else ""), ""]
     return "\n".join(out)
 
 

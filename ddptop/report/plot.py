@@ -1,12 +1,14 @@
 """Matplotlib plumbing for report figures: one style, PNG/SVG/PDF output, and the plotted values read back.
 
-`save` writes every figure three ways and returns what the figure holds (bar heights, whisker ends, line points,
+`save` writes every figure as PNG, SVG and PDF (or PNG only, `formats`) and returns what the figure holds (bar heights, whisker ends, line points,
 shaded segments) read back from matplotlib's own artists, so `figures.json` and the tests see what was drawn,
 not a second computation of it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,6 +25,9 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 DPI = 160  # PNG resolution: the issue asks for ≥ 150
 FORMATS = ("png", "svg", "pdf")
+# the formats `save` writes (`report --formats`): PNG always (report.html embeds it); SVG and PDF draw each figure
+# again, about half of a report's CPU time, so a report only read on screen can leave them out
+_FORMATS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("formats", default=FORMATS)
 LOG_SPAN = 10.0  # a value axis goes logarithmic when its positive values span more than 10×
 PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974",
            "#64B5CD")
@@ -126,18 +131,29 @@ def note(fig, text: str) -> None:
     fig.text(0.01, 0.005, text, fontsize=8, color="#555555", ha="left", va="bottom")
 
 
+@contextlib.contextmanager
+def formats(chosen: Sequence[str]):
+    """Within the block, `save` writes only these formats (PNG among them), in FORMATS' order."""
+    token = _FORMATS.set(tuple(f for f in FORMATS if f in chosen))
+    try:
+        yield
+    finally:
+        _FORMATS.reset(token)
+
+
 def save(fig, out: Path, name: str, title: str) -> dict[str, Any]:
-    """Write NAME.png (DPI), .svg and .pdf; return the figure's plotted data, read back from its artists."""
+    """Write NAME.png (DPI), and .svg and .pdf unless `formats` says otherwise; return the figure's plotted data,
+    read back from its artists."""
     fig.suptitle(title, fontsize=12, fontweight="bold")
     with plt.rc_context(STYLE):
         fig.tight_layout(rect=(0, 0.03, 1, 1))
         # the tight box once (legends outside included), not once per format: drawing is most of a report's time
         box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)
         data = readback(fig)  # after the tight box: it places the axis labels where the layout left the axes
-        for fmt in FORMATS:
+        for fmt in _FORMATS.get():
             fig.savefig(out / f"{name}.{fmt}", dpi=DPI, bbox_inches=box, metadata=_metadata(fmt))
     plt.close(fig)
-    return {"title": title, "files": [f"{name}.{fmt}" for fmt in FORMATS], "axes": data, "notes": notes(fig)}
+    return {"title": title, "files": [f"{name}.{fmt}" for fmt in _FORMATS.get()], "axes": data, "notes": notes(fig)}
 
 
 def _metadata(fmt: str) -> dict:

@@ -151,7 +151,7 @@ def test_a_recording_keeps_the_spec_as_text_and_nothing_imports_it(regression):
         config = json.loads(db.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()[0])
     assert (config["model"], config["dataset"], config["loss"]) == ("mine.py:model", "mine.py:data", "mse")
     for argv in (["info", record], ["export", "--csv", str(folder / "csv"), record],
-                 ["replay", "--headless", "--instant", record], ["report", "-o", str(folder / "report"), record]):
+                 ["replay", "--headless", "--instant", record], ["report", "-o", str(folder / "report"), "--formats", "png", record]):
         result = ddptop(*argv, cwd=folder, timeout=120)
         assert result.returncode == 0, (argv, result.stderr[-2000:])
     assert "mine.py:model" in ddptop("info", record, cwd=folder).stdout

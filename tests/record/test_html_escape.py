@@ -107,7 +107,7 @@ def hostile_report(recording, tmp_path_factory):
     with sqlite3.connect(path) as db:
         poison(db)
     db.close()
-    assert main(["report", str(path), "-o", str(folder / "report")]) == 0
+    assert main(["report", str(path), "-o", str(folder / "report"), "--formats", "png"]) == 0
     return (folder / "report" / "report.html").read_text()
 
 

@@ -46,7 +46,7 @@ def with_gpus(smoke, tmp_path_factory):
     writer.handle(out)
     writer.close()
     report = folder / "report"
-    assert main(["report", str(path), "-o", str(report)]) == 0
+    assert main(["report", str(path), "-o", str(report), "--formats", "png"]) == 0
     return report
 
 

@@ -25,7 +25,7 @@ def report(tmp_path_factory):
     if not LAB.exists():
         pytest.skip("recordings/cs744-lab.db is not in this checkout")
     out = tmp_path_factory.mktemp("cs744-lab")
-    assert main(["report", str(LAB), "-o", str(out)]) == 0
+    assert main(["report", str(LAB), "-o", str(out), "--formats", "png"]) == 0
     return (out / "report.md").read_text(), json.loads((out / "figures.json").read_text())
 
 
@@ -50,7 +50,7 @@ def test_a_rising_loss_is_flagged_with_the_recordings_numbers(tmp_path):
         db.execute("UPDATE steps SET loss = loss * (1 + step)")
         means = dict(db.execute("SELECT step, avg(loss) FROM steps GROUP BY step ORDER BY step").fetchall())
     out = tmp_path / "out"
-    assert main(["report", str(copy), "-o", str(out)]) == 0
+    assert main(["report", str(copy), "-o", str(out), "--formats", "png"]) == 0
     text, figures = (out / "report.md").read_text(), json.loads((out / "figures.json").read_text())
     start, recent = min(means[s] for s in range(3)), statistics.fmean(means[s] for s in range(5, 10))
     (warning,) = [line for line in text.splitlines() if "Training went wrong" in line]

@@ -85,7 +85,7 @@ def buckets(tmp_path_factory):
     if not (LAB / "cs744-lab-buckets.db").exists():
         pytest.skip("recordings/cs744-lab-buckets.db is not in this checkout")
     out = tmp_path_factory.mktemp("buckets")
-    assert main(["report", str(LAB / "cs744-lab-buckets.db"), "-o", str(out)]) == 0
+    assert main(["report", str(LAB / "cs744-lab-buckets.db"), "-o", str(out), "--formats", "png"]) == 0
     return out, json.loads((out / "figures.json").read_text()), {int(r["segment"]): r
                                                                  for r in table_rows(out / "report.md")}
 

@@ -49,7 +49,7 @@ def report(tmp_path_factory):
     if not RECORDING.exists():
         pytest.skip("recordings/cs744-lab.db is not in this checkout")
     out = tmp_path_factory.mktemp("reference")
-    assert main(["report", str(RECORDING), "-o", str(out)]) == 0
+    assert main(["report", str(RECORDING), "-o", str(out), "--formats", "png"]) == 0
     return out
 
 
@@ -101,7 +101,7 @@ def test_a_malformed_reference_is_one_line_and_the_report_goes_on(tmp_path, monk
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "published figures left out" in err and "step_s must be seconds" in err
     if RECORDING.exists():
-        assert main(["report", str(RECORDING), "-o", str(tmp_path / "out")]) == 0
+        assert main(["report", str(RECORDING), "-o", str(tmp_path / "out"), "--formats", "png"]) == 0
         assert "Beside the published figures" not in (tmp_path / "out" / "report.md").read_text()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import sqlite3
 import subprocess
@@ -82,11 +83,30 @@ def test_table_numbers_equal_the_recording(smoke):
 def test_several_recordings_give_a_scaling_table(smoke, tmp_path):
     record, _ = smoke
     out = tmp_path / "both"
-    assert main(["report", str(record), str(record), "-o", str(out)]) == 0
+    assert main(["report", str(record), str(record), "-o", str(out), "--formats", "png"]) == 0
     text = (out / "report.md").read_text()
     assert "## Scaling" not in text  # the same world size twice is no scaling experiment
     assert text.count("| smoke#1:") == text.count("| smoke#2:") == len(SMOKE_SEGMENTS)
     assert "**smoke" not in text and ":**:" not in text  # issue 16: the headline read `**cs744-compare:**:`
+
+
+def test_formats_png_writes_only_png_and_links_nothing_else(smoke, tmp_path, capsys):
+    """`--formats png` (what most tests use: SVG and PDF draw every figure again): only PNGs on disk, the page
+    links no SVG/PDF, and the figures' data equal the full report's; a list without png is one line, exit 2."""
+    record, full = smoke
+    out = tmp_path / "png"
+    assert main(["report", str(record), "-o", str(out), "--formats", "png"]) == 0
+    assert "figures (PNG)" in capsys.readouterr().out
+    made = {p.suffix for p in out.iterdir() if p.suffix in (".png", ".svg", ".pdf")}
+    assert made == {".png"} and {p.suffix for p in full.iterdir()} >= {".png", ".svg", ".pdf"}
+    text = (out / "report.md").read_text()
+    assert ".svg)" not in text and ".pdf)" not in text and ".png)" in text
+    drop = lambda figs: {k: {**v, "files": None} for k, v in figs.items()}  # noqa: E731
+    assert drop(json.loads((out / "figures.json").read_text())) == drop(json.loads((full / "figures.json").read_text()))
+    for spec in ("svg", "png,gif", ""):
+        assert main(["report", str(record), "-o", str(tmp_path / "x"), "--formats", spec]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--formats" in err[0], err
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):

@@ -64,7 +64,7 @@ def test_report_on_a_million_steps_stays_under_200_mb(tmp_path):
     db = sqlite3.connect(big)
     assert db.execute("SELECT count(*) FROM steps").fetchone()[0] == ROWS
     done = subprocess.run([sys.executable, "-c", MEASURE, sys.executable, "-m", "ddptop", "report", str(big), "-o",
-                           str(out)], capture_output=True, text=True, timeout=600)
+                           str(out), "--formats", "png"], capture_output=True, text=True, timeout=600)
     measured = json.loads(done.stdout)
     assert measured["rc"] == 0, measured["err"]
     print(f"report of {ROWS} step rows: peak RSS {measured['peak_mb']:.0f} MB, CPU {measured['cpu_s']:.1f} s")
@@ -83,7 +83,7 @@ def test_report_on_a_million_steps_stays_under_200_mb(tmp_path):
 def test_shipped_reports_keep_their_tables(tmp_path, name):
     out = tmp_path / name
     done = subprocess.run([sys.executable, "-m", "ddptop", "report", str(ROOT / "recordings" / f"{name}.db"), "-o",
-                           str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           str(out), "--formats", "png"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     tables = lambda text: [line for line in text.splitlines() if line.startswith("|")]  # noqa: E731
     shipped = tables((ROOT / "docs" / "reports" / name / "report.md").read_text())

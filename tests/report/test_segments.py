@@ -27,7 +27,7 @@ def test_the_live_switch_made_one_short_segment(switched):
 def test_by_default_short_segments_are_left_out_and_the_report_says_so(switched, tmp_path, capsys):
     record, _ = switched
     out = tmp_path / "default"
-    assert main(["report", str(record), "-o", str(out)]) == 0
+    assert main(["report", str(record), "-o", str(out), "--formats", "png"]) == 0
     assert [r["segment"] for r in table_rows(out / "report.md")] == ["0", "2"]
     err = capsys.readouterr().err
     page = (out / "report.md").read_text()
@@ -41,11 +41,11 @@ def test_by_default_short_segments_are_left_out_and_the_report_says_so(switched,
 
 def test_segments_all_and_a_chosen_list(switched, tmp_path):
     record, _ = switched
-    assert main(["report", str(record), "-o", str(tmp_path / "all"), "--segments", "all"]) == 0
+    assert main(["report", str(record), "-o", str(tmp_path / "all"), "--segments", "all", "--formats", "png"]) == 0
     assert [r["segment"] for r in table_rows(tmp_path / "all" / "report.md")] == ["0", "1", "2"]
     figures = json.loads((tmp_path / "all" / "figures.json").read_text())
     assert figures["step_time"]["axes"][0]["xticklabels"] == ["allreduce", "gather-scatter", "ddp"]
-    assert main(["report", str(record), "-o", str(tmp_path / "some"), "--segments", "1-2"]) == 0
+    assert main(["report", str(record), "-o", str(tmp_path / "some"), "--segments", "1-2", "--formats", "png"]) == 0
     assert [r["segment"] for r in table_rows(tmp_path / "some" / "report.md")] == ["1", "2"]
     assert "left out: segment" not in (tmp_path / "some" / "report.md").read_text()
 

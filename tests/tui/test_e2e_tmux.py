@@ -129,7 +129,7 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
     assert os.path.samefile(path, os.path.join(tmp_path, shown)) and os.path.dirname(path) == str(runs)
     assert f"ddptop report {said.group(2)} -o " in after
     _check_recording(path)
-    report = subprocess.run([sys.executable, "-m", "ddptop", "report", path, "-o", str(tmp_path / "report")],
+    report = subprocess.run([sys.executable, "-m", "ddptop", "report", path, "-o", str(tmp_path / "report"), "--formats", "png"],
                             capture_output=True, text=True, timeout=180)
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "report" / "report.md").read_text()
