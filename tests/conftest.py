@@ -12,18 +12,7 @@ import pytest  # noqa: E402
 
 from skips import ci_failure  # noqa: E402
 
-# Tests whose assertions are about time, link rates or CPU shares: `make test` runs them on their own, after the
-# rest has run two at a time (pytest-xdist), so that no other test competes with them for the two cores.
-# A lab's functional tests (test_lifecycle, test_lab_ctrl_c, test_refusals: what is left, exit codes, lines) run with
-# the rest; two labs at once are apart (each its own namespaces, bridge and cgroups, named by its tag).
-ALONE = ("tests/lab/test_course.py", "tests/lab/test_truth.py", "tests/lab/test_links.py",
-         "tests/lab/test_cgroup_weight.py", "tests/lab/test_wire_bytes.py", "tests/lab/test_straggler_clocks.py",
-         "tests/lab/test_hints_link.py", "tests/lab/test_outage.py", "tests/lab/test_tune_lab.py",
-         "tests/ranks/test_timing_truth.py", "tests/ranks/test_micro_steps_truth.py")
-# Not here: tests/tui/test_e2e_tmux.py (a real terminal; it asserts what the screen and the recording say, not how
-# fast: it passed in four runs under -n 2 beside test_tune, test_generic_attack and gpu_check --cpu) and the report's
-# memory test (tests/report/test_report_memory.py: peak RSS, and CPU seconds, which a neighbour on the other core
-# hardly moves: 26.9 CPU-s alone against its 60 s bound).
+from phases import ALONE, LAB  # noqa: E402  (which files run alone, which are the lab's: one list, phases.py)
 
 
 def _skip_to_failure(report, path: str) -> None:
@@ -33,9 +22,6 @@ def _skip_to_failure(report, path: str) -> None:
         line = ci_failure(path, reason)
         if line:
             report.outcome, report.longrepr = "failed", line
-
-
-LAB = "tests/lab/"  # network namespaces, shaped links, CPU quotas (root): `make lab-test`, which CI runs after `make test`
 
 
 def pytest_collection_modifyitems(config, items):
