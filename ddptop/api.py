@@ -43,6 +43,11 @@ from ddptop.probes.own import now
 from ddptop.train.loop import build_for, exchange, model_layout, resync
 from ddptop.train.sync_state import broadcast_state, fingerprint
 
+# what `ctl set` may change in a job whose loop is the user's: the strategy ddptop builds around the model applies
+# these; every other setting ddptop's own loop applies is the script's (OWNED_BY_LOOP), refused by rank 0
+OWN_SETTINGS = ("strategy", "bucket_mb", "async_op", "compress")
+OWNED_BY_LOOP = {"batch_size": "DataLoader", "lr": "optimizer and scheduler",
+                 "accum": "steps (one job.step is one optimizer step)", "lr_warmup_steps": "optimizer and scheduler"}
 LOST_AFTER_S = 10.0  # the front marks a rank lost after this long without a heartbeat (ddptop's own default)
 _joined: list["Job"] = []  # one job per process: torch has one default process group
 
@@ -269,13 +274,12 @@ class Job:
                                       sync_bytes=sync_bytes, switch_s=switch_s))
 
     def _check(self, sync: SyncConfig) -> None:
-        """Rank 0 refuses what the user's loop owns before any rank sees it."""
-        if sync.batch_size != self._owned.batch_size:
-            raise UsageError("batch_size belongs to this loop's own DataLoader: ddptop cannot change it "
-                             "(strategy, bucket_mb and async_op can be set)")
-        if sync.lr != self._owned.lr:
-            raise UsageError("lr belongs to this loop's own optimizer and scheduler: ddptop cannot change it "
-                             "(strategy, bucket_mb and async_op can be set)")
+        """Rank 0 refuses what the user's loop owns before any rank sees it: a segment that said accum=4 or a
+        warm-up would record a run that never happened (the script's loop steps and schedules on its own)."""
+        for name, owner in OWNED_BY_LOOP.items():
+            if getattr(sync, name) != getattr(self._owned, name):
+                raise UsageError(f"{name} belongs to this loop's own {owner}: ddptop cannot change it "
+                                 f"(an own loop takes {', '.join(OWN_SETTINGS[:-1])} and {OWN_SETTINGS[-1]})")
 
     # -- phases, from hooks ---------------------------------------------------------------------------------
     def _mark(self, phase: str) -> None:

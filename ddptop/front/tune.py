@@ -11,6 +11,8 @@ from typing import Any, Callable
 from ddptop.control import keys
 from ddptop.events import Event, RunStarted, TuneAsked, TuneNote, TuneTrial
 from ddptop.metrics import tune
+from ddptop.metrics.tables import describe
+from ddptop.safe import clean
 
 POLL_S = 0.2  # the feed applies events every 0.2 s (front.feed.POLL_S): looking more often finds nothing new
 FIT_WAIT_S = 300.0  # the segment in force must fit (a sampled step: every 10th) and hold STEPS steps after warm-up
@@ -21,6 +23,10 @@ NO_TRIAL = TuneTrial(0, 0.0, 0, 0, 0.0)
 
 class Stopped(Exception):
     """The tune cannot go on; the note says why."""
+
+
+class Interrupted(Stopped):
+    """Another request changed the job during the tune: the next trial would measure another configuration."""
 
 
 class Tuner:
@@ -37,6 +43,10 @@ class Tuner:
         self._request = 0
         self._client = None  # the tuner thread's own control client
         self._start_trial = NO_TRIAL
+        self._base: dict | None = None  # the start's configuration: every trial is it but for bucket_mb
+        self._since = -1  # segments after this one are the tune's own trials, or an interruption
+        self._last_mb = 0.0  # the size the tuner's newest applied set gave (0: none yet)
+        self._pending: tuple[int, float] | None = None  # the tuner's set not yet applied: (request id, its size)
 
     def handle(self, events: list[Event]) -> None:
         for e in events:
@@ -62,12 +72,13 @@ class Tuner:
 
     def _run(self, request_id: int) -> None:
         trials: list[TuneTrial] = []
-        self._start_trial = NO_TRIAL
+        self._start_trial, self._base, self._since, self._last_mb, self._pending = NO_TRIAL, None, -1, 0.0, None
         try:
             note = self._tune(request_id, trials)
         except Exception as exc:  # Stopped; the channel went away; a bug: said in the note, never a thread's traceback
             why = str(exc) if isinstance(exc, Stopped) else f"{type(exc).__name__}: {exc}"
-            note = TuneNote(request_id, self._start_trial, tuple(trials), 0.0, 0.0, why, time.time())
+            note = TuneNote(request_id, self._start_trial, tuple(trials), 0.0, 0.0, why + self._restore(),
+                            time.time())
         if self.derived is not None:
             self.derived.add([note])  # out with the next pump, or the feed's last drain (close() joined us)
         if request_id:
@@ -81,6 +92,7 @@ class Tuner:
         first, last = tune.start_steps(snap.history, fig.index, fig.first_step, fig.warmup, self.steps)
         start = self._start_trial = TuneTrial(fig.index, start_mb, first, last,
                                               *tune.measured(snap.history, snap.world_size, fig.index, first, last))
+        self._base, self._since = dict(snap.config), fig.index  # from here on a foreign segment ends the tune
         sizes = tune.candidates(snap.whatif.rows, snap.world_size, start_mb, self.trials)
         if not sizes:
             raise Stopped("the what-if model predicts no other bucket size")
@@ -120,8 +132,21 @@ class Tuner:
 
     def _switch(self, mb: float) -> int:
         """`set bucket_mb=mb` as `ddptop ctl set` sends it; the segment it started once every rank applied it."""
+        request_id = self._control().request("set", {"bucket_mb": mb})
+        self._pending = (request_id, mb)
+        try:
+            segment = self._applied(request_id, mb)
+        except Interrupted:
+            raise  # still queued at rank 0: _restore lets it land before deciding
+        except Exception:
+            self._pending = None  # refused, or never applied: the size in force is the one before
+            raise
+        self._pending, self._last_mb = None, mb
+        return segment
+
+    def _applied(self, request_id: int, mb: float) -> int:
+        """The segment the tuner's request `request_id` (bucket_mb=mb) started, once every rank applied it."""
         client = self._control()
-        request_id = client.request("set", {"bucket_mb": mb})
 
         def applied(_snap):
             answer = client.poll(request_id)
@@ -140,6 +165,7 @@ class Tuner:
             if self._halt.is_set():
                 raise Stopped("the run ended during the tune")
             snap = self.state.snapshot()
+            self._check_segments(snap)
             value = found(snap)
             if value is not None:
                 return value
@@ -148,6 +174,43 @@ class Tuner:
             if time.monotonic() > deadline:
                 raise Stopped(f"{late} within {timeout_s:g} s")
             self._halt.wait(POLL_S)
+
+    def _check_segments(self, snap) -> None:
+        """Interrupted when a segment since the start is not one of the tune's own trials: another client's `set`
+        (or a request merged with the tune's during a pause) changed the job, and a trial measured from now on
+        would measure that configuration under a bucket size's label. A tune's own segment runs the start's
+        configuration but for bucket_mb."""
+        if self._base is None:
+            return
+        mine = clean(self._control().who, 120)  # as rank 0 records it (control.commands.read_request)
+        seg = tune.foreign(snap.segments, self._since, mine, self._base)
+        if seg is not None:
+            raise Interrupted(f"segment {seg.index} ({describe(seg.config)}, asked by {seg.who}) changed the job "
+                              "during the tune")
+
+    def _restore(self) -> str:
+        """After a tune that stopped while the job runs on one of its trial sizes: the size it started from, set
+        again (the rest of the configuration in force stays); what happened, as the end of the note's reason. A
+        bucket size someone else set since, another strategy, or a run that ended is left as it is."""
+        base, self._base = self._base, None  # no longer checking: the switch back is the tuner's own
+        pending, self._pending = self._pending, None
+        if base is None or (not self._last_mb and pending is None) or self._halt.is_set() \
+                or self.state.snapshot().finished:
+            return ""
+        start_mb = self._start_trial.bucket_mb
+        try:
+            if pending is not None:  # the tuner's own set, still queued at rank 0, lands first: then decide
+                segment = self._applied(*pending)
+                self._last_mb = pending[1]
+                self._wait(lambda s: s.segment >= segment or None, TRIAL_WAIT_S, f"segment {segment} did not start")
+            config = self.state.snapshot().config
+            if config.get("strategy") != "ddp" or float(config.get("bucket_mb", 0)) != self._last_mb \
+                    or self._last_mb == start_mb:
+                return ""
+            self._switch(start_mb)
+        except Exception as exc:  # the run ended, or the switch back was refused: the note says which
+            return f"; could not go back to {start_mb:g} MB ({exc})"
+        return f"; back on {start_mb:g} MB"
 
     def _control(self):
         if self._client is None:

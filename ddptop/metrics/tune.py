@@ -65,6 +65,19 @@ def next_size(sizes: Sequence[float], measured: Mapping[float, float]) -> float 
     return None
 
 
+def foreign(segments: Iterable[Any], since: int, tuner: str, base: Mapping[str, Any]) -> Any | None:
+    """The first segment after `since` (the start's) that is not one of the tune's own trials, else None. Each of
+    `segments` has `index`, `who` and `config` (state.views.Segment). A trial is asked by `tuner` and runs `base`
+    (the start's configuration) but for bucket_mb; anything else is another client's `set`: one that landed
+    between two trials (the next trial's request then carries its change), or during one, or that a pause merged
+    with the tuner's. A trial measured after it would measure another configuration under a bucket size's label."""
+    def but_bucket(config: Mapping[str, Any]) -> dict:
+        return {k: v for k, v in config.items() if k != "bucket_mb"}
+
+    return next((s for s in segments if s.index > since and (s.who != tuner or
+                                                             but_bucket(s.config) != but_bucket(base))), None)
+
+
 def trial_steps(first_step: int, warmup: int, steps: int = STEPS) -> tuple[int, int]:
     """(first, last) step a trial segment that began at `first_step` is measured over: the first `steps` after its
     warm-up, a fixed window, so the measurement does not depend on when the tuner looked."""

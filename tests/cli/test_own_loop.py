@@ -13,8 +13,12 @@ import sqlite3
 import subprocess
 import sys
 
+import dataclasses
+
 import torch
 
+from ddptop.api import OWN_SETTINGS, OWNED_BY_LOOP
+from ddptop.config import SyncConfig
 from jobs import torchrun
 from test_ctl_cli import ctl, wait_for_status
 from test_run_cli import assert_one_line_error
@@ -66,6 +70,14 @@ while True:
     epoch += 1
 '''
 SWITCHES = ["single", "gather-scatter", "ddp"]
+OWN_TAKES = "an own loop takes strategy, bucket_mb, async_op and compress"
+
+
+def test_every_setting_is_either_an_own_loops_or_refused():
+    """A setting added to SyncConfig (what `ctl set` changes) is either applied by the strategy an own loop runs
+    or refused by its rank 0: never accepted and recorded without anything applying it."""
+    fields = {f.name for f in dataclasses.fields(SyncConfig)}
+    assert set(OWN_SETTINGS) | set(OWNED_BY_LOOP) == fields and not set(OWN_SETTINGS) & set(OWNED_BY_LOOP)
 
 
 def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by_step(tmp_path):
@@ -82,6 +94,10 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
         # the loader and the optimizer are the script's: rank 0 refuses to change them, in one line (exit 1)
         assert_one_line_error(ctl("set", "batch_size=8", env=env), 1, "batch_size belongs to this loop's own")
         assert_one_line_error(ctl("set", "lr=0.5", env=env), 1, "lr belongs to this loop's own")
+        # the steps and the scheduler are the script's too: accumulation and warm-up would be recorded, never run
+        for change in ("accum=4", "lr_warmup_steps=50", "accum=2 compress=fp16"):
+            assert_one_line_error(ctl("set", *change.split(), env=env), 1,
+                                  f"{change.split('=')[0]} belongs to this loop's own", OWN_TAKES)
         assert ctl("stop", env=env).returncode == 0
         out, err = job.communicate(timeout=90)
     assert job.returncode == 0 and "Traceback" not in err, err
@@ -100,6 +116,11 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
                                   "ORDER BY step", (rank,)).fetchall() for rank in (0, 1)}
         spans = dict(db.execute("SELECT rank, count(*) FROM spans GROUP BY rank").fetchall())
         samples = db.execute("SELECT count(*) FROM system").fetchone()[0]
+        # no segment, on any rank, ran (or claimed to run) what the script's loop never applies
+        owned = db.execute("SELECT count(*), sum(json_extract(data, '$.config.accum') != 1), "
+                           "sum(json_extract(data, '$.config.lr_warmup_steps') != 0), "
+                           "sum(json_extract(data, '$.config.compress') != 'none') FROM events "
+                           "WHERE kind = 'config_applied'").fetchone()
         finished = {r: (reason, print_) for r, reason, print_ in db.execute(
             "SELECT rank, json_extract(data, '$.reason'), json_extract(data, '$.fingerprint') FROM events "
             "WHERE kind = 'run_finished'")}
@@ -108,6 +129,7 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
     per_rank = {rank: [(step, seg, fp, strat) for r, step, seg, fp, strat in segments if r == rank] for rank in (0, 1)}
     assert [s[3] for s in per_rank[0]] == ["allreduce", *SWITCHES], segments
     assert [s[:3] for s in per_rank[0]] == [s[:3] for s in per_rank[1]], segments
+    assert owned == (2 * len(per_rank[0]), 0, 0, 0), owned
     assert [s[0] for s in per_rank[0][1:]] == applied, (segments, applied)
     # every step the script ran, with the loss it computed itself
     for rank in (0, 1):

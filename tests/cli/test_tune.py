@@ -214,3 +214,59 @@ def test_the_same_tune_command_on_every_node_tunes_once_from_rank_0(tmp_path):
     assert "tune" not in w_out + w_err, w_err
     note = check_tune_recording(tmp_path / "run.db")
     assert note["kept_mb"] > 0 and out.count("tune bucket: kept ") == 1, out
+
+
+def test_a_set_during_the_tune_ends_it_and_puts_the_start_size_back_by_sql(tmp_path):
+    """Another client's `set batch_size=32` while the first trial runs: the tune ends at once (no trial is measured
+    at batch 32 under a bucket size's label), says so in one line (exit 1) and in its note, and sets the size it
+    started from again on top of the user's change, which stays. The set is sent in this process as soon as the
+    first trial's segment is printed: it lands within a step or two, ~60 steps before the tune could end."""
+    port = free_port()
+    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
+        client = connect(port, TOKEN)
+        done: list[subprocess.CompletedProcess] = []
+        tune = threading.Thread(target=lambda: done.append(_ctl(port, "tune", "bucket", "--timeout", "200")))
+        tune.start()
+        for line in proc.stdout:  # the first trial's segment started
+            if "asked by tune@" in line:
+                break
+        asked = client.request("set", {"batch_size": 32})
+        tune.join(timeout=300)
+        answer = client.poll(asked)
+        _stop(proc, port)
+    assert answer is not None and answer.get("state") == "applied", answer
+    said = done[0]
+    assert said.returncode == 1 and said.stdout == "" and len(said.stderr.strip().splitlines()) == 1, said
+    assert said.stderr.startswith("ddptop: tune bucket stopped: segment ") and "asked by ctl@" in said.stderr and \
+        said.stderr.strip().endswith("changed the job during the tune; back on 25 MB"), said.stderr
+    with sqlite3.connect(tmp_path / "run.db") as con:
+        notes = [json.loads(d) for (d,) in con.execute("SELECT data FROM events WHERE kind = 'tune_note'")]
+        segments = {seg: (who, json.loads(config)) for seg, who, config in con.execute(
+            """SELECT json_extract(data, '$.segment'), json_extract(data, '$.who'), json_extract(data, '$.config')
+               FROM events WHERE kind = 'config_applied' AND rank = 0""")}
+        last = con.execute("""SELECT json_extract(data, '$.who'), json_extract(data, '$.config') FROM events
+                              WHERE kind = 'config_applied' ORDER BY seq DESC LIMIT 1""").fetchone()
+        measured_batches = [con.execute("""SELECT DISTINCT batch_size FROM steps WHERE segment = ? AND step BETWEEN ?
+                                           AND ?""", (t["segment"], t["first_step"], t["last_step"])).fetchall()
+                            for t in (notes[0]["trials"] if notes else [])]
+    assert len(notes) == 1 and notes[0]["kept_mb"] == 0, notes
+    note = notes[0]
+    assert note["reason"].endswith("changed the job during the tune; back on 25 MB"), note
+    assert said.stderr.strip() == f"ddptop: tune bucket stopped: {note['reason']}"
+    start = segments[note["start"]["segment"]][1]
+    assert start["batch_size"] == 64 and start["bucket_mb"] == 25.0, start
+
+    def but_bucket(config):
+        return {k: v for k, v in config.items() if k != "bucket_mb"}
+
+    for trial in note["trials"]:  # each measured trial ran the start's configuration but for its bucket size
+        who, config = segments[trial["segment"]]
+        assert who.startswith("tune@") and but_bucket(config) == but_bucket(start), (trial, config)
+    assert all(rows == [(64,)] for rows in measured_batches), measured_batches
+    # every segment the tune started before the user's set ran batch 64; the user's set and the switch back follow
+    tuned = [(seg, config) for seg, (who, config) in sorted(segments.items()) if who.startswith("tune@")]
+    users = [seg for seg, (who, config) in segments.items() if who.startswith("ctl@") and config["batch_size"] == 32]
+    assert len(users) == 1 and tuned[-1][0] > users[0], (segments, users)
+    assert all(c["batch_size"] == 64 for s, c in tuned[:-1]) and all(s < users[0] for s, _ in tuned[:-1]), tuned
+    who, config = last[0], json.loads(last[1])
+    assert who.startswith("tune@") and config["bucket_mb"] == 25.0 and config["batch_size"] == 32, last

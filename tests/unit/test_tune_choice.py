@@ -86,3 +86,28 @@ def test_the_walk_goes_up_when_the_largest_is_fastest_and_stops_at_the_grids_end
     assert tune.next_size(grid, {25.0: 0.5, 10.0: 0.7, 50.0: 0.7}) is None  # the start, between two slower
     assert tune.next_size(grid, {1.0: 0.4, 5.0: 0.5}) is None  # the smallest of the grid is fastest
     assert tune.next_size(grid, {}) is None
+
+
+def test_a_segment_the_tune_did_not_start_as_its_own_trial_is_foreign():
+    """The tune's own trials: asked by the tuner, the start's configuration but for bucket_mb. A `set` between two
+    trials shows as the next trial carrying its change (batch 32 under 10 MB's label), or as a segment of its own;
+    during a pause the tuner's request merges into the user's (the user's `who`)."""
+    from ddptop.state.views import Segment
+
+    base = {"strategy": "ddp", "bucket_mb": 25.0, "batch_size": 64, "lr": 0.1, "accum": 1, "compress": "none"}
+    tuner = "tune@host:7"
+
+    def seg(index, who, **changes):
+        return Segment(index, index * 30, {**base, **changes}, who, 0.0)
+
+    # the start is segment 1 (a user's batch 32): what came before it is no part of the tune
+    before = [seg(0, "run"), seg(1, "ctl@host:9", batch_size=32)]
+    assert tune.foreign([*before, seg(2, tuner, bucket_mb=5.0, batch_size=32)], 1, tuner, before[1].config) is None
+    trials = [seg(2, tuner, bucket_mb=5.0), seg(3, tuner, bucket_mb=10.0)]
+    assert tune.foreign([before[0], *trials], 0, tuner, base) is None
+    carried = seg(4, tuner, bucket_mb=1.0, batch_size=32)  # a set between trials 3 and 4, carried by the tune's
+    assert tune.foreign([*trials, carried], 0, tuner, base) is carried
+    own = seg(4, "ctl@host:9", compress="fp16")
+    assert tune.foreign([*trials, own, seg(5, tuner, bucket_mb=1.0, compress="fp16")], 0, tuner, base) is own
+    merged = seg(4, "ctl@host:9", bucket_mb=1.0)  # the same configuration, asked by someone else
+    assert tune.foreign([*trials, merged], 0, tuner, base) is merged

@@ -60,17 +60,19 @@ class DDP(Strategy):
 
     def trial_sync(self) -> None:
         """The mean gradient DDP's buckets would give, one all_reduce per parameter (the trial step only;
-        fp16/bf16 cast as the hook would, PowerSGD sends this one step whole)."""
+        fp16/bf16 cast and divided by N before the sum as the hook does, so the sum cannot pass fp16's 65504 where
+        the mean does not; PowerSGD sends this one step whole)."""
         n, dtype = self.world_size, self.wire_dtype()
         for name, param in self.named_params:
             grad = self.grad(param)
-            sent = grad if dtype is None else grad.to(dtype)
+            sent = grad if dtype is None else grad.to(dtype).div_(n)
             size = sent.numel() * sent.element_size()
             start = self.comm.arrive()
             dist.all_reduce(sent, op=dist.ReduceOp.SUM)
-            if sent is not grad:
+            if sent is grad:
+                grad.div_(n)
+            else:
                 grad.copy_(sent)
-            grad.div_(n)
             self.comm.add(f"allreduce {name}", start, self.comm.now(), size, *wire.ring_allreduce(size, n))
 
     def hook(self, bucket):
