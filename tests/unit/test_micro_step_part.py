@@ -22,48 +22,72 @@ from ddptop.report.analysis import SegmentStats
 K = 3
 SLEEP_S = 0.010  # each micro-step's forward, backward and loading of the next batch
 TEST_S = 0.030  # an epoch's test pass while a micro-step loads its batch: set aside, no step's time
-SLACK_S = 0.02  # a sleep overshoots by ~0.1 ms idle; a 2-core machine at load ~4, by a few ms
 
 
-def run_step(probe: StepProbe, step: int, accum: int) -> None:
-    """One step as train.loop._micro_steps marks it, every phase a known sleep."""
+class Watch:
+    """The test's own clock around the probe's marks: each sleep as it really lasted (a loaded machine overshoots),
+    and instants just before and just after a mark, so every bound below is what happened, with no slack."""
+
+    def __init__(self) -> None:
+        self.slept: dict[str, float] = {}
+        self.at: dict[str, float] = {}
+
+    def sleep(self, part: str, seconds: float) -> None:
+        start = time.perf_counter()
+        time.sleep(seconds)
+        self.slept[part] = self.slept.get(part, 0.0) + time.perf_counter() - start
+
+    def around(self, name: str, mark) -> None:
+        self.at[f"before {name}"] = time.perf_counter()
+        mark()
+        self.at[f"after {name}"] = time.perf_counter()
+
+
+def run_step(probe: StepProbe, step: int, accum: int, watch: Watch) -> None:
+    """One step as train.loop._micro_steps marks it, every phase a sleep the watch times."""
     probe.begin()
     probe.ready(step, 0, 0)
-    time.sleep(SLEEP_S)
-    probe.mark("data")
+    watch.sleep("data", SLEEP_S)
+    watch.around("data", lambda: probe.mark("data"))
     for index in range(accum - 1):  # the unsynchronized micro-steps: forward, backward, the next batch
-        time.sleep(SLEEP_S)
+        watch.sleep("micro", SLEEP_S)
         probe.micro("fwd")
-        time.sleep(SLEEP_S)
+        watch.sleep("micro", SLEEP_S)
         probe.micro("bwd")
-        time.sleep(SLEEP_S)
+        watch.sleep("micro", SLEEP_S)
         if index == 0:
             probe.aside(TEST_S)
-            time.sleep(TEST_S)
-        probe.micro("data", index == accum - 2)
-    time.sleep(SLEEP_S)
-    probe.mark("fwd")
-    time.sleep(SLEEP_S)
+            watch.sleep("aside", TEST_S)
+        watch.around("micro", lambda: probe.micro("data", index == accum - 2))
+    watch.sleep("fwd", SLEEP_S)
+    watch.around("fwd", lambda: probe.mark("fwd"))
+    watch.sleep("bwd", SLEEP_S)
     probe.mark("bwd")
     probe.mark("sync")
-    time.sleep(SLEEP_S)
+    watch.sleep("opt", SLEEP_S)
     probe.mark("opt")
     probe.finish(torch.tensor(0.5), epoch=0, batch_size=16 * accum)
 
 
-def resolved(accum: int) -> StepDone:
+def resolved(accum: int) -> tuple[StepDone, Watch]:
     records: list = []
     probe = StepProbe(0, CpuClock(), records.append, spans=False)
-    run_step(probe, 0, accum)
+    watch = Watch()
+    run_step(probe, 0, accum, watch)
     probe.close()
-    return next(e for r in records for e in r.resolve() if isinstance(e, StepDone))
+    return next(e for r in records for e in r.resolve() if isinstance(e, StepDone)), watch
 
 
 def test_the_unsynchronized_micro_steps_are_their_own_part_taken_out_of_forward():
-    d = resolved(K)
-    # 3 sleeps in each of the K−1 micro-steps; the test pass inside one is set aside, not theirs
-    assert (K - 1) * 3 * SLEEP_S <= d.micro_s <= (K - 1) * 3 * SLEEP_S + SLACK_S, d
-    assert SLEEP_S <= d.fwd_s <= SLEEP_S + SLACK_S, d  # the synchronized micro-step's forward only
+    d, w = resolved(K)
+    # the K−1 micro-steps' sleeps, as long as they really were; the test pass inside one is set aside (TEST_S, what
+    # the loop declares), not theirs: at least the sleeps (plus the aside's overshoot), at most the time between
+    # the marks that bound them
+    assert w.slept["micro"] + w.slept["aside"] - TEST_S <= d.micro_s + 1e-9, (d, w.slept)
+    assert d.micro_s <= w.at["after micro"] - w.at["before data"] - TEST_S, (d, w.at)
+    assert (K - 1) * 3 * SLEEP_S <= d.micro_s  # never less than the sleeps asked for
+    # the synchronized micro-step's forward only
+    assert w.slept["fwd"] <= d.fwd_s + 1e-9 and d.fwd_s <= w.at["after fwd"] - w.at["before micro"], (d, w)
     assert d.compute_s == pytest.approx(d.micro_s + d.fwd_s + d.bwd_s + d.opt_s)
     assert d.aside_s == pytest.approx(TEST_S)
     parts = metrics.parts(d)
@@ -74,9 +98,9 @@ def test_the_unsynchronized_micro_steps_are_their_own_part_taken_out_of_forward(
 
 
 def test_without_accumulation_there_is_no_micro_step_part():
-    d = resolved(1)
+    d, w = resolved(1)
     assert d.micro_s == 0 and metrics.MICRO not in metrics.parts(d)
-    assert SLEEP_S <= d.fwd_s <= SLEEP_S + SLACK_S
+    assert w.slept["fwd"] <= d.fwd_s + 1e-9 and d.fwd_s <= w.at["after fwd"] - w.at["before data"], (d, w)
 
 
 def segment(index: int, accum: int, micro_s: float) -> SegmentStats:

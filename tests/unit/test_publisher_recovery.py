@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from calibrate import Calibrated
+
 from ddptop.control import store as stores
 from ddptop.control.bus import CLOSE_WAIT_S, Collector, Publisher
 from ddptop.control.channel import ChannelClient
@@ -191,7 +193,6 @@ def test_close_while_the_thread_flushes_a_backlog_loses_nothing(served):
     assert publisher.seq == collector.next_seq[0] - 1 == 2  # one seq per batch, none reused
 
 
-@pytest.mark.alone  # a bound on time
 def test_close_on_a_link_gone_quiet_ends_within_the_close_wait_not_the_clients_timeout(served):
     """A rank whose collective timed out because its link is gone leaves in seconds, to say why in its own line
     (tests/lab/test_outage.py): every channel call waits for an answer that will not come (here: 30 s)."""
@@ -204,8 +205,11 @@ def test_close_on_a_link_gone_quiet_ends_within_the_close_wait_not_the_clients_t
     for n in range(20, 40):
         publisher.emit(step(n))
     time.sleep(0.5)  # the thread's write of steps 20-39 now waits on the frozen link
-    began = time.monotonic()
-    publisher.close()
-    took = time.monotonic() - began
-    assert took < CLOSE_WAIT_S + 2, took  # before the cut: 30 s (the client's timeout), then the last flush's 30 s
+    with Calibrated() as cal:
+        began = time.monotonic()
+        publisher.close()
+        took = time.monotonic() - began
+    # before the fix: 30 s (the client's timeout), then the last flush's 30 s; 2 s of slack times the machine's
+    # slowdown (calibrate.py)
+    assert took < CLOSE_WAIT_S + cal.bound(2), (took, cal.factor)
     cable.cut()
