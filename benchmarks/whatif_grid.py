@@ -68,7 +68,7 @@ def one_job(model: str, link: str, measure: int, keep: Path | None
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copy(db, keep / f"whatif-{model}-{link}.db")
     rows = [r for r in json.loads(out.stdout)["predictions"] if r["segment"] not in (None, 0, 1)]
-    noise = {label(r): error_se(r["step_s_se"], r["measured_step_s_se"], truth[r["segment"]]) for r in rows}
+    noise = {label(r): error_se(r["step_se_s"], r["measured_step_se_s"], truth[r["segment"]]) for r in rows}
     # the profile's last segment runs the fitted DDP 25 MB again (the job's own drift): advise matched it to the
     # fitted segment, so it is no row's
     last = max(truth)

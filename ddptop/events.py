@@ -127,10 +127,8 @@ class StepDone(Event):
     # added with the micro-step part (older files and ranks: 0, their micro-steps inside fwd_s as before)
     micro_s: float = 0.0  # accum K > 1: the K−1 unsynchronized micro-steps (each one's forward, backward and the
     #                       next batch's loading), carved out of fwd_s, which keeps the synchronized one's forward
-
-    @property
-    def images_per_s(self) -> float:
-        return self.batch_size / self.iter_s if self.iter_s > 0 else 0.0
+    # no rate of its own: img/s is a window's images over its time (metrics.rate); an `images_per_s` key that a
+    # rank or file may hold is ignored like any unknown field
 
 
 @dataclass(frozen=True)
@@ -496,11 +494,15 @@ class TuneTrial:
     first_step: int
     last_step: int
     step_s: float
-    spread_s: float = 0.0  # the standard error of step_s (that rank's steps' spread / √n); 0 in older files
+    step_se_s: float = 0.0  # step_s's standard error (metrics.Figures.step_se_s); 0 in older files
 
     def ms(self) -> str:
-        spread = f"±{self.spread_s * 1e3:.1f}" if self.spread_s else ""
+        spread = f"±{self.step_se_s * 1e3:.1f}" if self.step_se_s else ""
         return f"{self.step_s * 1e3:.1f}{spread} ms"
+
+
+# fields renamed after recordings held them: (class, name now) → the name older files and ranks wrote
+OLD_NAMES = {(TuneTrial, "step_se_s"): "spread_s"}
 
 
 @dataclass(frozen=True)
@@ -576,11 +578,12 @@ def _record(cls: type, value: Any, where: str) -> Any:
     hints, prefix = _hints(cls), f"{where}." if where else ""
     kwargs = {}
     for f in fields:
-        if f.name in value and (cls, f.name, value[f.name]) == (LogLine, "rank", FRONT):
+        held = f.name if f.name in value else OLD_NAMES.get((cls, f.name), f.name)
+        if held in value and (cls, f.name, value[held]) == (LogLine, "rank", FRONT):
             kwargs[f.name] = FRONT  # the front's own line (the collector failed); a rank's batch cannot claim it
-        elif f.name in value:
+        elif held in value:
             check = _config if (cls, f.name) == (ConfigApplied, "config") else functools.partial(_check, hints[f.name])
-            kwargs[f.name] = check(value[f.name], prefix + f.name)
+            kwargs[f.name] = check(value[held], prefix + held)
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a field missing: a nested record (a tune's trial) says which field held it

@@ -105,7 +105,7 @@ def render(out: dict, seg) -> str:
         if r["measured_step_s"]:
             error = f"{100 * (r['step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1f}%"
         if r["measured_step_s"] and r["segment"] != seg.segment:  # the fitted row is exact by construction
-            spread = f"{100 * error_se(r['step_s_se'], r['measured_step_s_se'], r['measured_step_s']):.1f}%"
+            spread = f"{100 * error_se(r['step_se_s'], r['measured_step_se_s'], r['measured_step_s']):.1f}%"
         lines.append(f"{_name(r):30} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
                      f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {measured:>9} {error:>7} {spread:>7}")
     as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == out["link"] and same_step(r, seg)]

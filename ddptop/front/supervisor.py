@@ -27,6 +27,7 @@ from ddptop.front.feed import Feed, SharedState
 from ddptop.front.pipeline import compose
 from ddptop.front.tune import Tuner
 from ddptop.rendezvous import Rendezvous
+from ddptop.testhooks import teardown_hold_s
 from ddptop.train.devices import thread_count
 from ddptop.train.worker import WorkerOptions, rank_entry
 
@@ -178,23 +179,12 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         with _ctrl_c_ignored():  # the teardown runs whole: a second Ctrl-C here skipped the job file's removal and
             signal.signal(signal.SIGTERM, previous)  # made a clean stop exit 130 ("interrupted", CI once)
             if job is not None:
-                time.sleep(_teardown_hold_s())
+                time.sleep(teardown_hold_s())  # test-only: 0 otherwise
                 job.terminate()
                 _stop_server()
                 _say_ended(rdv, options, job)
                 remove_job_file(rdv.master, rdv.port, how=_ended_how(job, state))
     return job.exit_code()
-
-
-def _teardown_hold_s() -> float:
-    """Test-only (DDPTOP_TEST_FRONT=teardown:MS): the front waits that long before tearing its job down, so that a
-    test can aim a Ctrl-C at the teardown. 0 otherwise."""
-    value = os.environ.get("DDPTOP_TEST_FRONT", "")
-    key, _, ms = value.partition(":")
-    try:
-        return float(ms) / 1000.0 if key == "teardown" else 0.0
-    except ValueError:
-        return 0.0
 
 
 def _ended_how(job: "LocalJob", state: SharedState | None) -> str:

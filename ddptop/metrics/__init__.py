@@ -63,6 +63,12 @@ def rate_unit(dataset: Any) -> str:
     return "img/s" if dataset is None or dataset in IMAGE_DATASETS else "samples/s"
 
 
+def rate(images: float, seconds: float) -> float:
+    """Images (samples) over the wall time they took: the img/s of a window of steps (Window.figures), or of one
+    step's row in steps.csv (a window of one); never a mean of such rates."""
+    return images / seconds if seconds > 0 else 0.0
+
+
 def rate_column(dataset: Any) -> str:
     """The images/s figure's CSV column: images_per_s, or samples_per_s (rate_unit)."""
     return "images_per_s" if rate_unit(dataset) == "img/s" else "samples_per_s"
@@ -151,7 +157,7 @@ class _Sums:
         return Figures(
             steps=n, step_s=mean(self.time), median_step_s=statistics.median(self.times),
             step_sd_s=statistics.stdev(self.times) if n > 1 else 0.0,
-            images_per_s=self.images / self.time if self.time > 0 else 0.0, data_s=mean(self.data),
+            images_per_s=rate(self.images, self.time), data_s=mean(self.data),
             compute_s=mean(self.compute), micro_s=mean(self.micro), comm_s=mean(self.comm),
             exposed_comm_s=mean(self.exposed),
             overlap=(self.comm - self.exposed) / self.comm if self.comm > 0 else 0.0, own_s=mean(self.own),

@@ -124,7 +124,7 @@ def measured(history: Mapping[int, Iterable[StepDone]], world_size: int, segment
 def margin(start: TuneTrial, trial: TuneTrial, min_gain: float = MIN_GAIN) -> float:
     """How much faster than the start a trial must be to replace it (s/step): NOISE_Z standard errors of the
     difference of the two means, at least min_gain of the start's step."""
-    return max(min_gain * start.step_s, NOISE_Z * math.hypot(start.spread_s, trial.spread_s))
+    return max(min_gain * start.step_s, NOISE_Z * math.hypot(start.step_se_s, trial.step_se_s))
 
 
 def kept(start: TuneTrial, trials: Sequence[TuneTrial], min_gain: float = MIN_GAIN) -> TuneTrial:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 
 class CpuClock:
@@ -71,3 +71,10 @@ class CudaClock:
 
 def clock_for(device_type: str) -> CpuClock | CudaClock:
     return CudaClock() if device_type == "cuda" else CpuClock()
+
+
+def wall_clock(offset_s: float = 0.0) -> Callable[[], float]:
+    """The rank's wall clock (time.time), `offset_s` ahead under the test hook (testhooks.rank_hooks: clock=)."""
+    if not offset_s:
+        return time.time
+    return lambda: time.time() + offset_s

@@ -30,7 +30,7 @@ class CommRecorder:
     The time spent here is ddptop's own cost and goes to `own` (a step probe shares its OwnTime)."""
 
     enabled = True
-    delay_s = 0.0  # the test hook's straggle (probes.hooks): slept before each arrival
+    delay_s = 0.0  # the test hook's straggle (testhooks.rank_hooks): slept before each arrival
 
     def __init__(self, clock: Any = None, own: OwnTime | None = None):
         self.clock = clock or CpuClock()

@@ -28,6 +28,9 @@ class LayerProbe:
 
     def __init__(self, model: nn.Module, clock: Any, own: OwnTime | None = None):
         self.model = model
+        # listed once, when the strategy is built (StepProbe.watch): walking the module tree again on every sampled
+        # step cost time inside that step (a model's structure does not change within a build)
+        self.leaves = leaf_layers(model)
         self.clock = clock
         self.own = own or OwnTime()
         self._handles: list = []
@@ -39,7 +42,7 @@ class LayerProbe:
             return
         began = now()
         self.marks, self._open = [], {}
-        for name, module in leaf_layers(self.model):
+        for name, module in self.leaves:
             self._handles += [module.register_forward_pre_hook(self._fwd_start(name)),
                               module.register_forward_hook(self._fwd_end(name))]
         self.own.since(began)

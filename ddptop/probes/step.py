@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ddptop.events import Event, Span, StepDone, StepSpans
-from ddptop.probes.clock import CpuClock
+from ddptop.probes.clock import CpuClock, wall_clock
 from ddptop.probes.comm import CommMark, CommRecorder, NullRecorder
-from ddptop.probes.hooks import rank_hooks, wall_clock
 from ddptop.probes.layers import LayerProbe
 from ddptop.probes.own import OwnTime, now
 from ddptop.metrics.timeline import breakdown
+from ddptop.testhooks import rank_hooks
 
 PHASES = ("ready", "data", "fwd", "bwd", "sync", "opt", "tail")
 

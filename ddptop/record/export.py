@@ -193,7 +193,7 @@ def step_rows(rec: Recording, first: int | None = None, stop: int | None = None)
                "bucket_mb": config.get("bucket_mb", ""), "async_op": config.get("async_op", ""),
                "batch_size": d.batch_size, "accum": config.get("accum", 1), "compress": config.get("compress", "none"),
                "segment": d.segment, "epoch": d.epoch, "comm_bytes": d.comm_bytes,
-               "tx_bytes": d.tx_bytes, "rx_bytes": d.rx_bytes, "images_per_s": _r(d.images_per_s),
+               "tx_bytes": d.tx_bytes, "rx_bytes": d.rx_bytes, "images_per_s": _r(metrics.rate(d.batch_size, d.iter_s)),
                "sampled": int(d.sampled), "wall_time": d.t}
 
 

@@ -29,7 +29,7 @@ def figure(runs: list[RunData], out: Path) -> Made | None:
     for i, (run, (fitted, rows, median, worst)) in enumerate(found):
         label = f"{run.name}: fitted on segment {fitted}" if len(found) > 1 else f"fitted on segment {fitted}"
         x, y = [r["measured_step_s"] for r in rows], [r["step_s"] for r in rows]
-        ax.errorbar(x, y, xerr=[r["measured_step_s_se"] for r in rows], yerr=[r["step_s_se"] for r in rows],
+        ax.errorbar(x, y, xerr=[r["measured_step_se_s"] for r in rows], yerr=[r["step_se_s"] for r in rows],
                     fmt="none", capsize=2, elinewidth=0.8, color=plot.color(i))  # ±1 standard error of each mean
         ax.plot(x, y, linestyle="none", marker="o", color=plot.color(i),
                 label=f"{label} (median |error| {median:.1%}, max {worst:.1%})")

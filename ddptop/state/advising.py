@@ -147,7 +147,7 @@ class Advisor:
             if seg is not None:  # settled: no row means the model does not predict it (another batch size)
                 row = row_for(rows, cfg, seg)
                 self._predicted[index] = row and Check(index, config_name(cfg), earlier, row["step_s"],
-                                                       predicted_se_s=row["step_s_se"])
+                                                       predicted_se_s=row["step_se_s"])
                 return
 
     def _unsettled(self, state) -> list[int]:

@@ -66,7 +66,7 @@ class LabelledImages(TensorDataset):
 
 class SlowItems(Dataset):
     """Test-only: each item of `dataset` takes `seconds` longer to load, so a test can give a job a data path of
-    known slowness (DDPTOP_TEST_MODEL=data-sleep-ms=N; with no loader workers it shows as `data`)."""
+    known slowness (testhooks.model_tweaks: data-sleep-ms=N; with no loader workers it shows as `data`)."""
 
     def __init__(self, dataset: Dataset, seconds: float):
         self.dataset, self.seconds = dataset, seconds

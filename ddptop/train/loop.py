@@ -23,15 +23,15 @@ from ddptop.errors import UsageError
 from ddptop.events import ClockSync, EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
 from ddptop.metrics.buckets import same_layout
 from ddptop.probes.clocksync import ping_pong
-from ddptop.probes.hooks import rank_hooks
 from ddptop.probes.own import now
 from ddptop.train import specs
 from ddptop.train.data import make_loader
 from ddptop.train.devices import check_strategy, loader_workers
-from ddptop.train.models import layer_param_counts, test_tweaks
+from ddptop.train.models import layer_param_counts
 from ddptop.train.save import SaveFailed, save
 from ddptop.train.strategies import Strategy, build_strategy
 from ddptop.train.sync_state import broadcast_state, fingerprint, model_bytes
+from ddptop.testhooks import model_tweaks, rank_hooks
 
 
 class Trainer:
@@ -46,7 +46,7 @@ class Trainer:
         self.device = device
         self.emit = emit
         self.probe = probe
-        parts = parts or specs.build(cfg, test_tweaks(rank))  # seeded: the same initial weights on every rank
+        parts = parts or specs.build(cfg, model_tweaks(rank))  # seeded: the same initial weights on every rank
         self.model = (model or parts.model).to(device)
         self.train_set, self.test_set = parts.train, parts.test
         self.criterion, self.unused = parts.loss, parts.unused
@@ -147,7 +147,7 @@ class Trainer:
             self.emit(started)
             self._sweep_warning(started)
         self._sync_clocks("start", agent)
-        time.sleep(rank_hooks(self.rank).start_s)  # test-only (DDPTOP_TEST_RANK=start=RANK:MS): 0 otherwise
+        time.sleep(rank_hooks(self.rank).start_s)  # test-only (testhooks: start=RANK:MS): 0 otherwise
         criterion = self.criterion
         total = self.total_steps()
         self._evaluated_at = -1

@@ -123,7 +123,7 @@ class BertMini(nn.Module):
 
 class SleepBefore(nn.Module):
     """Test-only: sleeps a known time before the wrapped model's forward, so tests can check that an injected
-    delay shows up as compute (and nowhere else). Enabled only through DDPTOP_TEST_MODEL (see test_tweaks)."""
+    delay shows up as compute (and nowhere else). Chosen only by testhooks.model_tweaks (sleep-ms=N)."""
 
     def __init__(self, model: nn.Module, seconds: float):
         super().__init__()
@@ -139,7 +139,7 @@ class SleepBefore(nn.Module):
 
 class OutOfMemoryAt(nn.Module):
     """Test-only: raises torch.cuda.OutOfMemoryError in forward for batches of `batch` or more, as CUDA would
-    for a batch that does not fit, so the roll-back can be tested on CPU. Enabled only through DDPTOP_TEST_MODEL."""
+    for a batch that does not fit, so the roll-back can be tested on CPU. Chosen only by testhooks.model_tweaks (oom-batch=N)."""
 
     def __init__(self, model: nn.Module, batch: int):
         super().__init__()
@@ -150,37 +150,6 @@ class OutOfMemoryAt(nn.Module):
         if x.shape[0] >= self.batch:
             raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (test hook: batch {x.shape[0]} >= {self.batch})")
         return self.model(x)
-
-
-def test_tweaks(rank: int | None = None) -> dict:
-    """Test-only model changes from DDPTOP_TEST_MODEL (comma-separated): "no-batch-norm" (BN statistics are per
-    rank), "sleep-ms=40" (a forward pass of known extra length), "data-sleep-ms=5" (each training image takes that
-    much longer to load: `data_sleep_s`, for train.data.SlowItems, not the model), "oom-batch=64" with optional
-    "oom-rank=1" (that rank's forward raises CUDA out-of-memory from batch 64 on; every rank without oom-rank)."""
-    import os
-
-    out: dict = {}
-    oom_rank = None
-    for item in filter(None, (x.strip() for x in os.environ.get("DDPTOP_TEST_MODEL", "").split(","))):
-        key, _, value = item.partition("=")
-        if key == "no-batch-norm":
-            out["batch_norm"] = False
-        elif key == "sleep-ms":
-            out["sleep_s"] = float(value) / 1000.0
-        elif key == "data-sleep-ms":
-            out["data_sleep_s"] = float(value) / 1000.0
-        elif key == "oom-batch":
-            out["oom_batch"] = int(value)
-        elif key == "oom-rank":
-            oom_rank = int(value)
-        else:
-            raise UsageError(f"DDPTOP_TEST_MODEL: unknown item {item!r} (no-batch-norm, sleep-ms=N, data-sleep-ms=N, "
-                             "oom-batch=N, oom-rank=R)")
-    if oom_rank is not None and rank is not None and rank != oom_rank and "oom_batch" in out:
-        # the other ranks wrap their model too, never raising: one model structure (and parameter names) on every
-        # rank, which the handshake checks
-        out["oom_batch"] = 2**62
-    return out
 
 
 def build_model(name: str, batch_norm: bool = True, sleep_s: float = 0.0, oom_batch: int = 0,

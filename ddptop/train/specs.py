@@ -61,7 +61,7 @@ def build(cfg: RunConfig, tweaks: dict | None = None, probe: bool | None = None)
     """The data set, then the model seeded with cfg.seed (the same weights on every rank), then the loss; with
     `probe` (default: any spec) one sample batch through them names the parameters that get no gradient."""
     tweaks = dict(tweaks or {})
-    slow_data = tweaks.pop("data_sleep_s", 0.0)  # test-only (DDPTOP_TEST_MODEL=data-sleep-ms=N): a slow data path
+    slow_data = tweaks.pop("data_sleep_s", 0.0)  # test-only (testhooks.model_tweaks): a slow data path
     train, test = _datasets(cfg)
     classification = cfg.loss == "cross-entropy"
     # a data set's own num_classes reaches the model whatever the loss; counting targets only for cross-entropy

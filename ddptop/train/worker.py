@@ -28,15 +28,14 @@ from ddptop.control.bus import Publisher
 from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
 from ddptop.events import RankJoined
 from ddptop.probes.clock import clock_for
-from ddptop.probes.hooks import rank_hooks
 from ddptop.probes.step import StepProbe
 from ddptop.sources.gpu import cuda_uuid
 from ddptop.sources.sampler import SystemSampler
 from ddptop.sources.system import job_interface
 from ddptop.train import devices, lifetime, specs
-from ddptop.train.models import test_tweaks
 from ddptop.train.loop import Trainer
 from ddptop.rendezvous import Rendezvous
+from ddptop.testhooks import model_tweaks, rank_hooks
 
 
 @dataclass(frozen=True)
@@ -122,7 +121,7 @@ def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, model: torch
     control = _control_key(rdv.rank, options, public)
     view = stores.job_view(base, prefix, namespace(control)) if secure else public
     # the model before the handshake: rank 0 compares every rank's parameter names and shapes (one spec, one model)
-    parts = specs.build(cfg, test_tweaks(rdv.rank)) if model is None else None
+    parts = specs.build(cfg, model_tweaks(rdv.rank)) if model is None else None
     me = hello(cfg, rdv, device, backend, threads, parts.model if parts is not None else model)
     handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, control if secure else b"")
     group, job = connect_ranks(rdv, backend, view, options, control)
@@ -260,7 +259,7 @@ def rank_entry(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> None:
     lifetime.die_with_parent()
     lifetime.name(f"ddptop-rank-{rdv.rank}")
     try:
-        time.sleep(rank_hooks(rdv.rank).join_s)  # test-only (DDPTOP_TEST_RANK=join=RANK:MS): 0 otherwise
+        time.sleep(rank_hooks(rdv.rank).join_s)  # test-only (testhooks: join=RANK:MS): 0 otherwise
         run_rank(cfg, rdv, options)
     except DdptopError as exc:
         print(f"ddptop rank {rdv.rank}: {exc}", file=sys.stderr, flush=True)

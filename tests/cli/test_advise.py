@@ -14,7 +14,7 @@ from in_process import cli_json, run_cli, slowest_rank_means, slowest_rank_stand
 
 REC = Path(__file__).resolve().parents[2] / "recordings"
 KEYS = ["strategy", "bucket_mb", "async_op", "accum", "compress", "world_size", "link", "step_s", "exposed_comm_s",
-        "overlap", "measured_step_s", "segment", "step_s_se", "measured_step_s_se"]
+        "overlap", "measured_step_s", "segment", "step_se_s", "measured_step_se_s"]
 
 
 def advise(*argv: str) -> dict:
@@ -66,18 +66,18 @@ GRID = Path(__file__).resolve().parents[2] / "benchmarks" / "whatif-grid"
 
 
 def test_each_prediction_carries_the_fitted_segments_standard_error_and_each_measured_one_its_own_by_sql():
-    """The noise beside each number: every row's step_s_se is the fitted segment's standard error, each measured
-    row's measured_step_s_se its segment's, both from the slowest rank's raw step times by SQL; the text shows the
+    """The noise beside each number: every row's step_se_s is the fitted segment's standard error, each measured
+    row's measured_step_se_s its segment's, both from the slowest rank's raw step times by SQL; the text shows the
     error's spread (both combined) beside each error and none on the fitted row, which is exact by construction."""
     db = GRID / "whatif-vgg11-unlimited.db"
     advice = advise(str(db), "--segment", "1")
     se = slowest_rank_standard_errors(db, 1)
     assert se[1] > 0.002  # the unshaped link's base: 0.0048 s on 0.354 s over 10 steps (README)
     rows = advice["predictions"]
-    assert all(r["step_s_se"] == pytest.approx(se[1], abs=1e-6) for r in rows)
+    assert all(r["step_se_s"] == pytest.approx(se[1], abs=1e-6) for r in rows)
     matched = [r for r in rows if r["segment"] is not None]
     assert len(matched) == 9
-    assert all(r["measured_step_s_se"] == pytest.approx(se[r["segment"]], abs=1e-6) for r in matched)
+    assert all(r["measured_step_se_s"] == pytest.approx(se[r["segment"]], abs=1e-6) for r in matched)
     code, out, _ = run_cli("advise", str(db), "--segment", "1")
     text = out.splitlines()
     fitted = next(r for r in rows if r["segment"] == 1)

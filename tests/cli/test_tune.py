@@ -92,7 +92,7 @@ def check_tune_recording(db) -> dict:
             sql = _slowest_mean(con, trial["segment"], trial["first_step"], trial["last_step"])
             assert sql == pytest.approx(trial["step_s"], rel=1e-9), trial
             se = _slowest_spread(con, trial["segment"], trial["first_step"], trial["last_step"])
-            assert se > 0 and se == pytest.approx(trial["spread_s"], rel=1e-9), trial
+            assert se > 0 and se == pytest.approx(trial["step_se_s"], rel=1e-9), trial
             measured.setdefault(trial["bucket_mb"], sql)
             spread.setdefault(trial["bucket_mb"], se)
         start_mb = note["start"]["bucket_mb"]

@@ -75,3 +75,33 @@ def test_the_report_reads_the_steps_once_and_predicts_what_two_reads_did(monkeyp
     assert len(reads) == 1
     assert bests and run.predicted == bests
     assert versus is not None and run.versus == versus
+
+
+def test_a_step_names_no_rate_of_its_own_and_recordings_from_before_still_open():
+    """StepDone carries the step's batch and time, never a rate of its own (the glossary's img/s is a window's images
+    over that window's time, metrics.Window); the property it had is gone. A recording made before opens as it did,
+    a step dict holding an `images_per_s` (none was ever written, but a rank or file may hold one) decodes with it
+    ignored, and steps.csv's rate column is still the step's batch over its time, by SQL on the shipped recording."""
+    import sqlite3
+
+    from ddptop.events import event_from_dict
+    from ddptop.record import export
+    from ddptop.record.reader import Recording
+
+    assert not hasattr(StepDone, "images_per_s") and "images_per_s" not in schema.STEP_FIELDS
+    step = schema.decode_step(GOOD)
+    assert event_from_dict({**step.to_dict(), "images_per_s": 2.5}) == step
+    path = ROOT / "recordings" / "live-switch.db"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        truth = {(r, s): (b / t if t > 0 else 0.0) for r, s, b, t in
+                 db.execute("SELECT rank, step, batch_size, iter_s FROM steps")}
+    rec = Recording.open(str(path))
+    try:
+        steps = list(rec.step_events())
+        assert len(steps) == len(truth) > 100 and all(isinstance(d, StepDone) for d in steps)
+        rows = list(export.step_rows(rec))
+    finally:
+        rec.close()
+    assert "images_per_s" in export.STEP_COLUMNS and len(rows) == len(truth)
+    for row in rows:
+        assert row["images_per_s"] == pytest.approx(truth[row["rank"], row["step"]], rel=1e-6), row

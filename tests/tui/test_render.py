@@ -181,3 +181,26 @@ def test_a_step_from_before_compute_was_split_still_adds_up():
     assert parts == pytest.approx({"data": 0.001, "compute": 1.45, "exposed comm": 0.10, "ddptop": 0.0,
                                    "other": 0.049})  # 1.6 - 0.001 - 1.45 - 0.10
     assert metrics.mean_parts([old, old]) == pytest.approx(parts)
+
+
+def test_a_host_name_with_a_lone_surrogate_and_control_characters_is_shown_escaped():
+    """The screen cleans names with safe.clean, the project's one sanitizer: C0/C1 controls, bidi overrides and lone
+    surrogates (bytes that were not UTF-8: a terminal cannot show one, and it breaks encoding the frame) come out as
+    escapes, whichever path the name took to the screen (here straight into the state, before any decoder)."""
+    import io
+
+    from ddptop.events import RankJoined
+
+    state = SessionState()
+    state.apply_all([RankJoined(r, 2, "node\ud800\x1b]0;owned\x07\u202e7", 1, "cpu", "gloo", 1, "2", "0.1", "flags",
+                                0.0) for r in (0, 1)])
+    snap = state.snapshot()
+    shown = {}
+    for name, renderable in (("ranks", ranks_table(snap, width=160)), ("util", util_rows(snap, 160))):
+        console = Console(width=160, record=True, file=io.StringIO())
+        console.print(renderable)
+        shown[name] = text = console.export_text()
+        assert not any("\ud800" <= c <= "\udfff" or (ord(c) < 0x20 and c != "\n") or c in "\x7f\u202e"
+                       for c in text), ascii(text)
+    assert shown["ranks"].count("node\\ud800\\x1b]0;owned\\x07\\u202e7") == 2, shown["ranks"]
+    assert shown["util"].count("node\\ud800") == 2, shown["util"]  # the utilisation rows cut the host to 10

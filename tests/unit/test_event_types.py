@@ -137,3 +137,29 @@ def test_a_batch_keeps_its_good_events_and_says_why_each_bad_one_was_refused():
     assert "unknown event kind" in refused[2]
     with pytest.raises(EventDecodeError):
         decode_batch(b'{"not": "a list"}', 1)
+
+
+def test_the_standard_error_of_a_step_time_has_one_name():
+    """`step_se_s` (metrics.Figures.step_se_s) in events, advise's rows and the tuner; a tune note recorded before
+    the rename (its trials' `spread_s`) still decodes, into `step_se_s`."""
+    import pathlib
+
+    from ddptop.events import TuneNote, TuneTrial
+
+    assert "step_se_s" in {f.name for f in dataclasses.fields(TuneTrial)}
+    trial = {"segment": 1, "bucket_mb": 5.0, "first_step": 22, "last_step": 41, "step_s": 0.475}
+    old = {"kind": "tune_note", "v": 1, "request_id": 0, "start": {**trial, "segment": 0, "spread_s": 0.004},
+           "trials": [{**trial, "spread_s": 0.006}], "kept_mb": 5.0, "gain_s": 0.025, "reason": "", "t": T0}
+    note = event_from_dict(old)
+    assert (note.start.step_se_s, note.trials[0].step_se_s) == (0.004, 0.006)
+    assert event_from_dict(json.loads(json.dumps(note.to_dict()))) == note
+    assert "spread_s" not in json.dumps(note.to_dict())
+    both = {**old, "trials": [{**trial, "spread_s": 0.006, "step_se_s": 0.007}]}  # the new name wins
+    assert event_from_dict(both).trials[0].step_se_s == 0.007
+    assert event_from_dict({**old, "trials": [trial]}).trials[0].step_se_s == 0.0  # older still: no error at all
+    assert isinstance(note, TuneNote)
+    root = pathlib.Path(__file__).resolve().parents[2]
+    named = [f"{p.relative_to(root)}:{n}" for where in ("ddptop", "benchmarks") for p in (root / where).rglob("*.py")
+             for n, line in enumerate(p.read_text().split("\n"), 1)
+             if ("spread_s" in line or "step_s_se" in line) and "OLD_NAMES" not in line]
+    assert named == [], "the standard error is step_se_s: " + ", ".join(named)

@@ -286,3 +286,33 @@ def test_ddptops_own_time_is_counted_once_inside_its_phase():
         assert measured <= d.iter_s + 2e-5, (d.step, measured - d.iter_s)
         assert d.iter_s <= outside + SWITCH_S  # the step's end mark was read after this step's clock stopped
         assert d.data_s >= WORK_S and d.opt_s >= WORK_S and d.exposed_comm_s >= WORK_S
+
+
+def test_the_layers_are_listed_once_per_build_not_on_every_sampled_step(monkeypatch):
+    """The layer probe hooks every leaf layer on each sampled step; the list of leaves is the model's, known when the
+    strategy is built. Walking the module tree again on every sampled step cost time inside the step (VGG-11: 30
+    modules; ResNet-50: 150). Real training loops of 3 and 9 steps, every step after the first sampled: the walks of
+    the model (named_modules, counted as torch is asked) are as many for 9 steps as for 3, and the layer spans are
+    there on every sampled step."""
+    walks: list[int] = []
+    original = torch.nn.Module.named_modules
+
+    def counted(self, *args, **kwargs):
+        walks.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "named_modules", counted)
+    seen = {}
+    for steps in (3, 9):
+        records = []
+        cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="single", batch_size=16), steps=steps,
+                        synthetic_size=16 * steps, eval=False, backend="gloo")
+        probe = StepProbe(0, CpuClock(), records.append, span_every=1)
+        walks.clear()
+        Trainer(cfg, 0, 1, torch.device("cpu"), records.append, probe).run()
+        events = _resolve_on_another_thread([r for r in records if hasattr(r, "resolve")])
+        sampled = [e.step for e in events if isinstance(e, StepDone) and e.sampled]
+        layered = {e.step for e in events if hasattr(e, "spans") and any(s.kind == "fwd" for s in e.spans)}
+        assert sampled == list(range(1, steps)) and layered == set(sampled), (sampled, layered)
+        seen[steps] = len(walks)
+    assert seen[9] == seen[3], f"named_modules calls: {seen} (more sampled steps, more walks of the model)"

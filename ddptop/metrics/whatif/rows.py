@@ -26,8 +26,8 @@ def prediction_rows(seg: SegmentData, measured: list[tuple[int, dict, float, flo
     segment of that configuration (the fitted one first). `settings`: the (accum, compress) pairs to predict for
     the fitted configuration (default: those `measured` ran at the fitted batch size, so each is checked).
 
-    Each row's "step_s_se" is the fitted segment's standard error: the fit reproduces that segment's mean, so a
-    mean that step-to-step noise moved by x moves every prediction by x. "measured_step_s_se" is the matched
+    Each row's "step_se_s" is the fitted segment's standard error: the fit reproduces that segment's mean, so a
+    mean that step-to-step noise moved by x moves every prediction by x. "measured_step_se_s" is the matched
     segment's own."""
     fitted = whatif.fit(seg)
     settings = ran_settings(seg, measured) if settings is None else settings
@@ -60,8 +60,8 @@ def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float, float]], re
             "compress": c.compress, "world_size": world,
             "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
             "overlap": round(p.overlap, 4), "measured_step_s": None if match is None else round(match[1], 6),
-            "segment": None if match is None else match[0], "step_s_se": round(seg.step_se_s, 6),
-            "measured_step_s_se": None if match is None else round(match[2], 6)}
+            "segment": None if match is None else match[0], "step_se_s": round(seg.step_se_s, 6),
+            "measured_step_se_s": None if match is None else round(match[2], 6)}
 
 
 def _describe(bps: float) -> str:
@@ -139,7 +139,7 @@ def versus_rows(seg: SegmentData, rows: list[dict[str, Any]], measured: list[tup
     for index, cfg, step_s, se in measured:
         row = row_for(rows, cfg, seg) if index != seg.segment else None
         if row is not None and step_s > 0:
-            out.append({**row, "segment": index, "measured_step_s": step_s, "measured_step_s_se": se,
+            out.append({**row, "segment": index, "measured_step_s": step_s, "measured_step_se_s": se,
                         "error": (row["step_s"] - step_s) / step_s, "error_se": error_se(seg.step_se_s, se, step_s)})
     if not out:
         return None

@@ -12,7 +12,8 @@ from ddptop.events import Span
 from ddptop.metrics.timeline import intersection
 from ddptop.tui.render.cells import styled_runs
 from ddptop.tui.render.palette import SPANS
-from ddptop.tui.render.units import ellipsize, fmt_s, safe
+from ddptop.safe import clean
+from ddptop.tui.render.units import ellipsize, fmt_s
 
 LABEL = 18  # columns for the row names (WIDE_LABEL from 120 columns on: `allreduce features.10.weight` fits)
 WIDE_LABEL = 30
@@ -30,7 +31,7 @@ def _lane(name: str, spans: Sequence[Span], total: float, cols: int, label_w: in
         style, glyph = SPANS.get(s.kind, ("", "█"))
         for c in _cells(s.start_s, s.end_s, total, cols):
             cells[c] = (glyph, style)
-    label = Text(ellipsize(safe(name), label_w - 1).ljust(label_w), style="bold" if not name.startswith(" ") else "")
+    label = Text(ellipsize(clean(name), label_w - 1).ljust(label_w), style="bold" if not name.startswith(" ") else "")
     return styled_runs((cell or ("·", "grey23") for cell in cells), label)
 
 

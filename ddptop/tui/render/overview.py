@@ -18,7 +18,8 @@ from ddptop.tui.render.plot import Marker, Series, line_plot
 from ddptop.tui.render.slurm import expected_line, slurm_graph
 from ddptop.tui.render.spark import sparkline
 from ddptop.tui.render.tables import WIDE, gpu_text, ranks_table, segment_table
-from ddptop.tui.render.units import fmt_bytes, fmt_rate, fmt_s, safe
+from ddptop.safe import clean
+from ddptop.tui.render.units import fmt_bytes, fmt_rate, fmt_s
 from ddptop.tui.render.whatif import whatif_line
 
 PLOT_ROWS = 6
@@ -58,7 +59,7 @@ def hint_line(snap: Snapshot, width: int) -> Text:
     if best:  # the What-if panel's best configuration first: it is there whenever the model fits
         out.append(best + (" · " if found else ""), style=SKY)
     if found:
-        out.append(" · ".join(safe(h.text) for h in found), style=ORANGE)
+        out.append(" · ".join(clean(h.text) for h in found), style=ORANGE)
     elif not best:
         out.append(f"none for segment {snap.segment}" if snap.segment_figures else "none yet", style="dim")
     out.truncate(width, overflow="ellipsis")
@@ -78,12 +79,12 @@ def short_note(snap: Snapshot) -> str:
 
 def warnings(snap: Snapshot) -> list[Text]:
     """What must never scroll out of sight: models that diverged, ranks lost, a straggler."""
-    out = [Text(f"⚠ {safe(d.describe())}", style=f"bold {VERMILLION}") for d in snap.diverged[-2:]]
+    out = [Text(f"⚠ {clean(d.describe())}", style=f"bold {VERMILLION}") for d in snap.diverged[-2:]]
     lost = [r.rank for r in snap.ranks if r.state == "lost"]
     if lost:
         out.append(Text(f"⚠ rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} lost", style=f"bold {VERMILLION}"))
     if snap.straggler:  # README: Stragglers
-        out.append(Text(f"straggler: {safe(snap.straggler)}", style=f"bold {ORANGE}"))
+        out.append(Text(f"straggler: {clean(snap.straggler)}", style=f"bold {ORANGE}"))
     return out
 
 
@@ -172,7 +173,7 @@ def network(snap: Snapshot, width: int, rows: int = 4) -> list[Text]:
     strategy = str(snap.config.get("strategy", "?"))
     for node in snap.nodes:
         nic = node.nic()
-        head = Text(f"{safe(node.host)} ({safe(node.job_iface) or '?'})", style="bold")
+        head = Text(f"{clean(node.host)} ({clean(node.job_iface) or '?'})", style="bold")
         if nic is None:
             out.append(head.append("  no sample yet", style="dim"))
             continue

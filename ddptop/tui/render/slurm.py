@@ -11,7 +11,8 @@ from ddptop.metrics.expected import formula
 from ddptop.state.views import NodeView
 from ddptop.metrics.traffic import SHARED_IFACES, not_comparable
 from ddptop.tui.render.palette import RX as RX_STYLE, TX as TX_STYLE
-from ddptop.tui.render.units import fmt_bits, fmt_bytes, fmt_count, fmt_rate, safe
+from ddptop.safe import clean
+from ddptop.tui.render.units import fmt_bits, fmt_bytes, fmt_count, fmt_rate
 
 
 def _heights(values: Sequence[float], top: float, rows: int) -> list[int]:
@@ -46,7 +47,7 @@ def slurm_graph(rx: Sequence[float], tx: Sequence[float], width: int, height: in
 def slurm_stats(nic: NicStat, rx: Sequence[float], tx: Sequence[float], width: int = 80) -> Text:
     """slurm's seven lines: interface, current / graph-top / overall-top speeds, packets, GB, errors."""
     rows = [
-        (f"Active Interface: {safe(nic.iface)}", f"Interface Speed: {speed_text(nic)}"),
+        (f"Active Interface: {clean(nic.iface)}", f"Interface Speed: {speed_text(nic)}"),
         (f"Current RX Speed: {fmt_rate(nic.rx_rate)}", f"Current TX Speed: {fmt_rate(nic.tx_rate)}"),
         (f"Graph Top RX Speed: {fmt_rate(max(rx, default=0.0))}", f"Graph Top TX Speed: {fmt_rate(max(tx, default=0.0))}"),
         (f"Overall Top RX Speed: {fmt_rate(nic.peak_rx_rate)}", f"Overall Top TX Speed: {fmt_rate(nic.peak_tx_rate)}"),
@@ -70,12 +71,12 @@ def speed_text(nic: NicStat) -> str:
     if nic.speed_bits_per_s is None:
         return "unknown"
     used = 8 * max(nic.rx_rate, nic.tx_rate) / nic.speed_bits_per_s
-    return f"{fmt_bits(nic.speed_bits_per_s)} ({safe(nic.speed_by)}), in use {used:.0%}"
+    return f"{fmt_bits(nic.speed_bits_per_s)} ({clean(nic.speed_by)}), in use {used:.0%}"
 
 
 def nic_summary_line(host: str, nic: NicStat, width: int) -> str:
     """One node in the all-nodes table: host, interface, rates, totals, packets, errors."""
-    text = (f"{safe(host):<14.14} {safe(nic.iface):<6.6} RX {fmt_rate(nic.rx_rate):>12} TX {fmt_rate(nic.tx_rate):>12}  "
+    text = (f"{clean(host):<14.14} {clean(nic.iface):<6.6} RX {fmt_rate(nic.rx_rate):>12} TX {fmt_rate(nic.tx_rate):>12}  "
             f"in {nic.rx_bytes / 1e9:8.3f} GB out {nic.tx_bytes / 1e9:8.3f} GB  "
             f"pkts {fmt_count(nic.rx_packets)}/{fmt_count(nic.tx_packets)}  err {nic.rx_errors + nic.tx_errors}")
     return text[:width]

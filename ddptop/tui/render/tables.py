@@ -15,7 +15,8 @@ from ddptop.state.session import Snapshot
 from ddptop.state.snapshot import RECENT_STEPS
 from ddptop.tui.render.palette import STATES, part_style
 from ddptop.tui.render.spark import pct_bar, sparkline
-from ddptop.tui.render.units import fmt_bytes, fmt_s, safe
+from ddptop.safe import clean
+from ddptop.tui.render.units import fmt_bytes, fmt_s
 
 STATE_STYLES = STATES
 WIDE = 120  # from this width on, tables show every column
@@ -56,11 +57,11 @@ def _rank_cells(snap: Snapshot, r, window: int, wide: bool = True) -> list:
     if r.slowest:
         state.append(" ◀ slowest" if wide else " ◀", style="bold")
     if last is None:
-        return [str(r.rank), safe(r.host), state, "0", "-", "-", "-", "-", "-", "-", "-", "-", _cpu(r), _gpu(r)]
+        return [str(r.rank), clean(r.host), state, "0", "-", "-", "-", "-", "-", "-", "-", "-", _cpu(r), _gpu(r)]
     rate = "paused" if snap.paused and r.state != "lost" else f"{f.images_per_s:.0f}"
     own = (f"{fmt_s(f.own_s)} {f.share(f.own_s):.1%}" if wide else f"{f.share(f.own_s):.1%}") \
         if f.steps and f.own_s > 0 else "-"  # 0: a file from before ddptop measured its own cost
-    return [str(r.rank), safe(r.host), state, str(r.step), fmt_s(last.iter_s) + ("*" if last.sampled else ""),
+    return [str(r.rank), clean(r.host), state, str(r.step), fmt_s(last.iter_s) + ("*" if last.sampled else ""),
             fmt_s(f.step_s) if f.steps else "-", rate, f"{f.share(f.comm_s):.0%}", fmt_s(f.exposed_comm_s),
             f"{f.overlap:.0%}", own, _loss(last.loss), _cpu(r), _gpu(r)]
 
@@ -94,7 +95,7 @@ def segment_table(snap: Snapshot, width: int = 160, last: int | None = None) -> 
     segments = list(snap.segment_figures)[-last:] if last else list(snap.segment_figures)
     for seg, row in zip(segments, metrics.table_rows(segments)):
         cells = list(tables.cells(row))
-        cells[2] = safe(cells[2] if wide else short_config(cells[2]))
+        cells[2] = clean(cells[2] if wide else short_config(cells[2]))
         if seg.measured_steps == 0:  # still in its warm-up: no figure yet rather than zeros
             cells = cells[:3] + [f"warm-up ({row['warmup']} step{'s' if row['warmup'] != 1 else ''})"] + \
                 ["" for _ in cells[4:]]
@@ -119,7 +120,7 @@ def util_rows(snap: Snapshot, width: int) -> Text:
         if i:
             out.append("\n")
         out.append(f"r{r.rank:<3}", style="bold")
-        out.append(f"{safe(r.host)[:10]:<11}")
+        out.append(f"{clean(r.host)[:10]:<11}")
         out.append("CPU ")
         out.append_text(pct_bar(s.proc_cpu_percent if s else None, 18, style=part_style("optimizer")))
         out.append(" ")
@@ -130,7 +131,7 @@ def util_rows(snap: Snapshot, width: int) -> Text:
         out.append_text(gpu_text(r, hist))
     if not snap.ranks:
         out.append("waiting for the ranks' first system samples", style="dim")
-    statuses = sorted({safe(r.system.gpu_status) for r in snap.ranks if r.system and not r.system.gpus})
+    statuses = sorted({clean(r.system.gpu_status) for r in snap.ranks if r.system and not r.system.gpus})
     if statuses:
         out.append(f"\nGPU: {'; '.join(statuses)}", style="dim")
     return out
@@ -183,7 +184,7 @@ def node_memory_line(snap: Snapshot) -> Text:
         pct = 100.0 * s.node_mem_used_bytes / s.node_mem_total_bytes if s.node_mem_total_bytes else None
         # in a CPU quota cgroup (a lab node) the share is of that quota, not of the machine: it says so
         quota = "" if s.node_cpu_quota is None else f"(of its {s.node_cpu_quota:.2g}-core quota) "
-        out.append(f"{safe(s.host)[:14]:<15}node CPU {quota}")
+        out.append(f"{clean(s.host)[:14]:<15}node CPU {quota}")
         out.append_text(pct_bar(s.node_cpu_percent, 14, style=part_style("optimizer")))
         out.append(" mem ")
         out.append_text(pct_bar(pct, 14, style=part_style("forward"),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 _BYTE_UNITS = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"))
 
 
@@ -58,15 +56,3 @@ def fmt_count(n: int | float | None) -> str:
 
 def ellipsize(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
-
-
-# C0 and C1 controls, DEL, zero-width and bidi controls, BOM: from the store or a file, never to the terminal raw
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
-
-
-def safe(text: object) -> str:
-    """Text from the store or a recording (hosts, notices, names), with every control character shown escaped.
-
-    The one place the screen cleans strings: when the project's sanitizer lands, this calls it."""
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
-                       text if isinstance(text, str) else str(text))

@@ -22,7 +22,8 @@ from ddptop.errors import DdptopError, UsageError
 from ddptop.metrics.buckets import ddp_buckets
 from ddptop.state.session import Snapshot
 from ddptop.tui.messages import ApplyRequested, TuneRequested
-from ddptop.tui.render.units import fmt_bytes, safe
+from ddptop.safe import clean
+from ddptop.tui.render.units import fmt_bytes
 from ddptop.tui.widgets.number_input import NumberInput
 
 FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "accum", "compress", "warmup", "apply", "tune")
@@ -99,7 +100,7 @@ def bucket_preview(snap: Snapshot | None, bucket_mb: float) -> Text:
         out.append(" (everything in one: no overlap with the backward pass is possible)", style="bold")
     out.append(", all-reduced in this order (the last layers first):")
     for i, b in enumerate(buckets[:8]):
-        out.append(f"\n  bucket {i}: {fmt_bytes(b.nbytes)}  {safe(b.span())}")
+        out.append(f"\n  bucket {i}: {fmt_bytes(b.nbytes)}  {clean(b.span())}")
     if len(buckets) > 8:
         out.append(f"\n  … {len(buckets) - 8} more")
     out.append("\n  (DDP's first step after a switch sends one bucket of everything; the timeline shows the real "
@@ -251,7 +252,7 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         self.app.set_focus(None)
 
     def watch_status(self, text: str) -> None:
-        self.query_one("#status", Static).update(safe(text))
+        self.query_one("#status", Static).update(clean(text))
 
     def watch_status_kind(self, kind: str) -> None:
         status = self.query_one("#status", Static)

@@ -11,7 +11,8 @@ from ddptop.metrics import tables
 from ddptop.state.session import Snapshot
 from ddptop.tui.render.palette import STATES, VERMILLION
 from ddptop.tui.render.tables import rate_unit
-from ddptop.tui.render.units import fmt_bytes, fmt_s, safe
+from ddptop.safe import clean
+from ddptop.tui.render.units import fmt_bytes, fmt_s
 
 
 def run_state(snap: Snapshot, mode: str, replay: dict | None) -> tuple[str, str]:
@@ -90,31 +91,31 @@ class StatusHeader(Widget):
         if self.mode == "replay":
             return Text(f"file {self.recording}" if self.recording else "file", style="dim")
         if self.recording:
-            return Text(f"rec ● {safe(self.recording)}", style=VERMILLION)
+            return Text(f"rec ● {clean(self.recording)}", style=VERMILLION)
         return Text("rec off", style="dim")
 
     def _second_line(self, snap: Snapshot, wide: bool) -> Text:
         out = Text()
         config = snap.config
-        out.append(safe(tables.describe(config)) if config else "config: -", style="bold #F0E442")
+        out.append(clean(tables.describe(config)) if config else "config: -", style="bold #F0E442")
         run = snap.run
         if run is None:
             out.append(" · waiting for rank 0 to describe the run", style="dim")
         else:
             params = f"{run.param_count / 1e6:.2f}M" if run.param_count >= 1e6 else f"{run.param_count / 1e3:.0f}k"
-            out.append(f" · {safe(run.model)} ({params} params, {fmt_bytes(run.param_bytes)} of gradients) on "
-                       f"{safe(run.dataset)}" if wide else f" · {safe(run.model)} on {safe(run.dataset)}")
+            out.append(f" · {clean(run.model)} ({params} params, {fmt_bytes(run.param_bytes)} of gradients) on "
+                       f"{clean(run.dataset)}" if wide else f" · {clean(run.model)} on {clean(run.dataset)}")
         hosts = snap.hosts
         out.append(f" · {snap.world_size} ranks on {len(hosts)} host{'s' if len(hosts) != 1 else ''}")
         if wide:
-            out.append(f" ({safe(', '.join(hosts[:4]))}{'…' if len(hosts) > 4 else ''}) · found by "
-                       f"{safe(snap.rank_source)}")
+            out.append(f" ({clean(', '.join(hosts[:4]))}{'…' if len(hosts) > 4 else ''}) · found by "
+                       f"{clean(snap.rank_source)}")
         return out
 
     def _third_line(self, snap: Snapshot) -> Text:
         if snap.diverged:
-            return Text(f"⚠ {safe(snap.diverged[-1].describe())}", style=f"bold {VERMILLION}")
+            return Text(f"⚠ {clean(snap.diverged[-1].describe())}", style=f"bold {VERMILLION}")
         if self.action:
-            return Text(safe(self.action), style="bold")
-        return Text(safe(snap.notices[-1]) if snap.notices else "", style="dim")
+            return Text(clean(self.action), style="bold")
+        return Text(clean(snap.notices[-1]) if snap.notices else "", style="dim")
 

@@ -11,7 +11,7 @@ from textual.widget import Widget
 from ddptop.state.session import Snapshot
 from ddptop.state.views import NodeView
 from ddptop.tui.render.slurm import expected_line, nic_summary_line, slurm_graph, slurm_stats
-from ddptop.tui.render.units import safe
+from ddptop.safe import clean
 
 STATS_ROWS = 7
 
@@ -56,15 +56,15 @@ class NetworkPanel(Widget, can_focus=True):
         out.append("\n")
         out.append_text(self._expected(node, iface))
         out.append("\n\nall nodes (their job interfaces)\n", style="bold")
-        out.append("\n".join(nic_summary_line(safe(n.host), (n.nic() or nic).stat, width) for n in nodes))
+        out.append("\n".join(nic_summary_line(clean(n.host), (n.nic() or nic).stat, width) for n in nodes))
         return out
 
     def _title(self, node: NodeView, iface: str) -> Text:
-        out = Text(f"node {safe(node.host)} (ranks {', '.join(map(str, node.ranks))})  ", style="bold")
+        out = Text(f"node {clean(node.host)} (ranks {', '.join(map(str, node.ranks))})  ", style="bold")
         out.append("interface ")
         for name in self._ifaces(node):
             style = "bold reverse" if name == iface else ""
-            out.append(f" {safe(name)}{'*' if name == node.job_iface else ''} ", style=style)
+            out.append(f" {clean(name)}{'*' if name == node.job_iface else ''} ", style=style)
         out.append("   ↑↓ node  ←→ interface  (* carries the job)", style="dim")
         return out
 

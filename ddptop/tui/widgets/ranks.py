@@ -13,7 +13,8 @@ from ddptop.state.session import Snapshot
 from ddptop.tui.messages import RankChosen
 from ddptop.tui.render.breakdown import OTHER_NOTE, breakdown_bar, breakdown_legend, step_parts
 from ddptop.tui.render.tables import ranks_table
-from ddptop.tui.render.units import fmt_s, safe
+from ddptop.safe import clean
+from ddptop.tui.render.units import fmt_s
 
 
 class RanksPanel(Widget, can_focus=True):
@@ -48,7 +49,8 @@ class RanksPanel(Widget, can_focus=True):
             parts.append(Text("    ").append_text(breakdown_legend(step_parts(slowest), width - 4)))
             parts.append(Text("    " + OTHER_NOTE, style="dim"))
         if snap.notices:
-            parts += [Text(""), Text("events", style="bold")] + [Text(safe(n), style="dim") for n in snap.notices[-12:]]
+            parts += [Text(""), Text("events", style="bold")]
+            parts += [Text(clean(n), style="dim") for n in snap.notices[-12:]]
         return Group(*parts)
 
     def action_move(self, delta: int) -> None:

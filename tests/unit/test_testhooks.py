@@ -1,0 +1,75 @@
+"""The test hooks live in one module: `ddptop.testhooks` is the only file in ddptop that names a DDPTOP_TEST_*
+variable, and it parses each the way the suite sets them (tests/README.md: test hooks out of the product)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from ddptop.errors import UsageError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "ddptop"
+HOOKS = ROOT / "testhooks.py"
+
+
+def test_only_the_injection_module_names_a_test_variable():
+    """Every file under ddptop/ (source or not; compiled caches aside), read as bytes: the text DDPTOP_TEST appears
+    in testhooks.py alone."""
+    named = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+                   if p.is_file() and "__pycache__" not in p.parts and p != HOOKS and b"DDPTOP_TEST" in p.read_bytes())
+    assert named == [], f"read a test hook through ddptop.testhooks instead: {named}"
+    assert b"DDPTOP_TEST" in HOOKS.read_bytes()
+
+
+def test_the_injection_module_imports_no_torch():
+    """A base module: the front and the replay side import it without the torch stack."""
+    import ast
+
+    names = {a.name for n in ast.walk(ast.parse(HOOKS.read_text())) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(ast.parse(HOOKS.read_text())) if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in names if m and m.split(".")[0] == "torch"}
+
+
+def test_the_rank_hooks_parse_as_the_suite_sets_them(monkeypatch):
+    from ddptop.testhooks import RankHooks, rank_hooks
+
+    monkeypatch.setenv("DDPTOP_TEST_RANK", "straggle=1:40,clock=2:5,start=0:3000,join=0:1500")
+    assert rank_hooks(0) == RankHooks(start_s=3.0, join_s=1.5)
+    assert rank_hooks(1) == RankHooks(delay_s=0.04)
+    assert rank_hooks(2) == RankHooks(clock_offset_s=5.0)
+    assert rank_hooks(3) == RankHooks()
+    monkeypatch.delenv("DDPTOP_TEST_RANK")
+    assert rank_hooks(1) == RankHooks()  # unset: every real run
+    for bad, line in (("straggle=one:40", "DDPTOP_TEST_RANK: bad item 'straggle=one:40' (straggle=RANK:MS, "
+                                          "clock=RANK:SECONDS, start=RANK:MS, join=RANK:MS)"),
+                      ("drift=1:40", "DDPTOP_TEST_RANK: unknown item 'drift=1:40' (straggle=RANK:MS, "
+                                     "clock=RANK:SECONDS, start=RANK:MS, join=RANK:MS)")):
+        monkeypatch.setenv("DDPTOP_TEST_RANK", bad)
+        with pytest.raises(UsageError) as err:
+            rank_hooks(0)
+        assert str(err.value) == line
+
+
+def test_the_model_tweaks_parse_as_the_suite_sets_them(monkeypatch):
+    from ddptop.testhooks import model_tweaks
+
+    monkeypatch.setenv("DDPTOP_TEST_MODEL", "no-batch-norm, sleep-ms=40,data-sleep-ms=5,oom-batch=64,oom-rank=1")
+    assert model_tweaks(1) == {"batch_norm": False, "sleep_s": 0.04, "data_sleep_s": 0.005, "oom_batch": 64}
+    assert model_tweaks(0)["oom_batch"] == 2**62  # the same wrapper on every rank, one that never raises
+    monkeypatch.delenv("DDPTOP_TEST_MODEL")
+    assert model_tweaks(0) == {}
+    monkeypatch.setenv("DDPTOP_TEST_MODEL", "bigger")
+    with pytest.raises(UsageError) as err:
+        model_tweaks(0)
+    assert str(err.value) == ("DDPTOP_TEST_MODEL: unknown item 'bigger' (no-batch-norm, sleep-ms=N, "
+                              "data-sleep-ms=N, oom-batch=N, oom-rank=R)")
+
+
+@pytest.mark.parametrize("value, seconds", [("teardown:2500", 2.5), ("", 0.0), ("teardown:soon", 0.0),
+                                            ("hold:2500", 0.0)])
+def test_the_fronts_teardown_hold(monkeypatch, value, seconds):
+    from ddptop.testhooks import teardown_hold_s
+
+    monkeypatch.setenv("DDPTOP_TEST_FRONT", value)
+    assert teardown_hold_s() == seconds
