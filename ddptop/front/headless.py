@@ -233,7 +233,7 @@ class HeadlessConsumer:
         feed.start()
         while job.alive():
             if self.printer.gone:
-                raise OutputClosed("the output's reader went away (a closed pipe): the job was stopped")
+                raise OutputClosed("the output's reader went away (a closed pipe)")
             time.sleep(self.poll_s)
         self.finish(feed, job)
 

@@ -321,8 +321,8 @@ def _watch(consumer: Callable, feed: Feed, job: "LocalJob") -> None:
         with _ctrl_c_ignored():  # a second Ctrl-C 0.2 s later cut the closing lines in two (issue 26)
             _stop_gracefully(job)
             consumer.finish(feed, job)
-        if isinstance(exc, OutputClosed):
-            raise  # cli.main: one line on stderr, exit 141; the teardown and the recording's end run first
+        if isinstance(exc, OutputClosed):  # cli.main: one line, exit 141; the teardown and the recording's end first
+            raise OutputClosed(f"{exc}: the job was stopped") from None
     finally:
         feed.stop()  # idempotent: the consumer's finish has usually stopped it already
 
