@@ -47,6 +47,12 @@ class RecordingExists(RecordingError):
     """The file a recording would be created at exists (ddptop never overwrites one)."""
 
 
+class OutputClosed(DdptopError):
+    """stdout's reader went away (`ddptop … | head -3`): the run ends as `yes | head` does, 128 + SIGPIPE."""
+
+    exit_code = 141
+
+
 class LabUnavailable(DdptopError):
     """`ddptop lab` cannot build its cluster here: not root, no namespaces, tc or cgroup CPU controller."""
 

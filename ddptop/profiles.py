@@ -1,13 +1,18 @@
-"""Run profiles: `profiles/NAME.toml` gives flag defaults and an optional sweep; typed flags still win."""
+"""Run profiles: `profiles/NAME.toml` gives flag defaults and an optional sweep; typed flags still win.
+
+A plain name is one of ddptop's own profiles (OWN_DIR), never a file of the current folder, which may be anyone's;
+a profile of your own is given by its path, and only such a file's code (`model = "x.py:M"`) is taken as yours."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddptop.config import is_spec
 from ddptop.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -15,20 +20,65 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-PROFILE_DIRS = (Path.cwd() / "profiles", Path(__file__).resolve().parent.parent / "profiles")
+OWN_DIR = Path(__file__).resolve().parent.parent / "profiles"  # ddptop's own profiles: what a plain name means
 SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr", "accum", "compress", "lr_warmup_steps"}
+CODE_KEYS = ("model", "dataset", "loss")  # settings whose value may name code (config.is_spec)
 
 
 def find_profile(name: str) -> Path:
-    candidate = Path(name)
-    if candidate.suffix == ".toml" and candidate.is_file():
+    """`NAME`: ddptop's own profiles/NAME.toml; `path/to/FILE.toml`: that file, which the user chose."""
+    if by_path(name):
+        candidate = Path(name)
+        if not candidate.is_file():
+            raise UsageError(f"no profile file {name}")
         return candidate
-    for folder in PROFILE_DIRS:
-        path = folder / f"{name}.toml"
-        if path.is_file():
-            return path
-    known = sorted({p.stem for folder in PROFILE_DIRS if folder.is_dir() for p in folder.glob("*.toml")})
-    raise UsageError(f"no profile {name!r}: choose one of {', '.join(known) or '(none found)'}")
+    path = OWN_DIR / f"{name}.toml"
+    if NAME.match(name) and path.is_file():
+        return path
+    known = ", ".join(own_profiles()) or "(none found)"
+    here = Path("profiles") / f"{name}.toml"
+    mine = f"; ./{here} is this folder's: give its path to use it (--profile ./{here})" \
+        if NAME.match(name) and here.is_file() else "; a profile of your own by its path (--profile FILE.toml)"
+    raise UsageError(f"no profile {name!r} of ddptop's: choose one of {known}{mine}")
+
+
+def by_path(name: str) -> bool:
+    return name.endswith(".toml") or "/" in name or os.sep in name
+
+
+def own_profiles() -> list[str]:
+    return sorted(p.stem for p in OWN_DIR.glob("*.toml")) if OWN_DIR.is_dir() else []
+
+
+def is_own(path: Path) -> bool:
+    return path.resolve().parent == OWN_DIR.resolve()
+
+
+def shadowed_note(name: str, path: Path) -> str:
+    """One line when ./profiles/NAME.toml exists beside ddptop's own NAME, which was used instead ('' otherwise)."""
+    here = Path("profiles") / f"{name}.toml"
+    if by_path(name) or not here.is_file() or here.resolve() == path.resolve():
+        return ""
+    return (f"ddptop: profile {name} is ddptop's own; ./{here} is not used (give its path to use it: "
+            f"--profile ./{here})")
+
+
+def check_code(path: Path, values: list[tuple[str, Any]]) -> None:
+    """A profile's code runs only as the user's: from a profile file they named by its path. ddptop's own profiles
+    may name a file of ddptop's own folder (wire-lab's examples/wide_mlp.py, from the current folder as every spec
+    is), never one that is someone else's where ddptop runs: one UsageError line instead."""
+    if not is_own(path):
+        return  # the user named this file: its code is theirs to run
+    root = os.path.realpath(OWN_DIR.parent)
+    for key, value in values:
+        if not is_spec(value) or str(value).startswith("torchvision:"):
+            continue
+        where = str(value).rpartition(":")[0]
+        found = os.path.realpath(where) if where.endswith(".py") else ""
+        if not found or os.path.commonpath([found, root]) != root:
+            shown = f", which here is {found}" if found else " (a module found on this folder's path)"
+            raise UsageError(f"profile {path.stem}: {key} = {value!r} names {where}{shown}, not ddptop's own: "
+                             f"run it from ddptop's folder ({OWN_DIR.parent}), or copy the profile and give its path")
 
 
 def read_profile(path: Path) -> dict[str, Any]:
@@ -53,6 +103,7 @@ def load_profile(name: str, flags: dict[str, Any]) -> dict[str, Any]:
     path = find_profile(name)
     data = read_profile(path)
     where = f"profile {path.name}"
+    check_code(path, [(k, v) for k, v in _table(data, "run", where).items() if k in CODE_KEYS])
     unknown = sorted(set(data) - {"run", "sweep", "lab", "reference"})  # [lab]: ddptop.lab.profile checks it
     if unknown:
         raise UsageError(f"{where}: unknown section(s) {', '.join(unknown)}: only [run], [sweep], [lab] and "
@@ -81,7 +132,7 @@ def load_profile(name: str, flags: dict[str, Any]) -> dict[str, Any]:
     until_oom = sweep.get("until_oom", False)
     if not isinstance(until_oom, bool):
         raise UsageError(f"{where}: [sweep] until_oom must be true or false")
-    return {"name": path.stem, "run": run, "sweep": configs, "warmup": _steps(where, sweep, "warmup", 5, 0),
+    return {"name": path.stem, "note": shadowed_note(name, path), "run": run, "sweep": configs, "warmup": _steps(where, sweep, "warmup", 5, 0),
             "measure": _steps(where, sweep, "measure", 20, 1), "until_oom": until_oom}
 
 
@@ -180,7 +231,7 @@ def profile_references(name: str) -> list[Reference]:
     name (a recording's text never picks a file); none when there is no such profile. UsageError when malformed."""
     if not isinstance(name, str) or not NAME.match(name):
         return []
-    path = next((folder / f"{name}.toml" for folder in PROFILE_DIRS if (folder / f"{name}.toml").is_file()), None)
-    if path is None:
+    path = OWN_DIR / f"{name}.toml"
+    if not path.is_file():
         return []
     return references(read_profile(path), f"profile {path.name}")

@@ -23,6 +23,7 @@ from ddptop.lab.capacity import check_fits
 from ddptop.lab.cluster import DEFAULT_SUBNET, Lab, machine_cores
 from ddptop.lab.links import parse_link
 from ddptop.lab.profile import LabSettings, Run, lab_settings
+from ddptop.safe import replacing
 
 OWN_FLAGS = ("local", "master", "rank", "world_size", "iface")  # the lab sets where every rank runs
 
@@ -135,7 +136,7 @@ def write_report(plan: Plan) -> int:
         with Recording.open(path) as rec:
             rows += summary.segments(list(rec.events()), run.name, plan.warmup)
     path = os.path.join(plan.report, "lab.md")
-    with open(path, "w") as f:
+    with replacing(path) as f:
         f.write(summary.markdown(summary.by_config(rows), plan.lab.link, f"`ddptop lab` {plan.lab.describe()}; "
                                                       f"{plan.warmup} warm-up step(s) left out per segment."))
     print(f"wrote {path}", file=sys.stderr)

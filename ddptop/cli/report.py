@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ddptop.errors import DdptopError, UsageError
+from ddptop.safe import replacing
 
 MIN_MEASURED = 3  # by default a segment needs warm-up + 3 steps: fewer give no step time worth a bar
 
@@ -158,11 +159,12 @@ def write(runs, shown, left_out, out: Path):
                  if m is not None]
     made += [m for m in (versus.figure(runs, out),) if m is not None]  # the Predicted vs measured table, drawn
     blocks = page.document(runs, shown, left_out, stats, made, rows, out, compared)
-    (out / "report.md").write_text(markdown.render(blocks))
-    (out / "segments.csv").write_text(markdown.segment_csv(stats))
-    (out / "report.html").write_text(html.render(blocks, out, blocks[0][1]))
     data = {m.name: {"title": m.title, "finding": m.finding, **m.data} for m in made}
-    (out / "figures.json").write_text(json.dumps(_finite(data), indent=1, allow_nan=False) + "\n")
+    for name, text in (("report.md", markdown.render(blocks)), ("segments.csv", markdown.segment_csv(stats)),
+                       ("report.html", html.render(blocks, out, blocks[0][1])),
+                       ("figures.json", json.dumps(_finite(data), indent=1, allow_nan=False) + "\n")):
+        with replacing(out / name) as f:  # -o may be a folder others write: a link planted at a name is replaced
+            f.write(text)
     return made, blocks
 
 

@@ -15,11 +15,11 @@ from ddptop.errors import UsageError
 
 
 def _profiles() -> list[tuple[str, str]]:
-    """(name, first line of its comment) of every profile ddptop can find."""
-    from ddptop.profiles import PROFILE_DIRS
+    """(name, first line of its comment) of ddptop's own profiles (never the current folder's: anyone's text)."""
+    from ddptop.profiles import OWN_DIR
 
     out = {}
-    for folder in PROFILE_DIRS:
+    for folder in (OWN_DIR,):
         for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
             try:
                 first = next((line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#")), "")
@@ -37,7 +37,8 @@ def _epilog() -> str:
     lines += ["", "profiles (--profile NAME: flag defaults and a sweep of configurations, one job):"]
     lines += [f"  {name:<20} {what}" for name, what in _profiles()]
     lines += ["", "exit codes: 0 ok, 1 refused by the job, 2 bad input, 3 data set missing, 4 master or ranks "
-              "unreachable, 5 a peer lost mid-run, 6 bad recording, 70 internal error, 130 interrupted"]
+              "unreachable, 5 a peer lost mid-run, 6 bad recording, 70 internal error, 130 interrupted, 141 output "
+              "closed (| head)"]
     return "\n".join(lines)
 
 
@@ -110,7 +111,8 @@ def run_parser() -> argparse.ArgumentParser:
                       help="all: phases, collectives and per-layer spans; system: step time, CPU, NICs; off (all)")
     look.add_argument("--span-every", type=int, default=10, metavar="N", help="record spans every Nth step (10)")
     where.add_argument("--token", help="job token for control messages (default: DDPTOP_TOKEN, else generated)")
-    look.add_argument("--profile", metavar="NAME", help="load profiles/NAME.toml (flags you type override it)")
+    look.add_argument("--profile", metavar="NAME|FILE.toml", help="one of ddptop's profiles (below), or a file of "
+                      "your own by its path; flags you type override it")
     look.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
     look.add_argument("--record", metavar="FILE", help="record the run to FILE (SQLite; FILE must not exist); "
                       "default: a new file in ./ddptop-runs/ named by date, time and strategy")
@@ -134,6 +136,8 @@ def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None
     from ddptop.profiles import load_profile
 
     profile = load_profile(args.profile, {a.dest: a for a in parser._actions})
+    if profile["note"]:
+        print(profile["note"], file=sys.stderr)
     parser.set_defaults(**profile["run"])
     return parser.parse_args(argv), profile
 

@@ -6,12 +6,14 @@ import json
 import os
 import re
 import secrets
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 from ddptop.control.auth import token_bytes
 from ddptop.errors import UsageError
+from ddptop.safe import replacing
 
 TOKEN_ENV = "DDPTOP_TOKEN"
 MIN_TOKEN_BYTES = 8
@@ -24,6 +26,37 @@ ENDED_KEPT_S = 7 * 86400  # a note that a job ended is kept a week (one small fi
 def jobs_dir() -> Path:
     base = os.environ.get("DDPTOP_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ddptop", "jobs")
     return Path(base)
+
+
+def private_jobs_dir(create: bool = True) -> Path | None:
+    """The state folder (DDPTOP_STATE_DIR, else ~/.cache/ddptop/jobs), made 0700 when ddptop creates it; None when it
+    does not exist and `create` is false. Job files hold tokens: a folder that another user owns or that others may
+    enter (any mode but 0700) is refused in one line (UsageError, exit 2), never used as it is."""
+    folder = jobs_dir()
+    made = False
+    if create and not folder.exists():
+        try:
+            folder.mkdir(parents=True, mode=0o700)
+            made = True
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise UsageError(f"cannot create the state folder {folder}: {exc.strerror or exc}") from None
+    try:
+        if made:
+            folder.chmod(0o700)  # mkdir's mode went through the umask
+        st = folder.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UsageError(f"cannot use the state folder {folder}: {exc.strerror or exc}") from None
+    problem = ("not a folder" if not stat.S_ISDIR(st.st_mode) else
+               f"owned by uid {st.st_uid}, not you (uid {os.geteuid()})" if st.st_uid != os.geteuid() else
+               f"mode {stat.S_IMODE(st.st_mode):04o}, not 0700" if stat.S_IMODE(st.st_mode) != 0o700 else "")
+    if problem:
+        raise UsageError(f"the state folder {folder} is {problem}: ddptop keeps job tokens there, so it must be "
+                         f"yours alone (chmod 700 it, or set DDPTOP_STATE_DIR to a folder of your own)")
+    return folder
 
 
 def check_token(token: str, where: str = "the job token") -> str:
@@ -51,15 +84,11 @@ def job_file(master: str, port: int) -> Path:
 
 def write_job_file(master: str, port: int, token: str, world_size: int, prefix: str = "") -> Path:
     """A file only this user can read, so `ddptop ctl` and the UI on this machine find the job and its token."""
-    folder = jobs_dir()
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_jobs_dir()
     path = job_file(master, port)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with replacing(path, perms=0o600) as f:  # readers never see half a file; nothing planted is written through
         json.dump({"master": master, "port": port, "token": token, "world_size": world_size, "pid": os.getpid(),
                    "prefix": prefix}, f)
-    os.replace(partial, path)  # readers never see half a file
     return path
 
 
@@ -74,19 +103,16 @@ def remove_job_file(master: str, port: int, how: str | None = None) -> None:
     if how is None:
         path.unlink(missing_ok=True)
         return
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with replacing(path, perms=0o600) as f:
         json.dump({"master": master, "port": port, "pid": os.getpid(), "ended": time.time(), "how": " ".join(how.split())[:300]}, f)
-    os.replace(partial, path)
 
 
 def last_ended_job(master: str | None, port: int | None, folder: Path | None = None) -> dict[str, Any] | None:
     """The newest note of a job that ended here (at `master`/`port` when given; in `folder`, default the jobs
     folder); notes older than ENDED_KEPT_S go."""
     newest = None
-    folder = folder or jobs_dir()
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    folder = folder or private_jobs_dir(create=False)
+    for path in sorted(folder.glob("*.json")) if folder is not None and folder.is_dir() else []:
         note = _read_ended(path)
         if note is None:
             continue
@@ -128,6 +154,8 @@ def _alive(pid: Any) -> bool:
         return False
     try:
         os.kill(pid, 0)
+    except PermissionError:  # EPERM: it runs, as another user (its job file is not ours to remove)
+        return True
     except OSError:
         return False
     return True
@@ -136,8 +164,8 @@ def _alive(pid: Any) -> bool:
 def running_jobs() -> list[dict[str, Any]]:
     """Job files of jobs whose front process still runs (stale files are removed)."""
     found = []
-    folder = jobs_dir()
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    folder = private_jobs_dir(create=False)
+    for path in sorted(folder.glob("*.json")) if folder is not None and folder.is_dir() else []:
         job = _read(path)
         if job is not None and _alive(job.get("pid")):
             found.append(job)

@@ -7,6 +7,7 @@ import time
 
 from ddptop.control.announce import announced
 from ddptop.control.bus import Collector, LiveSource, Liveness
+from ddptop.errors import OutputClosed
 from ddptop.events import RunFinished
 from ddptop.front.feed import SharedState
 from ddptop.front.headless import HeadlessConsumer, HeadlessPrinter
@@ -67,5 +68,7 @@ def watch(client, headless: bool, log_every: int) -> None:
         consumer = ScreenConsumer(recording=recording or None)
     try:
         consumer(feed, job)
+    except OutputClosed as exc:  # `ddptop attach --headless | head`: the reader left, the job goes on
+        raise OutputClosed(f"{exc}: detached; the job goes on") from None
     finally:
         feed.stop()

@@ -57,6 +57,15 @@ class SharedState:
             return self.state.snapshot()
 
 
+class PartlyDerived(Exception):
+    """A part of the front's derived events failed (the heartbeats' store went away); `events` are what the other
+    parts derived in the same pump, which go out all the same (a dead rank's RankLost is handed out only once)."""
+
+    def __init__(self, events: list[Event], cause: Exception):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.events = events
+
+
 class Feed:
     """source → SharedState and sinks, in order, each event once. `derived` (front.pipeline.Derived) adds the
     front's own events (lost ranks, fingerprint checks, recorder alarms) after each poll."""
@@ -171,6 +180,9 @@ class Feed:
             return events
         try:
             return events + self.derived(events)
+        except PartlyDerived as exc:
+            self._sink_failed(f"derived events: {exc}")
+            return events + exc.events
         except Exception as exc:  # the store went away while heartbeats were read: the ranks' events still go on
             self._sink_failed(f"derived events: {type(exc).__name__}: {exc}")
             return events

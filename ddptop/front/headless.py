@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
 from typing import TextIO
@@ -10,6 +12,7 @@ from ddptop import metrics
 from ddptop.metrics import tables
 from ddptop.events import (EpochDone, Event, EventsRefused, RankBack, RankJoined, RankLost, RunFinished, RunStarted, StepDone,
                            TelemetryGap)
+from ddptop.errors import OutputClosed
 from ddptop.front.feed import Feed, SharedState
 from ddptop.metrics import Figures
 from ddptop.safe import clean_lines
@@ -84,6 +87,7 @@ class HeadlessPrinter:
         self.bar = ProgressBar(self.out) if (self.out.isatty() if bar is None else bar) else None
         self.state = state or SharedState()
         self.loss_said = False  # the state's loss flag (metrics.learning) is printed once
+        self.gone = False  # the output's reader went away (a closed pipe): nothing more is printed
         self.state.listeners.append(self._lines)
 
     def handle(self, events: list[Event]) -> None:
@@ -151,11 +155,24 @@ class HeadlessPrinter:
                                       self.unit))
 
     def _print(self, line: str) -> None:
+        if self.gone:
+            return
         line = clean_lines(line)  # events were cleaned when decoded; printed lines are cleaned again all the same
-        if self.bar is not None:
-            self.bar.print(line)
-        else:
-            print(line, file=self.out, flush=True)
+        try:
+            if self.bar is not None:
+                self.bar.print(line)
+            else:
+                print(line, file=self.out, flush=True)
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        """`ddptop … | head`: the consumer stops the job (OutputClosed); what is still printed goes nowhere, so
+        neither a later line nor the exit-time flush raises again."""
+        self.gone = True
+        if self.out is sys.stdout:
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     def finish(self, traffic: bool) -> None:
         """The closing lines once ranks have finished (NIC vs formulas when `traffic`), then the bar goes."""
@@ -211,8 +228,12 @@ class HeadlessConsumer:
         self.poll_s = poll_s
 
     def __call__(self, feed: Feed, job) -> None:
+        """Until the ranks exit; OutputClosed when the output's reader went away, which the front turns into a
+        stop of the whole job, as a Ctrl-C (front.supervisor._watch)."""
         feed.start()
         while job.alive():
+            if self.printer.gone:
+                raise OutputClosed("the output's reader went away (a closed pipe)")
             time.sleep(self.poll_s)
         self.finish(feed, job)
 

@@ -15,7 +15,7 @@ import time
 from typing import Any, Sequence
 
 from ddptop.events import Event, RankBack, RankLost, RunFinished, Source
-from ddptop.front.feed import Feed, SharedState, Sink
+from ddptop.front.feed import Feed, PartlyDerived, SharedState, Sink
 from ddptop.front.fingerprints import FingerprintCheck
 
 LIVENESS_EVERY_S = 1.0  # heartbeats are read once a second: a rank is lost after lost_after_s (10 s), never sooner
@@ -45,19 +45,40 @@ class Derived:
             self._pending.extend(events)
 
     def __call__(self, events: list[Event]) -> list[Event]:
+        """The events derived from this pump; when a part fails, PartlyDerived carries what the others derived: a
+        RankLost the job hands out once must not go down with a heartbeat read that failed beside it."""
         with self._lock:
             out, self._pending = self._pending, []
-        if self.fingerprints is not None:
-            out += self.fingerprints.check(events)
+        failure = None
+        for part in (self._fingerprints, self._job_lost, self._job_check, self._liveness):
+            try:
+                out += part(events)
+            except Exception as exc:  # each part on its own: the others' events still go out
+                failure = failure or exc
+        kept = self._once(out)
+        if failure is not None:
+            raise PartlyDerived(kept, failure) from failure
+        return kept
+
+    def _fingerprints(self, events: list[Event]) -> list[Event]:
+        return self.fingerprints.check(events) if self.fingerprints is not None else []
+
+    def _job_lost(self, events: list[Event]) -> list[Event]:
+        return self.job.lost_events() if self.job is not None else []
+
+    def _job_check(self, events: list[Event]) -> list[Event]:
         if self.job is not None:
-            out += self.job.lost_events()
             self.job.check()
-        if self.liveness is not None:
-            self.liveness.finished.update(e.rank for e in events if isinstance(e, RunFinished))
-            if time.monotonic() >= self._next_liveness:
-                self._next_liveness = time.monotonic() + LIVENESS_EVERY_S
-                out += self.liveness.check()
-        return self._once(out)
+        return []
+
+    def _liveness(self, events: list[Event]) -> list[Event]:
+        if self.liveness is None:
+            return []
+        self.liveness.finished.update(e.rank for e in events if isinstance(e, RunFinished))
+        if time.monotonic() < self._next_liveness:
+            return []
+        self._next_liveness = time.monotonic() + LIVENESS_EVERY_S
+        return self.liveness.check()
 
     def _once(self, out: list[Event]) -> list[Event]:
         kept = []

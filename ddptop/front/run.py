@@ -6,7 +6,7 @@ import sys
 
 from ddptop.config import RunConfig
 from ddptop.control.auth import token_bytes
-from ddptop.control.token import STRONG_TOKEN_BYTES, resolve_token
+from ddptop.control.token import STRONG_TOKEN_BYTES, private_jobs_dir, resolve_token
 from ddptop.errors import RecordingExists
 from ddptop.front.feed import SharedState
 from ddptop.front.recording import RecorderAlarm, end_recording, open_recording
@@ -33,6 +33,8 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
     """`fresh_name`: `record` is a name ddptop chose (the runs folder's), so another run that took it in the same
     second moves this one to the next free name instead of failing. `collective_timeout_s`: the process groups'
     timeout, after which a collective that waits on a peer fails (PeerLost, exit 5). `tune`: --tune bucket."""
+    if records_here(rdv):
+        private_jobs_dir()  # where this process will leave the job file: refused now, before a rank or file starts
     if record and not records_here(rdv):
         print(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank", file=sys.stderr)
         record = None

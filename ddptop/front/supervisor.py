@@ -21,6 +21,7 @@ from ddptop.control.bus import Collector, LiveSource, Liveness
 from ddptop.control.client import ControlClient
 from ddptop.control.auth import JobKeys, new_job_id, new_salt
 from ddptop.control.token import remove_job_file, resolve_token, write_job_file
+from ddptop.errors import OutputClosed
 from ddptop.events import RankLost
 from ddptop.front import forks
 from ddptop.front.feed import Feed, SharedState
@@ -305,11 +306,13 @@ def open_channel(job: LocalJob, timeout_s: float = 10.0) -> channel.ChannelClien
 def _watch(consumer: Callable, feed: Feed, job: "LocalJob") -> None:
     try:
         consumer(feed, job)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, OutputClosed) as exc:  # the output's reader gone (`| head`): a stop, as a Ctrl-C
         job.stop()
         with _ctrl_c_ignored():  # a second Ctrl-C 0.2 s later cut the closing lines in two (issue 26)
             _stop_gracefully(job)
             consumer.finish(feed, job)
+        if isinstance(exc, OutputClosed):  # cli.main: one line, exit 141; the teardown and the recording's end first
+            raise OutputClosed(f"{exc}: the job was stopped") from None
     finally:
         feed.stop()  # idempotent: the consumer's finish has usually stopped it already
 

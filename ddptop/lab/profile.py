@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from ddptop.errors import UsageError
-from ddptop.profiles import find_profile, read_profile
+from ddptop.profiles import CODE_KEYS, check_code, find_profile, read_profile
 
 
 KEYS = {"nodes", "link", "cpus_per_node", "runs"}
@@ -73,6 +73,7 @@ def lab_settings(profile: str | None) -> LabSettings:
     if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, (int, float, str))):
         raise UsageError(f"{where}: cpus_per_node must be a number or \"unlimited\", got {cpus!r}")
     runs = tuple(_run(item, where, nodes) for item in _list(table.get("runs", []), where))
+    check_code(path, [(key, value) for run in runs for key, value in _code(run)])
     if len({r.name for r in runs}) < len(runs):
         raise UsageError(f"{where}: two runs share a name")
     return LabSettings(nodes, link, None if cpus is None else str(cpus), runs)
@@ -103,3 +104,16 @@ def _run(item: object, where: str, lab_nodes: int | None) -> Run:
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
         raise UsageError(f"{where}: run {name}: flags must be a list of strings like [\"--accum\", \"8\"], got {flags!r}")
     return Run(name, nodes, **own, flags=tuple(flags))
+
+
+def _code(run: Run) -> list[tuple[str, str]]:
+    """What a run names of code: its model and dataset, and --model/--dataset/--loss among its own flags."""
+    out = [(key, getattr(run, key)) for key in RUN_FLAGS if getattr(run, key) is not None]
+    for flag, value in zip(run.flags, run.flags[1:]):
+        if flag.lstrip("-") in CODE_KEYS:
+            out.append((flag.lstrip("-"), value))
+    for flag in run.flags:
+        key, equals, value = flag.lstrip("-").partition("=")
+        if equals and key in CODE_KEYS:
+            out.append((key, value))
+    return out

@@ -15,6 +15,7 @@ from ddptop.errors import UsageError
 from ddptop.events import SPAN_KINDS, StepDone, StepSpans, SystemSample
 from ddptop.metrics.stragglers import RankClock, clocks
 from ddptop.record.reader import Recording
+from ddptop.safe import replacing
 
 # Lanes (Chrome trace threads) of each rank, top to bottom; span kinds map onto them.
 LANES = ("step", "data", "compute", "wait", "comm", "optimizer")
@@ -247,14 +248,10 @@ def write_csv(path: str, columns: tuple[str, ...], rows: Iterable[dict], rate: s
 
 @contextlib.contextmanager
 def _replacing(path: str):
-    """Write to PATH.part and rename it to PATH only when complete: a failed export leaves no half file."""
-    part = path + ".part"
+    """Write PATH whole or not at all, through no link planted at it or at a partial (safe.replacing: a fresh file
+    beside it, renamed onto PATH when complete): a failed export leaves no half file."""
     try:
-        with open(part, "w", newline="") as f:
+        with replacing(path, "w", newline="") as f:
             yield f
-        os.replace(part, path)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        if os.path.exists(part):
-            os.remove(part)

@@ -18,6 +18,7 @@ import os
 import platform
 import queue
 import sqlite3
+import stat
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ from ddptop.errors import RecordingError, RecordingExists
 from ddptop.events import SCHEMA_VERSION as EVENT_SCHEMA, ConfigApplied, Event, RankJoined, RunStarted, StepSpans, link_bits
 from ddptop.record import schema
 from ddptop.record.reader import Recording
+from ddptop.safe import replacing
 
 MAX_BATCH = 20000  # rows per transaction when the queue runs ahead of the commit clock
 RESERVE = 256 * 1024  # room for the failure mark (a few WAL pages) once the disk is full
@@ -242,8 +244,9 @@ def _create(path: str) -> sqlite3.Connection:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise RecordingError(f"cannot record to {path}: no folder {folder}")
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))  # an empty file is an empty database
+    _nothing_beside(path)
+    try:  # O_EXCL never follows a link at `path`; O_NOFOLLOW says so once more
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))  # an empty database
     except FileExistsError:
         what = "a ddptop recording" if _is_recording(path) else "not a ddptop recording"
         raise RecordingExists(f"{path} already exists ({what}): remove it or record to another file") from None
@@ -291,14 +294,30 @@ def _remove(path: str) -> None:
             pass
 
 
+def _nothing_beside(path: str) -> None:
+    """SQLite opens FILE-wal and FILE-shm beside a recording as it finds them: one already there (planted by someone
+    who may write the folder, or left by a crash) would be read as this new file's log, or refused in SQLite's
+    words. Refused first, in one line naming it (RecordingError, exit 6); nothing is removed or followed."""
+    for side in ("-wal", "-shm", "-journal"):
+        try:
+            st = os.lstat(path + side)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise RecordingError(f"cannot record to {path}: {path + side}: {exc.strerror or exc}") from None
+        what = "a link" if stat.S_ISLNK(st.st_mode) else "a file"
+        raise RecordingError(f"cannot record to {path}: {path + side} is in the way ({what} of uid {st.st_uid}; "
+                             "SQLite would use it): remove it or record to another file")
+
+
 def _reserve(path: str) -> str | None:
-    """RESERVE bytes beside the recording, given back when a write fails so the failure can still be written."""
+    """RESERVE bytes beside the recording, given back when a write fails so the failure can still be written.
+    Written as a fresh file and renamed onto FILE-reserve (safe.replacing): a link planted there is replaced."""
     reserve = path + "-reserve"
     try:
-        with open(reserve, "wb") as f:
+        with replacing(reserve, "wb", perms=0o600) as f:
             f.write(b"\0" * RESERVE)
     except OSError:
-        _free(reserve)
         return None
     return reserve
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 import re
 from pathlib import Path
 
@@ -66,9 +67,16 @@ def render(blocks: list[tuple], folder: Path, title: str) -> str:
             body.append(f"<table><tr>{head}</tr>{rows}</table>")
         elif kind == "figure":
             made = block[1]
-            png = base64.b64encode((folder / made.data["files"][0]).read_bytes()).decode()
+            png = base64.b64encode(_own_file(folder / made.data["files"][0])).decode()
             body.append(f'<figure><img alt="{html.escape(made.title)}" src="data:image/png;base64,{png}">'
                         f'<figcaption class="what"><i>What this shows:</i> {html.escape(made.finding)}</figcaption>'
                         '</figure>')
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _own_file(path: Path) -> bytes:
+    """A figure this report just wrote, read without following a link someone put in its place since."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()

@@ -23,6 +23,8 @@ from matplotlib.container import BarContainer, ErrorbarContainer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from ddptop.safe import replacing  # noqa: E402
+
 DPI = 160  # PNG resolution: the issue asks for ≥ 150
 FORMATS = ("png", "svg", "pdf")
 # the formats `save` writes (`report --formats`): PNG always (report.html embeds it); SVG and PDF draw each figure
@@ -151,7 +153,8 @@ def save(fig, out: Path, name: str, title: str) -> dict[str, Any]:
         box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(0.1)
         data = readback(fig)  # after the tight box: it places the axis labels where the layout left the axes
         for fmt in _FORMATS.get():
-            fig.savefig(out / f"{name}.{fmt}", dpi=DPI, bbox_inches=box, metadata=_metadata(fmt))
+            with replacing(out / f"{name}.{fmt}", "wb") as f:  # through no link planted at the name (safe.py)
+                fig.savefig(f, format=fmt, dpi=DPI, bbox_inches=box, metadata=_metadata(fmt))
     plt.close(fig)
     return {"title": title, "files": [f"{name}.{fmt}" for fmt in _FORMATS.get()], "axes": data, "notes": notes(fig)}
 

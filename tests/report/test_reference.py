@@ -96,7 +96,7 @@ def test_a_malformed_reference_is_one_line_and_the_report_goes_on(tmp_path, monk
     folder = tmp_path / "profiles"
     folder.mkdir()
     (folder / "cs744-lab.toml").write_text('[[reference]]\nsource = "x"\nrows = [{ strategy = "ddp", step_s = "1" }]')
-    monkeypatch.setattr(profiles, "PROFILE_DIRS", (folder,))
+    monkeypatch.setattr(profiles, "OWN_DIR", folder)
     assert load("cs744-lab") == []
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "published figures left out" in err and "step_s must be seconds" in err

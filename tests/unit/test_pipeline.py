@@ -105,3 +105,34 @@ def test_only_the_pipeline_builds_a_feed():
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Feed":
                 builders.append(str(path.relative_to(ROOT)))
     assert builders == ["front/pipeline.py"], builders
+
+
+def test_a_dead_ranks_loss_survives_a_heartbeat_read_that_fails_in_the_same_pump(capsys):
+    """Issue 41: LocalJob.lost_events hands each dead rank's RankLost out once; when Liveness.check raised in the
+    same pump (the store gone, a desync) Derived dropped everything it had gathered, so that rank was never reported
+    lost. Real parts: a rank process that exited with code 3, a Liveness whose store's server has shut down."""
+    import gc
+
+    server = stores.serve(0, "127.0.0.1")
+    view = stores.job_view(stores.connect("127.0.0.1", server.port, 10), "", JOB.namespace)
+    del server
+    gc.collect()  # the server is gone: every read of the store raises now
+    proc = multiprocessing.get_context("spawn").Process(target=_die)
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 3
+    got = []
+
+    class Sink:
+        def handle(self, events):
+            got.extend(events)
+
+    feed = compose(Nothing(), world_size=1, liveness=Liveness(view, 1, JOB, lost_after_s=1.0), job=LocalJob([proc], [0]),
+                   sinks=[Sink()])
+    for _ in range(3):
+        feed.pump()
+        time.sleep(1.1)  # past pipeline.LIVENESS_EVERY_S: the heartbeats are read (and fail) at each pump
+    assert feed.errors >= 2 and "derived events" in (feed.error or ""), (feed.errors, feed.error)
+    lost = [e for e in got if isinstance(e, RankLost)]
+    assert len(lost) == 1 and "exited with code 3" in lost[0].reason, lost
+    assert "derived events" in capsys.readouterr().err  # the failure is still said

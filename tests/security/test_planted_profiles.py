@@ -1,0 +1,82 @@
+"""A folder someone else filled (issue 41): `./profiles/smoke.toml` there shadowed ddptop's own smoke, and its
+`model = "helpers/tiny.py:Tiny"` was imported in the front and both ranks; `--help` showed its description and
+`report` its `[[reference]]`. Now a plain name is ddptop's own profile only (README: profiles), and a profile's code
+runs only from a file the user named by its path. Each test runs the real CLI in a temporary folder whose planted
+module writes a marker file when it is imported: the marker must not appear."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PLANTED = "PLANTED-DESCRIPTION-41"
+MODULE = '''import pathlib
+pathlib.Path(__file__).resolve().parent.parent.joinpath("MARKER").write_text("imported")
+import torch
+
+
+def Tiny(num_classes=10):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, num_classes))
+
+
+def mlp(num_classes=10):
+    return Tiny(num_classes)
+'''
+
+
+def _plant(folder: Path) -> Path:
+    (folder / "profiles").mkdir()
+    (folder / "helpers").mkdir()
+    (folder / "helpers" / "tiny.py").write_text(MODULE)
+    (folder / "examples").mkdir()
+    (folder / "examples" / "wide_mlp.py").write_text(MODULE)
+    (folder / "profiles" / "smoke.toml").write_text(
+        f'# {PLANTED}\n[run]\nmodel = "helpers/tiny.py:Tiny"\nbatch_size = 8\n')
+    (folder / "profiles" / "cs744-lab.toml").write_text(
+        f'# {PLANTED}\n[[reference]]\nsource = "{PLANTED}"\nrows = [{{ strategy = "ddp", step_s = 1.0 }}]\n')
+    return folder / "MARKER"
+
+
+def _ddptop(folder: Path, *argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddptop", *argv], capture_output=True, text=True, timeout=timeout,
+                          cwd=folder, env={**os.environ, "PYTHONPATH": str(REPO),
+                                           "DDPTOP_STATE_DIR": str(folder / "jobs")})
+
+
+def test_a_planted_profile_never_shadows_ddptops_own_nor_runs_its_code(tmp_path):
+    marker = _plant(tmp_path)
+    helped = _ddptop(tmp_path, "--help")
+    assert helped.returncode == 0 and PLANTED not in helped.stdout and "every strategy" in helped.stdout
+    record = tmp_path / "smoke.db"
+    result = _ddptop(tmp_path, "--headless", "--profile", "smoke", "--local", "2", "--record", str(record))
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists(), "the planted profile's module was imported"
+    assert "./profiles/smoke.toml is not used" in result.stderr, result.stderr
+    with sqlite3.connect(record) as db:  # ddptop's own smoke: the tiny model, its five strategies
+        model = db.execute("SELECT json_extract(value, '$.model') FROM meta WHERE key = 'config'").fetchone()[0]
+        strategies = [s for (s,) in db.execute("SELECT json_extract(config, '$.strategy') FROM segments "
+                                               "ORDER BY segment")]
+    assert model == "tiny" and strategies == ["single", "gather-scatter", "allreduce", "allreduce", "ddp"], strategies
+
+
+def test_ddptops_own_profile_never_imports_a_file_of_this_folder_in_its_name(tmp_path):
+    """wire-lab names examples/wide_mlp.py, a path from the current folder: anywhere but ddptop's own folder that
+    is someone else's file. Refused in one line, exit 2, before anything is imported."""
+    marker = _plant(tmp_path)
+    result = _ddptop(tmp_path, "--headless", "--profile", "wire-lab", "--local", "1", "--steps", "1", "--no-record")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, (result.returncode, result.stderr)
+    assert "examples/wide_mlp.py" in result.stderr and "not ddptop's own" in result.stderr, result.stderr
+    assert not marker.exists()
+
+
+def test_the_reports_published_figures_come_from_ddptops_own_profile_only(tmp_path):
+    _plant(tmp_path)
+    out = tmp_path / "report"
+    result = _ddptop(tmp_path, "report", str(REPO / "recordings" / "cs744-lab.db"), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    text = (out / "report.md").read_text()
+    assert PLANTED not in text and "CS744 Spring 2025 Assignment 2 report" in text
