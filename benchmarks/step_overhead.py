@@ -5,7 +5,8 @@ the same machine. Both sides time the whole loop: ddptop's step time runs from o
 (the control exchange, the probes and handing events to the publisher included) and the plain script's from
 one loop top to the next. Prints a markdown table (medians of the measured steps, warm-up steps dropped).
 
-    .venv/bin/python benchmarks/step_overhead.py [--steps 12] [--warmup 2] [--model vgg11] [--rounds 1] [--cases single,ddp]
+    .venv/bin/python benchmarks/step_overhead.py [--steps 12] [--warmup 2] [--model vgg11] [--rounds 1] \
+        [--cases single,ddp]
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ def test_a_writer_killed_mid_stream_keeps_every_committed_batch(tmp_path, run_fo
     finally:
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    lines = [(int(step), int(written), float(at)) for step, written, at in (line.split() for line in printed.splitlines()
-                                                                            if line.count(" ") == 2)]
+    fields = [line.split() for line in printed.splitlines() if line.count(" ") == 2]
+    lines = [(int(step), int(written), float(at)) for step, written, at in fields]
     assert lines, printed[-500:]
     handed, committed = lines[-1][0] + 1, lines[-1][1]
     seen = sorted({written for _, written, _ in lines} | {0})
