@@ -179,7 +179,7 @@ def kill_losses(folder: str, kills: int, seed: int = 2) -> list[float]:
             newest = rec.query("SELECT max(t) FROM steps")[0][0]
         assert steps == list(range(len(steps))), "a step is missing"
         out.append(killed_at - newest)
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", "-reserve"):  # a killed writer leaves its disk-full reserve too
             if os.path.exists(path + suffix):
                 os.remove(path + suffix)
     return out

@@ -5,7 +5,8 @@ the same machine. Both sides time the whole loop: ddptop's step time runs from o
 (the control exchange, the probes and handing events to the publisher included) and the plain script's from
 one loop top to the next. Prints a markdown table (medians of the measured steps, warm-up steps dropped).
 
-    .venv/bin/python benchmarks/step_overhead.py [--steps 12] [--warmup 2] [--model vgg11] [--rounds 1]
+    .venv/bin/python benchmarks/step_overhead.py [--steps 12] [--warmup 2] [--model vgg11] [--rounds 1] \
+        [--cases single,ddp]
 """
 
 from __future__ import annotations
@@ -35,14 +36,18 @@ def ddptop_step_times(strategy, async_op, probes, model, batch, steps, world=2):
                     steps=steps, probes=probes, eval=False, synthetic_size=max(12800, batch * world * steps))
     done: list[StepDone] = []
 
-    def consumer(source, job):
+    def consumer(feed, job):  # run_front hands a Feed (the front's pipeline): pump it until the ranks exit
         while job.alive():
-            done.extend(e for e in source.poll() if isinstance(e, StepDone) and e.rank == 0)
+            feed.pump()
             time.sleep(0.2)
-        source.close()
-        done.extend(e for e in source.poll() if isinstance(e, StepDone) and e.rank == 0)
+        feed.stop()  # closes the source and hands the last events to the sink below
 
-    code = run_front(cfg, Rendezvous("127.0.0.1", 0, 0, world, 0, world, "local"), WorkerOptions(), consumer)
+    class Steps:
+        def handle(self, events):
+            done.extend(e for e in events if isinstance(e, StepDone) and e.rank == 0)
+
+    code = run_front(cfg, Rendezvous("127.0.0.1", 0, 0, world, 0, world, "local"), WorkerOptions(), consumer,
+                     sinks=[Steps()])
     if code != 0:
         raise SystemExit(f"ddptop run failed with exit code {code}")
     return [d.iter_s for d in sorted(done, key=lambda d: d.step)]
@@ -55,13 +60,19 @@ def main() -> None:
     ap.add_argument("--model", default="vgg11")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--cases", default=",".join(f"{s}{' async' if a else ''}" for s, a in CASES),
+                    help="comma-separated strategies to measure (default: all five)")
     args = ap.parse_args()
+    names = {f"{s}{' async' if a else ''}": (s, a) for s, a in CASES}
+    unknown = sorted(set(args.cases.split(",")) - set(names))
+    if unknown:
+        ap.error(f"unknown --cases {unknown}")
     med = lambda xs: statistics.median(xs[args.warmup:])  # noqa: E731
     print(f"{args.model}, batch {args.batch}/rank, 2 local gloo ranks, {os.cpu_count()} cores, "
           f"{args.steps - args.warmup} measured steps x {args.rounds} round(s), median s/step\n")
     print("| strategy | plain torch | ddptop --probes off | ddptop --probes all | all / plain | all / off |")
     print("|---|---|---|---|---|---|")
-    for strategy, async_op in CASES:
+    for strategy, async_op in (names[c] for c in args.cases.split(",")):
         plain, off, on = [], [], []
         for _ in range(args.rounds):  # interleaved, so drift in machine load hits all three alike
             plain.append(med(plain_step_times(strategy, async_op, args.model, args.batch, args.steps)))

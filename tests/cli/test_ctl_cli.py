@@ -8,6 +8,7 @@ import re
 import socket
 import statistics
 import subprocess
+import sys
 import time
 
 import psutil
@@ -90,9 +91,19 @@ def test_ctl_changes_a_running_job_and_stops_it(tmp_path):
     assert "token" not in json.loads(note.read_text())
 
 
-# README: `ctl` to no job answers "at once", and `ctl status` took 0.44 s median (0.20-0.71 s) at load average 10.
-# A fresh Python process is most of both; 2 s leaves 3-4x for a loaded 2-core machine (these tests run alone).
-CTL_S = 2.0
+# README: `ctl` to no job answers "at once", and `ctl status` took 0.18 s median (0.44 s before the channel). That
+# figure is this machine's; what keeps it on any machine is that `ctl` never imports torch (8.3 s through torch's
+# client). So the bound is a ratio against a calibration made in the same test: a fresh interpreter importing torch
+# (1.5-3 s on a quiet 2-core machine, 33-38 s at load 23) takes at least twice what `ctl` takes (measured 0.06-0.1
+# of it at both loads); a `ctl` that imports torch takes longer than the import alone, and fails by a factor of 2.
+CTL_SHARE = 0.5
+
+
+def torch_import_s() -> float:
+    """Seconds for `python -c "import torch"` now, on this machine: the calibration of the two tests below."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, capture_output=True, timeout=300)
+    return time.monotonic() - start
 
 
 @pytest.mark.alone
@@ -100,20 +111,22 @@ def test_ctl_with_no_job_at_that_address_says_so(tmp_path):
     env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path)}
     from ddptop.control.store import free_port
 
+    calibration = torch_import_s()
     for args in (["--token", "abcdefgh1"], []):  # with a token or without: the answer is that nothing is there
         start = time.monotonic()
         result = ctl("--master", "127.0.0.1", "--port", str(free_port()), *args, "status", env=env)
         took = time.monotonic() - start
         assert_one_line_error(result, 4, "no ddptop job on 127.0.0.1:")
-        assert len(result.stderr.strip().splitlines()) == 1 and took < CTL_S, took
+        calibration = min(calibration, torch_import_s())  # after each: a load that changes hits both
+        assert len(result.stderr.strip().splitlines()) == 1 and took < CTL_SHARE * calibration, (took, calibration)
 
 
 @pytest.mark.alone
 def test_ctl_status_is_quick_the_job_file_private_and_the_store_on_the_master_address_only(tmp_path):
     """README: the job file is readable only by you (0600, in a 0700 folder); the store listens on the --master
     address only (the kernel's socket table, and a connection to another local address is refused); `ctl status`
-    against a running job answers in well under a second (no torch import). The job has one rank: `ctl tune bucket`
-    is refused, there is nothing to communicate."""
+    against a running job answers in under half of a bare `import torch` timed in the same test (it imports no
+    torch). The job has one rank: `ctl tune bucket` is refused, there is nothing to communicate."""
     from ddptop.control.store import free_port
 
     jobs = tmp_path / "jobs"
@@ -131,14 +144,17 @@ def test_ctl_status_is_quick_the_job_file_private_and_the_store_on_the_master_ad
         assert listening == {("127.0.0.2", port)}, listening
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        times = []
-        for _ in range(5):
+        times, calibration = [], [torch_import_s()]
+        for n in range(5):
             start = time.monotonic()
             result = ctl("status", env=env)
             times.append(time.monotonic() - start)
             assert result.returncode == 0 and "running" in result.stdout, result.stderr
-        print(f"ctl status: {statistics.median(times):.2f} s median ({min(times):.2f}-{max(times):.2f} s)")
-        assert statistics.median(times) < CTL_S, times
+            if n in (1, 4):
+                calibration.append(torch_import_s())  # interleaved: a load that comes and goes hits both alike
+        print(f"ctl status: {statistics.median(times):.2f} s median ({min(times):.2f}-{max(times):.2f} s); "
+              f"import torch {min(calibration):.2f} s")
+        assert statistics.median(times) < CTL_SHARE * min(calibration), (times, calibration)
         assert_refused(ctl("tune", "bucket", env=env),
                        "tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
         assert ctl("stop", env=env).returncode == 0

@@ -68,6 +68,11 @@ def test_the_parts_never_exceed_the_step(jobs, accum):
         "SELECT rank, step, iter_s, data_s + micro_s + fwd_s + bwd_s + opt_s + exposed_comm_s + own_s FROM steps "
         "WHERE data_s + micro_s + fwd_s + bwd_s + opt_s + exposed_comm_s + own_s > iter_s + ?", (PARTS_EPS,)).fetchall()
     assert not over
-    # compute is the micro-steps, the forward, the backward and the optimizer step (metrics' one definition)
-    assert jobs[accum].execute("SELECT max(abs(compute_s - micro_s - fwd_s - bwd_s - opt_s)) FROM steps"
-                               ).fetchone()[0] < 1e-9
+    # compute (the micro-steps, the forward, the backward, the optimizer step) holds the `accum` forward passes'
+    # injected delays, each step's too, and little more: the parts' own tolerance, once for the micro-steps and
+    # once for the synchronized forward (a compute that left out the micro-steps, or counted them twice, misses)
+    rows = jobs[accum].execute("SELECT iter_s, compute_s FROM steps WHERE step > 0 AND sampled = 0").fetchall()
+    assert len(rows) >= 4, rows
+    assert all(it >= accum * DELAY_S and compute >= accum * DELAY_S for it, compute in rows), rows
+    compute = statistics.median(c for _, c in rows)
+    assert accum * DELAY_S <= compute <= accum * DELAY_S + 2 * TOLERANCE_S, (compute, rows)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from ddptop.events import RunStarted, SystemSample
-from ddptop.metrics import wire
 from ddptop.train.models import build_model
 from jobs import run_job, spans_of, steps_of, tiny_config
 
 EPS = 1e-6
 PARTS_EPS = 2e-5  # 20 µs
-TINY_PARAMS = [(n, p.numel() * 4) for n, p in build_model("tiny").named_parameters()]
+# `other`'s share of the median step: 0.9% in recordings/live-switch.db (tiny model, 2 ranks, 3000 steps; SQL:
+# median of (iter_s − data_s − compute_s − exposed_comm_s − own_s) / iter_s; 0.35-1.3% by segment)
+OTHER_SHARE = 0.05
+TINY_PARAMS = [(n, p.numel() * p.element_size()) for n, p in build_model("tiny").named_parameters()]
 TINY_BYTES = sum(size for _, size in TINY_PARAMS)
 
 
@@ -70,13 +74,26 @@ def test_async_waits_are_recorded(jobs):
         assert [s.name for s in step.spans if s.kind == "wait"] == ["wait async handles"]
 
 
-@pytest.mark.parametrize("name", ["allreduce", "async", "ddp-big-bucket"])
-def test_ring_bytes_per_step(jobs, name):
-    sent, _ = wire.ring_allreduce(TINY_BYTES, 2)
-    for done in steps_of(jobs[name]):
+def ring_bytes(tensors: list[int], world_size: int) -> int:
+    """What one rank sends (and receives) in a ring all-reduce of each tensor, written out here rather than taken
+    from ddptop.metrics.wire: the tensor in N chunks of S/N bytes; N−1 chunks go out in the reduce-scatter and N−1
+    in the all-gather, so 2(N−1)·S/N per tensor (rounded down to whole bytes, as gloo's chunks are)."""
+    return sum(2 * (world_size - 1) * size // world_size for size in tensors)
+
+
+@pytest.mark.parametrize("name, tensors", [("allreduce", [size for _, size in TINY_PARAMS]),
+                                           ("async", [size for _, size in TINY_PARAMS]),
+                                           ("ddp-big-bucket", [TINY_BYTES])])  # one bucket: one tensor of them all
+def test_ring_bytes_per_step(jobs, name, tensors):
+    """Against the model's own parameter bytes (numel × element_size, summed by the test) through the ring's
+    arithmetic: with 2 ranks each rank sends and receives exactly S a step."""
+    expected = ring_bytes(tensors, 2)
+    assert expected == TINY_BYTES  # N = 2: 2(N−1)/N = 1, every tensor's bytes once
+    steps = steps_of(jobs[name])
+    assert len(steps) == 8  # 4 steps × 2 ranks: none may pass unchecked
+    for done in steps:
         assert done.comm_bytes == TINY_BYTES
-        # per-tensor floor division may lose a byte per tensor
-        assert abs(done.tx_bytes - sent) <= len(TINY_PARAMS) and done.rx_bytes == done.tx_bytes
+        assert (done.tx_bytes, done.rx_bytes) == (expected, expected), done
 
 
 def test_gather_scatter_bytes_per_step(jobs):
@@ -105,11 +122,15 @@ def test_step_summary_is_consistent(jobs):
             # time, 0.4 ms over a 13 ms step) shows here. PARTS_EPS: float sums of a few perf_counter differences
             measured = done.data_s + done.fwd_s + done.bwd_s + done.opt_s + done.exposed_comm_s + done.own_s
             assert measured <= done.iter_s + PARTS_EPS, (name, done)
-        # ... and leave little unexplained: `other` (zero_grad, the loop) is ~1% of a tiny-model step in
-        # recordings/live-switch.db; under half over the job, whatever the load (a preempted step lands in `other`)
+        # ... and leave little unexplained: `other` (zero_grad, the loop between phases) is ~1% of a tiny-model step
+        # in recordings/live-switch.db (SQL: OTHER_SHARE's comment). A share of the step, not a time: a slower
+        # machine slows the parts and the step alike. The median step, so one step preempted in the loop (its wait
+        # lands in `other`) does not decide it; OTHER_SHARE is 5x the recording's share
         steps = steps_of(events)
-        other = sum(d.iter_s - d.data_s - d.compute_s - d.exposed_comm_s - d.own_s for d in steps)
-        assert other < 0.5 * sum(d.iter_s for d in steps), name
+        assert len(steps) >= 8, name
+        shares = sorted((d.iter_s - d.data_s - d.compute_s - d.exposed_comm_s - d.own_s) / d.iter_s for d in steps)
+        print(name, "other / step:", " ".join(f"{x:.1%}" for x in shares))
+        assert statistics.median(shares) < OTHER_SHARE, (name, shares)
         started = [e for e in events if isinstance(e, RunStarted)]
         assert len(started) == 1 and started[0].param_bytes == TINY_BYTES
 

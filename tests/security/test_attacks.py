@@ -25,6 +25,7 @@ from ddptop.control.channel import MAX_PENDING, read_port
 from ddptop.control.client import ControlClient
 from ddptop.control.commands import make_request
 from ddptop.events import ConfigApplied, RankBack, RankLost, StepDone
+from ddptop.front.pipeline import LIVENESS_EVERY_S
 from ddptop.record.reader import Recording
 from test_bad_input import main
 from test_run_cli import DDPTOP
@@ -169,9 +170,19 @@ def test_oversized_values_are_refused_without_growing_the_front(job):
 
 
 def test_filling_the_store_is_noticed_and_said(job):
+    """README: a store filled with many smaller values is reported once, not stopped. Once: the front checks the
+    key count every second (LIVENESS_EVERY_S), so after the first report a second flood and several more checks
+    (the job advancing meanwhile: its front pumps) must leave exactly one `store_flooded` row."""
     s = stranger(job.port)
     s.multi_set([f"junk/{n}" for n in range(1600)], [b"x"] * 1600)  # more keys than 2 ranks ever write (1536)
-    assert job.recorded("store_flooded"), "the front said nothing"
+    first = job.recorded("store_flooded")
+    assert len(first) == 1, first or "the front said nothing"
+    assert first[0]["keys"] >= 1600 and first[0]["keys"] > first[0]["expected"], first  # at least the keys we put
+    s.multi_set([f"junk/more/{n}" for n in range(400)], [b"x"] * 400)  # still flooded, and more so
+    assert job.advances(0) < 5
+    # a second report, if any, comes within a check (1 s) and a commit (0.5 s): 4 checks' worth, then exactly one
+    rows = job.recorded("store_flooded", until=lambda rows: len(rows) > 1, within_s=4 * LIVENESS_EVERY_S + 0.5)
+    assert len(rows) == 1, rows
     assert job.advances(0) < 5
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import pytest
 from textual.widgets import Input, Select, Switch, TabbedContent
 
@@ -307,19 +310,37 @@ async def test_a_number_field_takes_digits_esc_discards_and_the_footer_says_so(r
         assert not [m for m in posted if isinstance(m, ApplyRequested)] and connect.calls == 0
 
 
-async def test_the_tune_button_asks_the_job_and_says_its_answer_in_the_panel(replay_at_end):
-    """Tune buckets goes the way `ddptop ctl tune bucket` goes (control.send_tune); with no job there, the panel says
-    why in its status line. A real tune is tests/cli/test_tune.py's."""
-    connect, posted = _NoJob(), []
-    app = DdptopApp(compose(replay_at_end), mode="live", connect=connect)
-    async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
-        await pilot.press("7")
-        await pilot.click("#tune")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert any(type(m).__name__ == "TuneRequested" for m in posted)
-        assert connect.calls == 1
-        assert app.query_one(ControlsPanel).status == "connection refused"
+async def test_the_tune_button_asks_the_job_and_says_its_answer_in_the_panel(replay_at_end, tmp_path):
+    """Tune buckets on a real 2-rank DDP job (tests/cli/test_tune.py's headless tiny job, started here): the button's
+    request reaches the job through the client the live screen opens (front/screen.py's ControlClient, role "tui"),
+    and the panel's status line is the job's answer, checked against what the app did not compute: the line the job
+    itself printed when its tune ended, and the tune's note in its recording (SQL, test_tune's check; its request
+    id 1: the only request, the button's)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cli"))
+    from test_tune import TOKEN, _job, _stop, check_tune_recording
+
+    from ddptop.control.client import ControlClient
+    from ddptop.control.store import free_port
+    from jobs import connect, killed_if_left
+
+    port, posted = free_port(), []
+    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
+        connect(port, TOKEN)  # rank 0 answers: the job is up
+        app = DdptopApp(compose(replay_at_end), mode="live",
+                        connect=lambda: ControlClient("127.0.0.1", port, TOKEN, role="tui"))
+        async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
+            await pilot.press("7")
+            await pilot.click("#tune")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            panel = app.query_one(ControlsPanel)
+            status, kind = panel.status, panel.status_kind
+        out, _ = _stop(proc, port)
+    assert any(type(m).__name__ == "TuneRequested" for m in posted)
+    assert status.startswith("tune bucket: kept ") and kind == "ok", status
+    assert status in out, (status, out[-2000:])  # the job's own printed line, word for word
+    note = check_tune_recording(tmp_path / "run.db")
+    assert note["request_id"] == 1, note
 
 
 async def test_the_strategy_field_moves_on_with_arrows_and_opens_its_list_on_enter(replay_at_end):
