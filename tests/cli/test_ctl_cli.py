@@ -98,11 +98,11 @@ CTL_S = 2.0
 @pytest.mark.alone
 def test_ctl_with_no_job_at_that_address_says_so(tmp_path):
     env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path)}
-    from ddptop.control.store import free_port
+    import ports
 
     for args in (["--token", "abcdefgh1"], []):  # with a token or without: the answer is that nothing is there
         start = time.monotonic()
-        result = ctl("--master", "127.0.0.1", "--port", str(free_port()), *args, "status", env=env)
+        result = ctl("--master", "127.0.0.1", "--port", str(ports.port()), *args, "status", env=env)
         took = time.monotonic() - start
         assert_one_line_error(result, 4, "no ddptop job on 127.0.0.1:")
         assert len(result.stderr.strip().splitlines()) == 1 and took < CTL_S, took
@@ -114,11 +114,11 @@ def test_ctl_status_is_quick_the_job_file_private_and_the_store_on_the_master_ad
     address only (the kernel's socket table, and a connection to another local address is refused); `ctl status`
     against a running job answers in well under a second (no torch import). The job has one rank: `ctl tune bucket`
     is refused, there is nothing to communicate."""
-    from ddptop.control.store import free_port
+    import ports
 
     jobs = tmp_path / "jobs"
     env = {**os.environ, "DDPTOP_STATE_DIR": str(jobs)}
-    port = free_port("127.0.0.2")
+    port = ports.port()
     job = subprocess.Popen(DDPTOP + ["--master", "127.0.0.2", "--rank", "0", "--world-size", "1", "--port", str(port),
                                      "--steps", "100000", "--log-every", "1000", *TINY],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -15,10 +15,10 @@ import psutil
 import pytest
 
 from ddptop.control.client import ControlClient
-from ddptop.control.store import free_port
 from ddptop.control.token import running_jobs
 from ddptop.errors import DdptopError
 from ddptop.front import forks
+import ports
 import procs
 from calibrate import Calibrated
 from test_run_cli import DDPTOP, TINY, ddptop
@@ -137,7 +137,7 @@ def _two_nodes(port: str, *extra: str, env1: dict | None = None):
 
 
 def test_a_killed_master_stops_the_workers():
-    master, worker = _two_nodes(str(free_port()))
+    master, worker = _two_nodes(str(ports.port()))
     wait_training(master, 1)
     with Calibrated() as cal:
         os.kill(master.pid, signal.SIGKILL)  # its rank-0 process dies with it (PR_SET_PDEATHSIG)
@@ -152,7 +152,7 @@ def test_a_killed_master_stops_the_workers():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stopping_the_master_stops_every_rank_and_frees_the_port(sig):
-    port = str(free_port())
+    port = str(ports.port())
     master, worker = _two_nodes(port)
     kids = wait_training(master, 1)
     os.kill(master.pid, sig)
@@ -170,7 +170,7 @@ def test_port_is_free_sees_a_store_that_listens():
 
     import torch.distributed as dist
 
-    port = free_port()
+    port = ports.port()
     store = dist.TCPStore("127.0.0.1", port, 1, True, timedelta(seconds=5), wait_for_workers=False)
     assert not port_is_free(port)
     del store
@@ -193,7 +193,7 @@ def test_a_wrong_token_never_reaches_the_job_and_both_sides_give_up_in_one_line(
     """With a token the handshake runs in the job's secret namespace: a rank with another token never sees it
     (so a stranger cannot abort a job by answering for it) and both sides give up after --timeout. The master's
     recording, begun before the rank was missed, is not left behind to block the retry (README, Failures)."""
-    port = str(free_port())
+    port = str(ports.port())
     master = start("--rank", "0", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token",
                    "right-token-1", "--timeout", "5", *LONG, env={"DDPTOP_RUNS_DIR": str(tmp_path / "runs")})
     worker = ddptop("--rank", "1", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token",
@@ -210,7 +210,7 @@ def test_another_ddptop_version_is_refused_at_the_handshake(tmp_path):
     shutil.copytree(Path(__file__).resolve().parents[2] / "ddptop", fake)
     init = fake / "__init__.py"
     init.write_text(init.read_text().replace('__version__ = "', '__version__ = "9.9-'))
-    port = str(free_port())
+    port = str(ports.port())
     master = start("--rank", "0", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--timeout", "30",
                    *LONG)
     worker = ddptop("--rank", "1", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--timeout", "30",
@@ -381,20 +381,8 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
     assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
 
 
-def free_on_both(a: str, b: str) -> int:
-    """A port free at both addresses (one free at b alone may be taken at a by another test's job)."""
-    while True:
-        port = free_port(b)
-        with socket.socket() as s:
-            try:
-                s.bind((a, port))
-            except OSError:
-                continue
-        return port
-
-
 def test_two_jobs_on_one_port_at_two_addresses_keep_their_own_job_files():
-    port = str(free_on_both("127.0.0.1", "127.0.0.2"))
+    port = str(ports.port())  # bindable on every address: free at both
     common = ["--rank", "0", "--world-size", "1", "--port", port, *LONG]
     first, second = start("--master", "127.0.0.1", *common), start("--master", "127.0.0.2", *common)
     try:

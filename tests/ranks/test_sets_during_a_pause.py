@@ -7,8 +7,8 @@ import time
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.client import ControlClient
 from ddptop.events import ConfigApplied
-from ddptop.control.store import free_port
 from jobs import connect, run_job
+import ports
 
 TOKEN = "pause-sets-token"
 WORLD = 2
@@ -29,7 +29,7 @@ def _settled(client: ControlClient, request_id: int, timeout_s: float = 20) -> d
 
 
 def test_two_sets_during_a_pause_are_both_applied_and_both_answered():
-    port = free_port()
+    port = ports.port()
     seen: dict = {}
 
     def script(collected):
