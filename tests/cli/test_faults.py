@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -258,6 +261,21 @@ def fill(folder: Path) -> Path:
     return filler
 
 
+def committed(record: Path, steps: int, timeout_s: float = 30) -> None:
+    """Until the live recording holds at least `steps` committed steps of each of its two ranks (SQL on the file)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{record}?mode=ro", uri=True, timeout=5)) as db:
+                counts = dict(db.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
+        except sqlite3.Error:  # not created yet
+            counts = {}
+        if len(counts) == 2 and min(counts.values()) >= steps:
+            return
+        assert time.monotonic() < deadline, f"the recording held {counts} steps by rank after {timeout_s:g} s"
+        time.sleep(0.1)
+
+
 def read_lines_until(proc: subprocess.Popen, needle: str, timeout: float = 60) -> list[str]:
     lines, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -272,15 +290,16 @@ def test_a_full_disk_stops_the_recording_and_training_goes_on(small_disk):
     record = small_disk / "run.db"
     front = start("--local", "2", "--record", str(record), *LONG)
     wait_training(front, 2)
-    time.sleep(1.5)  # a few commits (one every 0.5 s) with steps in them
+    committed(record, 3)  # a few commits (one every 0.5 s) with steps in them
     filler = fill(small_disk)
     start_t = time.monotonic()
     read_lines_until(front, f"recording to {record} stopped: database or disk is full")
     noticed = time.monotonic() - start_t
     port = running_jobs()[0]["port"]
-    step = ControlClient.find(None, port, None).status()["step"]
-    time.sleep(2)
-    assert ControlClient.find(None, port, None).status()["step"] > step  # the recorder is an observer, not the job
+    step, deadline = ControlClient.find(None, port, None).status()["step"], time.monotonic() + 30
+    while ControlClient.find(None, port, None).status()["step"] <= step:  # the recorder is an observer, not the job
+        assert time.monotonic() < deadline, f"training stopped at step {step} when the recording did"
+        time.sleep(0.1)
     os.kill(front.pid, signal.SIGTERM)
     out, err, _ = finish(front)
     assert front.returncode == 0, err
@@ -346,6 +365,21 @@ def rank_processes(front: subprocess.Popen) -> list[psutil.Process]:
     return procs.rank_processes(front.pid)
 
 
+def importing_ddptop_cli(front: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Until the front (run with PYTHONPROFILEIMPORTTIME=1) has imported ddptop.errors, ddptop.cli's first import:
+    `python -m ddptop` is then in its __main__, importing the command line, where a Ctrl-C is `ddptop: interrupted`
+    (130). Before that moment it is not yet ddptop's (Python itself dies of the signal)."""
+    timer = threading.Timer(timeout_s, front.kill)  # a front that hangs silently: its stderr ends, and this fails
+    timer.start()
+    try:
+        for line in front.stderr:
+            if line.split("|")[-1].strip() == "ddptop.errors":
+                return
+    finally:
+        timer.cancel()
+    raise AssertionError(f"the front ended ({front.wait()}) or hung {timeout_s:g} s before importing ddptop.errors")
+
+
 @pytest.mark.parametrize("moment", ["before the ranks", "while the ranks start", "while training"])
 def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
     """Ctrl-C reaches the whole process group (the front and the ranks importing torch). Each moment is found by
@@ -354,10 +388,12 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
     `stopped while the ranks were starting` (0); once they train, a stop (0, `finished: … (stopped)`). One line, no
     traceback, nothing left."""
     hold = {"DDPTOP_TEST_RANK": "join=0:20000"} if moment == "while the ranks start" else None
+    if moment == "before the ranks":  # each import the front finishes is a line on its stderr, as it happens
+        hold = {"PYTHONPROFILEIMPORTTIME": "1"}
     front = start("--local", "2", *LONG, env=hold)
     if moment == "before the ranks":
-        time.sleep(0.3)  # the front is still importing ddptop: ~1 s before it starts a rank here
-        assert not rank_processes(front), "the ranks started within 0.3 s: pick an earlier moment"
+        importing_ddptop_cli(front)  # the front is still importing ddptop: ~1 s before it starts a rank here
+        assert not rank_processes(front), "the ranks had started already: pick an earlier moment"
     elif moment == "while the ranks start":
         deadline = time.monotonic() + 30
         while len(rank_processes(front)) < 2:  # forked from the server (front/forks.py), each named by its rank
@@ -377,8 +413,7 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
     else:
         assert front.returncode == 0 and finished and finished[-1].endswith("(stopped)"), (out, err)
     assert took < 30, took  # a hang guard; the stop itself is checked by the lines above
-    time.sleep(0.5)
-    assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+    assert not procs.still_running(kids, 10), "processes of the job left after its front exited"
 
 
 def test_two_jobs_on_one_port_at_two_addresses_keep_their_own_job_files():
