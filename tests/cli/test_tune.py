@@ -221,7 +221,7 @@ def test_a_set_during_the_tune_ends_it_and_puts_the_start_size_back_by_sql(tmp_p
     at batch 32 under a bucket size's label), says so in one line (exit 1) and in its note, and sets the size it
     started from again on top of the user's change, which stays. The set is sent in this process as soon as the
     first trial's segment is printed: it lands within a step or two, ~60 steps before the tune could end."""
-    port = free_port()
+    port = ports.port()
     with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
         client = connect(port, TOKEN)
         done: list[subprocess.CompletedProcess] = []
