@@ -4,6 +4,7 @@ tests that run alone and the lab's; under CI=true turns a skip into a failure.""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -11,6 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import pytest  # noqa: E402
 
 from skips import ci_failure  # noqa: E402
+from terminals import servers_left  # noqa: E402
 
 from phases import ALONE, LAB  # noqa: E402  (which files run alone, which are the lab's: one list, phases.py)
 
@@ -52,3 +54,14 @@ def runs_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ddptop-runs")
     os.environ["DDPTOP_RUNS_DIR"] = str(folder)
     return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_tmux_server_left():
+    """The tests that drive a terminal each start a tmux server of their own (terminals.py) and kill it: none is
+    left when this pytest process ends (one that is, is killed, and the session ends in an error naming it)."""
+    yield
+    if shutil.which("tmux") is None:
+        return
+    left = servers_left()  # and killed
+    assert not left, f"tmux servers the suite left running: {left}"

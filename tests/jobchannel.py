@@ -7,6 +7,8 @@ from ddptop.control import store as stores
 from ddptop.control.auth import JobKeys
 from ddptop.control.channel import ChannelClient, ChannelServer, publish
 
+import ports
+
 SALT = b"a-test-salt-16-b"
 
 
@@ -19,7 +21,7 @@ class Served:
 
     def __init__(self, job: JobKeys):
         self.job = job
-        self.port = stores.free_port()
+        self.port = ports.port()
         self.store = stores.serve(self.port)
         self.channel = ChannelServer("127.0.0.1", {b"control": job.control, b"ranks": job.ranks})
         publish(stores.ddptop_view(self.store), SALT, self.channel.port)

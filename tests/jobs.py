@@ -89,11 +89,11 @@ def torchrun(args: list[str], env: dict, cwd=None, ranks: int = 2):
     import signal
     import sys
 
-    from ddptop.control.store import free_port
+    import ports
 
     launcher = os.path.join(os.path.dirname(sys.executable), "torchrun")
     job = subprocess.Popen([launcher, "--nnodes", "1", "--nproc-per-node", str(ranks), "--master-port",
-                            str(free_port()), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            str(ports.port()), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env=env, cwd=cwd, start_new_session=True)
     try:
         yield job

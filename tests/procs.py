@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psutil
 
 
@@ -21,3 +23,19 @@ def rank_processes(pid: int) -> list[psutil.Process]:
         except psutil.NoSuchProcess:  # ZombieProcess too (its subclass)
             pass
     return out
+
+
+def still_running(processes: list[psutil.Process], within_s: float) -> list[psutil.Process]:
+    """Those of `processes` that still run (a zombie does not) after at most `within_s`: [] as soon as none does."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = []
+        for proc in processes:
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)

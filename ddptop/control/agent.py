@@ -278,9 +278,11 @@ class ControlAgent:
             return None
 
     def _status(self) -> dict:
+        # handed_out: the newest request rank 0 has broadcast to the ranks; while paused, the ones handed out by the
+        # resume apply together at its first step (a client that waits for that reads it here)
         return {"step": self.step, "segment": self.segment, "config": self.config.to_dict(),
                 "paused": self._was_paused, "world_size": self.world_size, "t": time.time(),
-                "job": self.keys.job_id}
+                "job": self.keys.job_id, "handed_out": self._sent_id}
 
     def _take_requests(self, store: dist.Store, seen: int) -> int:
         """Read the requests whose ids the counter has handed out since `seen`; never wait on one."""

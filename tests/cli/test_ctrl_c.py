@@ -21,12 +21,14 @@ import time
 
 import pytest
 
+from terminals import Tmux
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+tmux = Tmux("ctrl-c")  # a server of these tests' own, killed at the end of each
+DONE = "ddptop-test-shell-went-on"  # the shell's line once ddptop exited: all it drew is on the screen before it
 
 
 def screen(name: str) -> str:
@@ -46,20 +48,19 @@ def test_two_ctrl_cs_print_the_closing_lines_once_and_no_bar_after_them(tmp_path
     name, status = f"ddptop-ctrlc-{os.getpid()}", tmp_path / "exit"
     command = (f"cd {tmp_path} && PYTHONPATH={shlex.quote(os.environ.get('PYTHONPATH', REPO))} {sys.executable} "
                "-m ddptop --local 2 --backend gloo --model tiny --headless --steps 100000 --synthetic-size 640 "
-               f"--batch-size 16 --no-eval --log-every 1 --record run.db; echo $? > {status}; sleep 30")
+               f"--batch-size 16 --no-eval --log-every 1 --record run.db; echo $? > {status}; echo {DONE}; sleep 30")
     tmux("new-session", "-d", "-s", name, "-x", "200", "-y", "50", f"sleep 1; {command}")  # once it has its size
-    subprocess.run(["tmux", "set-option", "-t", name, "window-size", "manual"], capture_output=True)
-    subprocess.run(["tmux", "resize-window", "-t", name, "-x", "200", "-y", "50"], capture_output=True)
+    tmux("set-option", "-t", name, "window-size", "manual", check=False)
+    tmux("resize-window", "-t", name, "-x", "200", "-y", "50", check=False)
     try:
         assert wait_for(lambda: "step 2/" in screen(name), 90), screen(name)
         tmux("send-keys", "-t", name, "C-c")
         time.sleep(0.2)
         tmux("send-keys", "-t", name, "C-c")
-        assert wait_for(status.exists, 60), screen(name)
-        time.sleep(0.5)  # anything drawn after the exit (a bar's last refresh) is on the screen too
-        shown = screen(name)
+        assert wait_for(lambda: DONE in screen(name), 60), screen(name)  # anything drawn after the exit (a bar's
+        shown = screen(name)  # last refresh) is on the screen before the shell's line
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+        tmux.kill()
     lines = [line.rstrip() for line in shown.splitlines() if line.strip()]
     finished = [i for i, line in enumerate(lines) if line.startswith("finished: ")]
     assert len(finished) == 1 and lines[finished[0]].endswith("(stopped)"), shown
@@ -76,7 +77,7 @@ def test_a_ctrl_c_while_the_front_tears_the_job_down_changes_nothing(tmp_path):
     command = (f"cd {tmp_path} && DDPTOP_STATE_DIR={jobs} DDPTOP_TEST_FRONT=teardown:3000 "
                f"PYTHONPATH={shlex.quote(os.environ.get('PYTHONPATH', REPO))} {sys.executable} "
                "-m ddptop --local 2 --backend gloo --model tiny --headless --steps 100000 --synthetic-size 640 "
-               f"--batch-size 16 --no-eval --log-every 1 --record run.db; echo $? > {status}; sleep 30")
+               f"--batch-size 16 --no-eval --log-every 1 --record run.db; echo $? > {status}; echo {DONE}; sleep 30")
     tmux("new-session", "-d", "-s", name, "-x", "200", "-y", "50", f"sleep 1; {command}")
     try:
         assert wait_for(lambda: "step 2/" in screen(name), 90), screen(name)
@@ -86,10 +87,10 @@ def test_a_ctrl_c_while_the_front_tears_the_job_down_changes_nothing(tmp_path):
         tmux("send-keys", "-t", name, "C-c")  # within the 3 s hold: the teardown has not run yet
         time.sleep(0.2)
         assert not status.exists(), screen(name)  # still held when the second Ctrl-C arrived
-        assert wait_for(status.exists, 60), screen(name)
+        assert wait_for(lambda: DONE in screen(name), 60), screen(name)
         shown = screen(name)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+        tmux.kill()
     assert status.read_text().strip() == "0" and "interrupted" not in shown, shown
     (note,) = jobs.iterdir()  # the teardown ran whole: the job file became the note that the job ended, no token
     left = json.loads(note.read_text())

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -15,10 +18,10 @@ import psutil
 import pytest
 
 from ddptop.control.client import ControlClient
-from ddptop.control.store import free_port
 from ddptop.control.token import running_jobs
 from ddptop.errors import DdptopError
 from ddptop.front import forks
+import ports
 import procs
 from calibrate import Calibrated
 from test_run_cli import DDPTOP, TINY, ddptop
@@ -137,7 +140,7 @@ def _two_nodes(port: str, *extra: str, env1: dict | None = None):
 
 
 def test_a_killed_master_stops_the_workers():
-    master, worker = _two_nodes(str(free_port()))
+    master, worker = _two_nodes(str(ports.port()))
     wait_training(master, 1)
     with Calibrated() as cal:
         os.kill(master.pid, signal.SIGKILL)  # its rank-0 process dies with it (PR_SET_PDEATHSIG)
@@ -152,7 +155,7 @@ def test_a_killed_master_stops_the_workers():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stopping_the_master_stops_every_rank_and_frees_the_port(sig):
-    port = str(free_port())
+    port = str(ports.port())
     master, worker = _two_nodes(port)
     kids = wait_training(master, 1)
     os.kill(master.pid, sig)
@@ -170,7 +173,7 @@ def test_port_is_free_sees_a_store_that_listens():
 
     import torch.distributed as dist
 
-    port = free_port()
+    port = ports.port()
     store = dist.TCPStore("127.0.0.1", port, 1, True, timedelta(seconds=5), wait_for_workers=False)
     assert not port_is_free(port)
     del store
@@ -193,7 +196,7 @@ def test_a_wrong_token_never_reaches_the_job_and_both_sides_give_up_in_one_line(
     """With a token the handshake runs in the job's secret namespace: a rank with another token never sees it
     (so a stranger cannot abort a job by answering for it) and both sides give up after --timeout. The master's
     recording, begun before the rank was missed, is not left behind to block the retry (README, Failures)."""
-    port = str(free_port())
+    port = str(ports.port())
     master = start("--rank", "0", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token",
                    "right-token-1", "--timeout", "5", *LONG, env={"DDPTOP_RUNS_DIR": str(tmp_path / "runs")})
     worker = ddptop("--rank", "1", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token",
@@ -210,7 +213,7 @@ def test_another_ddptop_version_is_refused_at_the_handshake(tmp_path):
     shutil.copytree(Path(__file__).resolve().parents[2] / "ddptop", fake)
     init = fake / "__init__.py"
     init.write_text(init.read_text().replace('__version__ = "', '__version__ = "9.9-'))
-    port = str(free_port())
+    port = str(ports.port())
     master = start("--rank", "0", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--timeout", "30",
                    *LONG)
     worker = ddptop("--rank", "1", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--timeout", "30",
@@ -258,6 +261,21 @@ def fill(folder: Path) -> Path:
     return filler
 
 
+def committed(record: Path, steps: int, timeout_s: float = 30) -> None:
+    """Until the live recording holds at least `steps` committed steps of each of its two ranks (SQL on the file)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{record}?mode=ro", uri=True, timeout=5)) as db:
+                counts = dict(db.execute("SELECT rank, count(*) FROM steps GROUP BY rank").fetchall())
+        except sqlite3.Error:  # not created yet
+            counts = {}
+        if len(counts) == 2 and min(counts.values()) >= steps:
+            return
+        assert time.monotonic() < deadline, f"the recording held {counts} steps by rank after {timeout_s:g} s"
+        time.sleep(0.1)
+
+
 def read_lines_until(proc: subprocess.Popen, needle: str, timeout: float = 60) -> list[str]:
     lines, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -272,15 +290,16 @@ def test_a_full_disk_stops_the_recording_and_training_goes_on(small_disk):
     record = small_disk / "run.db"
     front = start("--local", "2", "--record", str(record), *LONG)
     wait_training(front, 2)
-    time.sleep(1.5)  # a few commits (one every 0.5 s) with steps in them
+    committed(record, 3)  # a few commits (one every 0.5 s) with steps in them
     filler = fill(small_disk)
     start_t = time.monotonic()
     read_lines_until(front, f"recording to {record} stopped: database or disk is full")
     noticed = time.monotonic() - start_t
     port = running_jobs()[0]["port"]
-    step = ControlClient.find(None, port, None).status()["step"]
-    time.sleep(2)
-    assert ControlClient.find(None, port, None).status()["step"] > step  # the recorder is an observer, not the job
+    step, deadline = ControlClient.find(None, port, None).status()["step"], time.monotonic() + 30
+    while ControlClient.find(None, port, None).status()["step"] <= step:  # the recorder is an observer, not the job
+        assert time.monotonic() < deadline, f"training stopped at step {step} when the recording did"
+        time.sleep(0.1)
     os.kill(front.pid, signal.SIGTERM)
     out, err, _ = finish(front)
     assert front.returncode == 0, err
@@ -346,6 +365,21 @@ def rank_processes(front: subprocess.Popen) -> list[psutil.Process]:
     return procs.rank_processes(front.pid)
 
 
+def importing_ddptop_cli(front: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Until the front (run with PYTHONPROFILEIMPORTTIME=1) has imported ddptop.errors, ddptop.cli's first import:
+    `python -m ddptop` is then in its __main__, importing the command line, where a Ctrl-C is `ddptop: interrupted`
+    (130). Before that moment it is not yet ddptop's (Python itself dies of the signal)."""
+    timer = threading.Timer(timeout_s, front.kill)  # a front that hangs silently: its stderr ends, and this fails
+    timer.start()
+    try:
+        for line in front.stderr:
+            if line.split("|")[-1].strip() == "ddptop.errors":
+                return
+    finally:
+        timer.cancel()
+    raise AssertionError(f"the front ended ({front.wait()}) or hung {timeout_s:g} s before importing ddptop.errors")
+
+
 @pytest.mark.parametrize("moment", ["before the ranks", "while the ranks start", "while training"])
 def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
     """Ctrl-C reaches the whole process group (the front and the ranks importing torch). Each moment is found by
@@ -354,10 +388,12 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
     `stopped while the ranks were starting` (0); once they train, a stop (0, `finished: … (stopped)`). One line, no
     traceback, nothing left."""
     hold = {"DDPTOP_TEST_RANK": "join=0:20000"} if moment == "while the ranks start" else None
+    if moment == "before the ranks":  # each import the front finishes is a line on its stderr, as it happens
+        hold = {"PYTHONPROFILEIMPORTTIME": "1"}
     front = start("--local", "2", *LONG, env=hold)
     if moment == "before the ranks":
-        time.sleep(0.3)  # the front is still importing ddptop: ~1 s before it starts a rank here
-        assert not rank_processes(front), "the ranks started within 0.3 s: pick an earlier moment"
+        importing_ddptop_cli(front)  # the front is still importing ddptop: ~1 s before it starts a rank here
+        assert not rank_processes(front), "the ranks had started already: pick an earlier moment"
     elif moment == "while the ranks start":
         deadline = time.monotonic() + 30
         while len(rank_processes(front)) < 2:  # forked from the server (front/forks.py), each named by its rank
@@ -377,24 +413,11 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
     else:
         assert front.returncode == 0 and finished and finished[-1].endswith("(stopped)"), (out, err)
     assert took < 30, took  # a hang guard; the stop itself is checked by the lines above
-    time.sleep(0.5)
-    assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
-
-
-def free_on_both(a: str, b: str) -> int:
-    """A port free at both addresses (one free at b alone may be taken at a by another test's job)."""
-    while True:
-        port = free_port(b)
-        with socket.socket() as s:
-            try:
-                s.bind((a, port))
-            except OSError:
-                continue
-        return port
+    assert not procs.still_running(kids, 10), "processes of the job left after its front exited"
 
 
 def test_two_jobs_on_one_port_at_two_addresses_keep_their_own_job_files():
-    port = str(free_on_both("127.0.0.1", "127.0.0.2"))
+    port = str(ports.port())  # bindable on every address: free at both
     common = ["--rank", "0", "--world-size", "1", "--port", port, *LONG]
     first, second = start("--master", "127.0.0.1", *common), start("--master", "127.0.0.2", *common)
     try:

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from ddptop.control.store import free_port
+import ports
 from test_run_cli import DDPTOP, assert_one_line_error, ddptop
 
 STRATEGIES = ["single", "gather-scatter", "allreduce", "ddp"]
@@ -183,7 +183,7 @@ def test_ranks_with_different_models_are_refused_at_the_handshake(tmp_path):
     (tmp_path / "mine.py").write_text(REGRESSION.replace("nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)",
                                                          "nn.Linear(8, W), nn.ReLU(), nn.Linear(W, 1)")
                                       .replace("class MLP", "import os\nW = int(os.environ['WIDTH'])\nclass MLP"))
-    port = str(free_port())
+    port = str(ports.port())
     flags = ["--headless", "--master", "127.0.0.1", "--port", port, "--world-size", "2", "--backend", "gloo",
              "--model", "mine.py:model", "--dataset", "mine.py:data", "--loss", "mse", "--steps", "2",
              "--no-record", "--timeout", "60"]

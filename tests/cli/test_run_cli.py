@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from ddptop.control.store import free_port
+import ports
+
 
 DDPTOP = [sys.executable, "-m", "ddptop"]
 TINY = ["--headless", "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval",
@@ -70,7 +71,7 @@ def test_missing_dataset_names_the_directory(tmp_path):
 
 def test_unreachable_master_gives_up_after_the_timeout():
     start = time.monotonic()
-    result = ddptop("--master", "127.0.0.1", "--port", str(free_port()), "--rank", "1", "--world-size", "2",
+    result = ddptop("--master", "127.0.0.1", "--port", str(ports.port()), "--rank", "1", "--world-size", "2",
                     "--timeout", "3", *TINY)
     assert_one_line_error(result, 4, "cannot reach", "127.0.0.1", "3 s")
     assert len(result.stderr.splitlines()) == 1, result.stderr  # no c10d C++ frames, no preamble
@@ -92,7 +93,7 @@ def test_port_in_use_is_refused_and_leaves_no_recording(tmp_path):
 
 
 def test_world_size_mismatch_stops_both_ranks():
-    port = str(free_port())
+    port = str(ports.port())
     common = ["--master", "127.0.0.1", "--port", port, "--steps", "2", "--timeout", "20", *TINY]
     master = subprocess.Popen(DDPTOP + ["--rank", "0", "--world-size", "2", *common], stderr=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
@@ -105,7 +106,7 @@ def test_world_size_mismatch_stops_both_ranks():
 
 def test_two_machines_by_flags_train_together():
     """The multi-node form on one machine: a rank 0 front process and a rank 1 worker found by --master."""
-    port = str(free_port())
+    port = str(ports.port())
     common = ["--master", "127.0.0.1", "--port", port, "--world-size", "2", "--steps", "4", "--strategy",
               "allreduce", "--log-every", "2", *TINY]
     master = subprocess.Popen(DDPTOP + ["--rank", "0", *common], stderr=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -17,9 +17,9 @@ import threading
 
 import pytest
 
-from ddptop.control.store import free_port
 from ddptop.metrics.tune import MIN_GAIN, NOISE_Z
 from jobs import connect, killed_if_left
+import ports
 
 TOKEN = "test-token-tune-0123456789"
 
@@ -111,7 +111,7 @@ def check_tune_recording(db) -> dict:
 
 
 def test_ctl_tune_bucket_keeps_the_fastest_trial_by_sql_and_refuses_a_second_tune(tmp_path):
-    port = free_port()
+    port = ports.port()
     with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
         connect(port, TOKEN)
         second: list[subprocess.CompletedProcess] = []
@@ -134,7 +134,7 @@ def test_ctl_tune_bucket_keeps_the_fastest_trial_by_sql_and_refuses_a_second_tun
 
 
 def test_run_flag_tune_bucket_keeps_the_fastest_trial_by_sql(tmp_path):
-    port = free_port()
+    port = ports.port()
     with killed_if_left(_job(tmp_path, port, "--strategy", "ddp", "--tune", "bucket")) as proc:
         said = []
         for line in proc.stdout:  # the headless line the note prints, then stop the job
@@ -148,7 +148,7 @@ def test_run_flag_tune_bucket_keeps_the_fastest_trial_by_sql(tmp_path):
 
 
 def test_ctl_tune_on_allreduce_is_one_line_and_exit_1(tmp_path):
-    port = free_port()
+    port = ports.port()
     with killed_if_left(_job(tmp_path, port, "--strategy", "allreduce")) as proc:
         connect(port, TOKEN)
         refused = _ctl(port, "tune", "bucket", timeout=60)
@@ -174,7 +174,7 @@ def test_a_run_that_ends_during_the_tune_still_records_its_note(tmp_path):
     """50 steps: the start needs ~21 and each trial ~22, so the ranks finish while a trial runs; the tuner is closed
     before the feed's last drain, and its note (stopped, with the trials done) reaches the recording every time."""
     argv = [sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--model", "tiny", "--steps", "50",
-            "--span-every", "2", "--strategy", "ddp", "--tune", "bucket", "--token", TOKEN, "--port", str(free_port()),
+            "--span-every", "2", "--strategy", "ddp", "--tune", "bucket", "--token", TOKEN, "--port", str(ports.port()),
             "--record", str(tmp_path / "run.db")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -190,7 +190,7 @@ def test_the_same_tune_command_on_every_node_tunes_once_from_rank_0(tmp_path):
     accepted and rank 0's front tunes the job, once. The job is stopped once the tune has said what it kept (~130
     steps: the start needs ~21, each of 3 trials ~22, and the live fit it waits for comes every 3 s; at 1 thread a
     rank a tiny step takes ~45 ms here); 400 steps is the bound if it never says so."""
-    port = str(free_port())
+    port = str(ports.port())
     common = [sys.executable, "-m", "ddptop", "--headless", "--master", "127.0.0.1", "--port", port, "--world-size",
               "2", "--model", "tiny", "--steps", "400", "--span-every", "2", "--log-every", "100000", "--token", TOKEN,
               "--strategy", "ddp", "--tune", "bucket", "--threads", "1"]  # 2 processes on 2 cores: 1 thread each
@@ -221,7 +221,7 @@ def test_a_set_during_the_tune_ends_it_and_puts_the_start_size_back_by_sql(tmp_p
     at batch 32 under a bucket size's label), says so in one line (exit 1) and in its note, and sets the size it
     started from again on top of the user's change, which stays. The set is sent in this process as soon as the
     first trial's segment is printed: it lands within a step or two, ~60 steps before the tune could end."""
-    port = free_port()
+    port = ports.port()
     with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
         client = connect(port, TOKEN)
         done: list[subprocess.CompletedProcess] = []

@@ -13,20 +13,20 @@ import time
 
 import pytest
 
-from ddptop.control.store import free_port
 from ddptop.events import StepDone
 from ddptop.front.supervisor import run_front
 from ddptop.record.sqlite import RecordingWriter, base_meta
 from ddptop.rendezvous import Rendezvous
 from ddptop.train.worker import WorkerOptions
 from jobs import connect, tiny_config
+import ports
 
 TOKEN = "test-token-whatif"
 STEPS = 15  # steps of each segment before moving on (sampled every 2nd: 7 to fit the model on)
 
 
 def test_a_ctl_switch_shows_its_prediction_beside_its_measurement_and_the_running_error(tmp_path):
-    port, events, snaps, said = free_port(), [], [], []
+    port, events, snaps, said = ports.port(), [], [], []
 
     class Collect:  # a sink of the front's pipeline, as the recording is
         def handle(self, batch):

@@ -10,9 +10,9 @@ import pytest
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.client import ControlClient, ControlError
 from ddptop.events import ConfigApplied, ControlRefused
-from ddptop.control.store import free_port
 from ddptop.events import ModelsDiverged, RunFinished
 from jobs import connect, run_job, steps_of
+import ports
 
 TOKEN = "test-token-123"
 # an Euler circuit of the complete digraph on the four strategies: every ordered pair exactly once
@@ -26,7 +26,7 @@ WORLD = 3
 
 @pytest.fixture(scope="module")
 def switched():
-    port = free_port()
+    port = ports.port()
     answers, refused = [], []
 
     def script(collected):

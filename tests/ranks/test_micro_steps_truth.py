@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from ddptop.control.store import free_port
+import ports
+
 
 DELAY_S = 0.2
 K = 3
@@ -26,7 +27,7 @@ PARTS_EPS = 2e-5  # float sums of a few perf_counter differences (tests/ranks/te
 def recorded(folder, accum: int) -> sqlite3.Connection:
     record = folder / f"accum{accum}.db"
     env = {**os.environ, "DDPTOP_TEST_MODEL": f"sleep-ms={DELAY_S * 1000:g}"}
-    run = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--port", str(free_port()),
+    run = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--port", str(ports.port()),
                           "--model", "tiny", "--synthetic-size", "640", "--batch-size", "16", "--no-eval",
                           "--backend", "gloo", "--strategy", "ddp", "--accum", str(accum), "--steps", "6",
                           "--span-every", "2", "--record", str(record)],

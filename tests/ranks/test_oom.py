@@ -12,10 +12,10 @@ import pytest
 
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.client import ControlClient, ControlError
-from ddptop.control.store import free_port
 from ddptop.events import ConfigApplied, OutOfMemory, RunFinished, StepDone
 from ddptop.metrics import SegmentTable
 from jobs import run_job, steps_of
+import ports
 
 TOKEN = "oom-token-1"
 
@@ -46,7 +46,7 @@ def _connect(port: int) -> ControlClient:
 @pytest.fixture(scope="module")
 def live():
     """ddp at batch 16; `set batch_size=32` runs rank 1 out of memory; `set batch_size=24` fits."""
-    port, answers = free_port(), []
+    port, answers = ports.port(), []
 
     def script(collected):
         client = _connect(port)

@@ -7,8 +7,8 @@ import time
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.client import ControlClient
 from ddptop.events import ConfigApplied
-from ddptop.control.store import free_port
 from jobs import connect, run_job
+import ports
 
 TOKEN = "pause-sets-token"
 WORLD = 2
@@ -28,8 +28,16 @@ def _settled(client: ControlClient, request_id: int, timeout_s: float = 20) -> d
     return answer
 
 
+def _handed_out(client: ControlClient, request_id: int, timeout_s: float = 30) -> None:
+    """Until rank 0's status says it has broadcast `request_id` to the ranks (rank 0 rewrites it every 0.5 s)."""
+    deadline = time.monotonic() + timeout_s
+    while client.status().get("handed_out", 0) < request_id:
+        assert time.monotonic() < deadline, f"request {request_id} not handed to the ranks within {timeout_s:g} s"
+        time.sleep(0.1)
+
+
 def test_two_sets_during_a_pause_are_both_applied_and_both_answered():
-    port = free_port()
+    port = ports.port()
     seen: dict = {}
 
     def script(collected):
@@ -43,21 +51,23 @@ def test_two_sets_during_a_pause_are_both_applied_and_both_answered():
             seen["paused"] = first_user.status()["paused"]
             seen["first"] = first_user.request("set", {"lr": 0.05})
             seen["first accepted"] = first_user.response(seen["first"])
-            time.sleep(0.5)  # the paused ranks go on exchanging rank 0's state: each request is handed out alone
-            seen["second"] = second_user.request("set", {"strategy": "allreduce"})
+            _handed_out(first_user, seen["first"])  # the paused ranks go on exchanging rank 0's state: each
+            seen["second"] = second_user.request("set", {"strategy": "allreduce"})  # request is handed out alone
             seen["second accepted"] = second_user.response(seen["second"])
-            time.sleep(0.5)
+            _handed_out(first_user, seen["second"])  # both handed out before the resume: they apply together
             first_user.send("resume")
             seen["first answer"] = _settled(first_user, seen["first"])
             seen["second answer"] = _settled(second_user, seen["second"])
             seen["status"] = first_user.status()
+        except Exception as exc:  # said by the test, not lost in this thread
+            seen["error"] = repr(exc)
         finally:
             first_user.send("stop")
 
     cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="ddp", batch_size=16, lr=0.1), steps=100000,
                     synthetic_size=640, span_every=5, eval=False, backend="gloo")
     code, events = run_job(cfg, world_size=WORLD, port=port, token=TOKEN, script=script, timeout_s=60)
-    assert code == 0
+    assert code == 0 and "error" not in seen, seen.get("error")
     assert seen["paused"]
     assert seen["first accepted"]["state"] == seen["second accepted"]["state"] == "pending"
     first, second = seen["first answer"], seen["second answer"]

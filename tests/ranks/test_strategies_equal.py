@@ -10,10 +10,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ddptop.config import SyncConfig
-from ddptop.control.store import free_port
 from ddptop.probes.comm import CommRecorder
 from ddptop.train.models import TinyCNN
 from ddptop.train.strategies import build_strategy
+
+import ports
 
 WORLD = 2
 PER_RANK = 4
@@ -78,7 +79,7 @@ def _rank(rank, port, out_dir):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("equal")
-    mp.spawn(_rank, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_rank, args=(ports.port(), str(out)), nprocs=WORLD, join=True)
     return out
 
 

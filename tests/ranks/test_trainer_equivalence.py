@@ -18,11 +18,11 @@ from torch import nn
 
 from ddptop.config import RunConfig, SyncConfig
 from ddptop.control.client import ControlClient
-from ddptop.control.store import free_port
 from ddptop.events import ConfigApplied, RunFinished
 from ddptop.train.data import build_datasets, make_loader
 from ddptop.train.models import build_model
 from jobs import connect, run_job, steps_of
+import ports
 
 TOKEN = "equivalence-token"
 STEPS = 48
@@ -50,7 +50,7 @@ def switched_run(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("DDPTOP_TEST_MODEL", "no-batch-norm,sleep-ms=25")  # BN-free, and slow enough to switch in time
     saved = tmp_path_factory.mktemp("save") / "model.pt"
-    port = free_port()
+    port = ports.port()
     cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="allreduce", batch_size=8, lr=0.05), steps=STEPS,
                     synthetic_size=640, span_every=4, eval=False, save=str(saved), seed=3, threads=1)
 
@@ -159,7 +159,7 @@ def accumulated_run(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("DDPTOP_TEST_MODEL", "no-batch-norm,sleep-ms=20")  # slow enough to switch 4 times
     saved = tmp_path_factory.mktemp("save") / "model.pt"
-    port = free_port()
+    port = ports.port()
     cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="allreduce", batch_size=8, lr=0.05, accum=2,
                                                   lr_warmup_steps=5),
                     steps=ACCUM_STEPS, synthetic_size=640, span_every=4, eval=False, save=str(saved), seed=3,

@@ -14,9 +14,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ddptop.config import SyncConfig
-from ddptop.control.store import free_port
 from ddptop.probes.comm import CommRecorder
 from ddptop.train.strategies import build_strategy
+
+import ports
 
 WORLD = 2
 FP16_MAX = 65504.0
@@ -49,7 +50,7 @@ def _rank(rank, port, out_dir):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("trial")
-    mp.spawn(_rank, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_rank, args=(ports.port(), str(out)), nprocs=WORLD, join=True)
     return out
 
 

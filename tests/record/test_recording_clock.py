@@ -20,6 +20,8 @@ from ddptop.record.reader import Recording
 from ddptop.record.replay import ReplaySource
 from ddptop.record.sqlite import RecordingWriter, base_meta
 
+import ports
+
 JOB = JobKeys.from_token("clock-token", "a1" * 16, b"a-test-salt-16-b")
 AHEAD_S = 3600.0
 STEPS, EVERY_S = 8, 0.15  # 8 steps about 1.2 s apart in all
@@ -28,7 +30,7 @@ STEPS, EVERY_S = 8, 0.15  # 8 steps about 1.2 s apart in all
 @pytest.fixture(scope="module")
 def path(tmp_path_factory) -> str:
     """A 2-rank job recorded live through the front's pipeline; rank 1's wall clock is an hour ahead."""
-    port = stores.free_port()
+    port = ports.port()
     server = stores.serve(port)
     view = lambda: stores.job_view(stores.connect("127.0.0.1", port, 10), "", JOB.namespace)  # noqa: E731
     ranks = [Publisher(view(), r, JOB, interval_s=3600) for r in (0, 1)]  # flushed by hand, once per step

@@ -11,7 +11,6 @@ import pytest
 
 from ddptop.cli import main
 from ddptop.control.client import ControlClient
-from ddptop.control.store import free_port
 from ddptop.errors import UsageError
 from ddptop.events import RunState, Span, StepDone, StepSpans
 from ddptop.record.export import parse_steps
@@ -19,6 +18,7 @@ from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter, base_meta
 from ddptop.metrics.traffic import between_steps
 from jobs import connect, run_job, steps_of, tiny_config
+import ports
 
 STEP_COLUMNS = {"rank", "step", "time", "iter_s", "compute_s", "comm_s", "exposed_comm_s", "overlap", "loss",
                 "strategy", "bucket_mb", "async_op", "batch_size", "segment", "comm_bytes"}
@@ -118,7 +118,7 @@ def test_export_needs_an_output(recording, capsys):
 @pytest.fixture(scope="module")
 def paused(tmp_path_factory):
     """A real 2-rank job paused by the test for PAUSE_S at a step boundary, then resumed and stopped, recorded."""
-    port = free_port()
+    port = ports.port()
     times: dict[str, float] = {}
 
     def script(collected):

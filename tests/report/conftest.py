@@ -11,10 +11,10 @@ import pytest
 
 from ddptop.cli import main
 from ddptop.control.client import ControlClient
-from ddptop.control.store import free_port
 
 from built_once import built_once
 from jobs import killed_if_left
+import ports
 from smoke_run import record_smoke
 
 TOKEN = "report-test-token"
@@ -39,7 +39,7 @@ def switched(tmp_path_factory):
     allreduce for ~15 steps, then gather-scatter asked for and, as soon as it is applied, ddp: gather-scatter runs
     only 2-3 steps, fewer than warm-up 1 + 3. Returns (recording, [(changes, applied answer), ...])."""
     folder = tmp_path_factory.mktemp("switched")
-    record, port = folder / "switched.db", free_port()
+    record, port = folder / "switched.db", ports.port()
     env = {**os.environ, "DDPTOP_TEST_MODEL": "sleep-ms=150"}
     job = subprocess.Popen([sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--model", "tiny",
                             "--strategy", "allreduce", "--batch-size", "16", "--synthetic-size", "1600",

@@ -48,12 +48,24 @@ class Job:
         self.client = ControlClient("127.0.0.1", self.port, TOKEN)
         self.kept: list = []  # sockets and clients an attack leaves open until the job ends
 
-    def _wait_training(self, timeout: float = 90) -> int:
+    def _running_jobs(self) -> list[dict]:
+        """The job files in this job's state folder: running_jobs reads DDPTOP_STATE_DIR from the environment, set
+        here for that read only (left set, it sent every later test on this pytest worker to this folder)."""
+        before = os.environ.get("DDPTOP_STATE_DIR")
         os.environ["DDPTOP_STATE_DIR"] = self.env["DDPTOP_STATE_DIR"]
+        try:
+            return running_jobs()
+        finally:
+            if before is None:
+                del os.environ["DDPTOP_STATE_DIR"]
+            else:
+                os.environ["DDPTOP_STATE_DIR"] = before
+
+    def _wait_training(self, timeout: float = 90) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                jobs = running_jobs()
+                jobs = self._running_jobs()
                 if jobs and ControlClient("127.0.0.1", jobs[0]["port"], TOKEN).status()["step"] >= 3:
                     return jobs[0]["port"]
             except DdptopError:

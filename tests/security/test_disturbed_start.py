@@ -12,7 +12,7 @@ from datetime import timedelta
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # the stranger's own refused clients: no C++ traces here
 import torch.distributed as dist  # noqa: E402
 
-from ddptop.control.store import free_port  # noqa: E402
+import ports  # noqa: E402
 from test_run_cli import DDPTOP, TINY  # noqa: E402
 
 
@@ -20,7 +20,7 @@ PG_KEYS = ("pg/0//cpu//0/0", "pg/0//cpu//0/1", "pg/0//1//cpu//0/0", "pg/0//1//cp
 
 
 def test_garbage_in_torchs_keys_while_a_job_starts_is_one_line_each_and_exit_4(tmp_path):
-    port = free_port()
+    port = ports.port()
     # rank 0 held 3 s before it joins (a test hook): the stranger's window while the job starts. Without it the
     # start took under a second, and once (a CI run, 2026-11-27) the stranger's first connect timed out past it
     env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs"), "DDPTOP_TEST_RANK": "join=0:3000"}

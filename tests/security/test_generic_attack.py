@@ -4,6 +4,7 @@ must notice nothing: no rank lost, no telemetry gap, every step of both ranks re
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -37,8 +38,12 @@ def freeze_and_delete(port: int, stop: threading.Event, done: dict) -> None:
 
 
 def test_a_stranger_freezing_and_deleting_every_key_changes_nothing(tmp_path):
+    before = os.environ.get("DDPTOP_STATE_DIR")
     job = Job(tmp_path)
     try:
+        # Job looks for its job file in its own state folder; the tests after this one on this pytest worker keep
+        # the environment they had (it once stayed set for the rest of the worker)
+        assert os.environ.get("DDPTOP_STATE_DIR") == before, (os.environ.get("DDPTOP_STATE_DIR"), before)
         stop, done = threading.Event(), {}
         attacker = threading.Thread(target=freeze_and_delete, args=(job.port, stop, done), daemon=True)
         attacker.start()

@@ -8,8 +8,8 @@ import socket
 import subprocess
 import time
 
+import ports
 from security_job import stranger
-from ddptop.control.store import free_port
 from test_run_cli import DDPTOP, TINY
 
 
@@ -26,7 +26,7 @@ def wait_listening(port: int, timeout: float = 60) -> None:
 
 def test_forged_hellos_and_verdicts_do_not_abort_a_job_with_a_token():
     """The token also ends in bytes that are not UTF-8 (once a UnicodeEncodeError on the ranks)."""
-    port = str(free_port())
+    port = str(ports.port())
     token = os.fsdecode(b"join-window-\xff\xfe")  # what Python makes of such bytes in argv
     common = ["--master", "127.0.0.1", "--port", port, "--world-size", "2", "--token", token,
               "--timeout", "30", "--steps", "4", *TINY]

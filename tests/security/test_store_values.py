@@ -116,9 +116,13 @@ def test_a_batch_never_exceeds_the_cap_the_store_accepts(served):
         publisher.emit(StepSpans(1, n, 0, time.time(), spans))
     publisher.flush()
     assert publisher.seq >= 2  # 5 MB of events: split under keys.MAX_BATCH_BYTES (the server drops > 8 MiB)
-    got = []
+    got, deadline = [], time.monotonic() + 60
     while len(got) < 50:
-        got += [e.step for e in collector.poll() if isinstance(e, StepSpans)]
+        assert time.monotonic() < deadline, f"60 s after the flush the collector had steps {got} of 0-49: the rest lost"
+        new = [e.step for e in collector.poll() if isinstance(e, StepSpans)]
+        got += new
+        if not new:
+            time.sleep(0.05)
     assert got == list(range(50))
     publisher.close()
 

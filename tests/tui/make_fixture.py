@@ -15,9 +15,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from ddptop.config import RunConfig, SyncConfig  # noqa: E402
 from ddptop.control.client import ControlClient  # noqa: E402
-from ddptop.control.store import free_port  # noqa: E402
 from ddptop.events import StepDone  # noqa: E402
 from jobs import run_job  # noqa: E402
+import ports  # noqa: E402
 
 TOKEN = "fixture-token"
 STEPS = 400
@@ -32,7 +32,7 @@ def _wait_for_step(collected, step: int) -> None:
 
 
 def main() -> None:
-    port = free_port()
+    port = ports.port()
 
     def script(collected):
         while True:

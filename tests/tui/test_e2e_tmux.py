@@ -17,6 +17,7 @@ import time
 import pytest
 
 from procs import rank_processes
+from terminals import Tmux
 
 import json
 import sqlite3
@@ -25,8 +26,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 
 
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+_tmux = Tmux("e2e")  # a server of this test's own, killed at its end
+DONE = "ddptop-test-shell-went-on"  # the shell's line once ddptop exited: all it drew is on the screen before it
 
 
 def _screen(name: str) -> str:
@@ -64,10 +65,10 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
     command = (f"sleep 1; cd {tmp_path} && PYTHONPATH={shlex.quote(os.environ.get('PYTHONPATH', REPO))} "
                f"DDPTOP_RUNS_DIR={runs} OMP_NUM_THREADS=1 {sys.executable} -m ddptop --local 2 --backend gloo "
                f"--model tiny --steps 100000 --synthetic-size 640 --batch-size 16 --no-eval --span-every 5; "
-               f"echo $? > {status}; sleep 30")
+               f"echo $? > {status}; echo {DONE}; sleep 30")
     _tmux("new-session", "-d", "-s", name, "-x", "160", "-y", "48", command)
-    subprocess.run(["tmux", "set-option", "-t", name, "window-size", "manual"], capture_output=True)
-    subprocess.run(["tmux", "resize-window", "-t", name, "-x", "160", "-y", "48"], capture_output=True)
+    _tmux("set-option", "-t", name, "window-size", "manual", check=False)
+    _tmux("resize-window", "-t", name, "-x", "160", "-y", "48", check=False)
     try:
         screen = _wait_for(name, " running · step ", 90)
         assert re.search(r"rec ● (\S+\.db)", screen), screen
@@ -120,9 +121,9 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
             time.sleep(0.2)
         left = [pid for pid in [front, *ranks] if _alive(pid)]
         assert not left, [open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:200] for pid in left]
-        after = _screen(name)
+        after = _wait_for(name, DONE, 10)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+        _tmux.kill()
     said = re.search(r"recorded (\d+) steps of 2 ranks to (\S+)", after)
     assert said, after
     path = os.path.join(tmp_path, said.group(2))

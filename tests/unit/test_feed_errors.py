@@ -16,13 +16,15 @@ from ddptop.front.headless import HeadlessPrinter
 from ddptop.record.reader import Recording
 from ddptop.record.sqlite import RecordingWriter, base_meta
 
+import ports
+
 JOB = JobKeys.from_token("feed-errors-token", "cd" * 16, b"a-test-salt-16-b")
 
 
 def test_a_collector_that_fails_is_said_once_on_screen_in_the_log_and_in_the_recording(tmp_path):
     """The store goes away under a live source: its collector thread keeps failing; without a word the screen
     would just stop moving."""
-    port = stores.free_port()
+    port = ports.port()
     server = stores.serve(port)
     source = LiveSource(Collector(stores.job_view(stores.connect("127.0.0.1", port, 5), "", JOB.namespace), 1, JOB),
                         interval_s=0.05)

@@ -9,13 +9,14 @@ import pytest
 import torch.distributed as dist
 
 from ddptop.control.litestore import LiteStore, StoreTimeout
-from ddptop.control.store import free_port
 from ddptop.errors import RendezvousError
+
+import ports
 
 
 @pytest.mark.parametrize("libuv", [False, True], ids=["classic", "libuv"])
 def test_every_call_ddptop_makes_agrees_with_torchs_client(libuv):
-    port = free_port()
+    port = ports.port()
     server = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=10), wait_for_workers=False,
                            use_libuv=libuv)
     torch_view = dist.PrefixStore("ddptop/attempt_0", server)
@@ -40,7 +41,7 @@ def test_every_call_ddptop_makes_agrees_with_torchs_client(libuv):
 
 def test_nothing_listening_and_not_a_store_are_one_line_each():
     with pytest.raises(RendezvousError, match="no ddptop job on 127.0.0.1:"):
-        LiteStore("127.0.0.1", free_port(), 2.0)
+        LiteStore("127.0.0.1", ports.port(), 2.0)
     with socket.socket() as other:  # something that accepts and answers nonsense
         other.bind(("127.0.0.1", 0))
         other.listen()

@@ -15,11 +15,11 @@ import pytest
 
 from calibrate import Calibrated
 
-from ddptop.control import store as stores
 from ddptop.control.bus import CLOSE_WAIT_S, Collector, Publisher
 from ddptop.control.channel import ChannelClient
 from ddptop.events import LogLine, StepDone, TelemetryGap
 from jobchannel import Served, job_keys
+import ports
 
 JOB = job_keys("publisher-recovery-token", "cd" * 16)
 
@@ -44,7 +44,7 @@ class Cable:
     """A TCP link to the real store that the test cuts (connections reset, new ones refused) and mends."""
 
     def __init__(self, target: int):
-        self.target, self.port = target, stores.free_port()
+        self.target, self.port = target, ports.port()
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
         self._accepting: threading.Thread | None = None

@@ -308,11 +308,19 @@ def test_gpu_reader_without_gpu_reports_not_available():
 # ---- SystemSampler ----------------------------------------------------------------------------------
 
 
+def wait_for(done, what: str, timeout_s: float = 30) -> None:
+    """Until `done()`, polled; fails naming `what` after `timeout_s` (the sampler's thread may start late)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
+        time.sleep(0.05)
+
+
 def test_sampler_delivers_samples_that_round_trip_and_stops_cleanly():
     samples = []
     sampler = SystemSampler(0, "node0", loopback_interface(), samples.append, interval_s=0.5)
     sampler.start()
-    time.sleep(1.2)
+    wait_for(lambda: len(samples) >= 2, "two samples")  # one every 0.5 s
     sampler.stop()
     sampler.stop()
     assert not any(t.name.startswith("ddptop-sampler") for t in threading.enumerate())
@@ -348,7 +356,7 @@ def test_sampler_survives_failing_reader_and_sink(capsys):
     sampler = SystemSampler(1, "node1", "lo", sink, interval_s=0.05)
     sampler._nics._read = lambda: 1 / 0  # a broken counter source
     sampler.start()
-    time.sleep(0.3)
+    wait_for(lambda: len(calls) >= 2, "two calls of the failing sink")  # one every 0.05 s, each failing
     sampler.stop()
     assert len(calls) >= 2 and all(s.nics == () and s.node_mem_total_bytes > 0 for s in calls)
     err = capsys.readouterr().err
