@@ -320,10 +320,10 @@ async def test_the_tune_button_asks_the_job_and_says_its_answer_in_the_panel(rep
     from test_tune import TOKEN, _job, _stop, check_tune_recording
 
     from ddptop.control.client import ControlClient
-    from ddptop.control.store import free_port
+    import ports
     from jobs import connect, killed_if_left
 
-    port, posted = free_port(), []
+    port, posted = ports.port(), []
     with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
         connect(port, TOKEN)  # rank 0 answers: the job is up
         app = DdptopApp(compose(replay_at_end), mode="live",
