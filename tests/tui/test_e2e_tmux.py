@@ -81,9 +81,17 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
         _tmux("send-keys", "-t", name, "7")
         _wait_for(name, "Change the running job", 10)
         clear = ["End", *["BSpace"] * 6]
-        # the focus starts on strategy; enter in a number field applies the form
-        _apply(name, ["Tab", *clear, "0.02", "Enter"], 1)  # bucket MB 25 → 0.02
-        _apply(name, ["Tab", "Tab", *clear, "8", "Enter"], 2)  # → async → batch: 16 → 8
+        # enter in a number field applies the form. Each field is reached by Tabs until it is drawn focused and
+        # the form previews the edit before the Enter: under load a "0.02" typed as the panel opened once reached
+        # the app (its digit keys pick tabs) instead of the field
+        _tab_to(name, "bucket MB")
+        _keys(name, [*clear, "0.02"])
+        _wait_for(name, "Apply sends {'bucket_mb': 0.02}", 30)
+        _apply(name, ["Enter"], 1)  # bucket MB 25 → 0.02
+        _tab_to(name, "batch size")
+        _keys(name, [*clear, "8"])
+        _wait_for(name, "Apply sends {'batch_size': 8}", 30)
+        _apply(name, ["Enter"], 2)  # batch: 16 → 8
         # ddp → allreduce, then enter in accum (a number field) applies the form. Tabs are not counted here: in two
         # CI runs under load six Tabs after the strategy list closed reached scale_lr, not accum (the Enter toggled
         # it: 'Apply sends {'strategy': 'allreduce', 'scale_lr': True}'), once even after the form showed the edit
@@ -130,8 +138,8 @@ def test_switch_strategy_then_read_it_on_the_overview_quit_and_report_the_record
     assert os.path.samefile(path, os.path.join(tmp_path, shown)) and os.path.dirname(path) == str(runs)
     assert f"ddptop report {said.group(2)} -o " in after
     _check_recording(path)
-    report = subprocess.run([sys.executable, "-m", "ddptop", "report", path, "-o", str(tmp_path / "report"), "--formats", "png"],
-                            capture_output=True, text=True, timeout=180)
+    report = subprocess.run([sys.executable, "-m", "ddptop", "report", path, "-o", str(tmp_path / "report"),
+                             "--formats", "png"], capture_output=True, text=True, timeout=180)
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     assert "allreduce" in text and "ddp" in text
