@@ -64,6 +64,8 @@ class ControlClient:
         except session.SessionTimeout:
             raise ControlError(f"no ddptop job answers at {master}:{port}: its store does not say where its front "
                                "listens (a job still starting, or not a ddptop job)") from None
+        except (ConnectionError, OSError) as exc:  # the job ended while this client was starting
+            raise PeerLost(f"the job at {master}:{port} went away ({exc})") from None
         finally:
             public.close()
         self.timeout_s = timeout_s
