@@ -157,6 +157,8 @@ class ControlClient:
     def request(self, op: str, changes: dict[str, Any] | None = None) -> int:
         if op == "set":
             self.check_set(changes or {})
+        else:
+            self._read_status()  # rank 0 must be there to take it: a job still starting refuses (ControlError)
         request_id = self._call("request", make_request(op, changes, self.who)).get("id")
         if not isinstance(request_id, int) or not 0 < request_id < keys.MAX_COUNTER:
             raise ControlError(f"the job's front gave request id {clean(request_id, 30)}: not one")
