@@ -64,6 +64,15 @@ class Hub:
 
     # -- the thread ----------------------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # the context terminated under it, or a bug: said once by the feed, never silent
+            self.source.error = (str(exc).splitlines() or [type(exc).__name__])[0]
+            self._drained.set()
+            for sock in self.server.sockets.values():
+                sock.close(linger=0)
+
+    def _loop(self) -> None:
         tel, ctl, pub = (self.server.sockets[n] for n in ("tel", "ctl", "pub"))
         poller = zmq.Poller()
         poller.register(ctl, zmq.POLLIN)
@@ -210,11 +219,14 @@ class Subscriber:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._halt.is_set():
-            if not self.sock.poll(POLL_MS):
-                continue
-            events = receive(self.sock.recv_multipart(), self.collector, self.liveness)
-            self.source.inject(events or [])
+        try:
+            while not self._halt.is_set():
+                if not self.sock.poll(POLL_MS):
+                    continue
+                events = receive(self.sock.recv_multipart(), self.collector, self.liveness)
+                self.source.inject(events or [])
+        except Exception as exc:  # said once by the feed, never silent
+            self.source.error = (str(exc).splitlines() or [type(exc).__name__])[0]
         self.sock.close(linger=0)
 
     def close(self) -> None:

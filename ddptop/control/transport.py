@@ -17,6 +17,7 @@ message (ZAP User-Id), so the hub checks each request against its role's rights 
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import threading
 
@@ -104,6 +105,7 @@ class Server:
     """The front's three sockets, bound on the master's address: `tel` (PULL), `ctl` (ROUTER), `pub` (PUB)."""
 
     def __init__(self, host: str, job: JobKeys):
+        _more_files()
         self.ctx = zmq.Context()  # its own: the authenticator is one per context
         keys = {zmq.utils.z85.encode(public(secret(job, role))): role for role in ROLES}
         self.auth = _Roles(self.ctx, keys)
@@ -138,6 +140,14 @@ class Server:
             sock.close(linger=0)
         self.auth.stop()
         self.ctx.term()
+
+
+def _more_files() -> None:
+    """Each rank holds two connections to the front (telemetry, heartbeats): 1,024 ranks need more descriptors than
+    the usual soft limit of 1,024, so the front raises it to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _address(host: str) -> str:
