@@ -84,11 +84,11 @@ def cmd_ctl(argv: Sequence[str]) -> int:
         raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
     client = ControlClient.find(args.master, args.port, args.token, prefix=args.prefix)
     if args.op == "status":
-        status = client.status()
+        status = client.status(steps=not args.json)
         if args.json:
             print(json.dumps(status, indent=2))
         else:
-            steps = client.recent_steps()
+            steps = client.steps
             print(format_status(status, f"{client.master}:{client.port}", steps))
         return 0
     if args.op in ("pause", "resume"):

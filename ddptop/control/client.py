@@ -73,6 +73,7 @@ class ControlClient:
         self.session = session.Session(master, self.ports["ctl"], JobKeys("", b"", "", self.key), self.role,
                                        max(timeout_s, 10))
         self._job: JobKeys | None = None
+        self.steps: dict[int, list[StepDone]] = {}
 
     def _call(self, op: str, body: dict | None = None) -> dict[str, Any]:
         try:
@@ -105,19 +106,22 @@ class ControlClient:
             self.status()
         return self._job
 
-    def status(self) -> dict[str, Any]:
-        reply = self._read_status()
+    def status(self, steps: bool = False) -> dict[str, Any]:
+        """Rank 0's status and each rank's newest beat; `steps`: also each rank's newest steps, kept in
+        `self.steps` (one round trip for `ctl status`)."""
+        reply = self._read_status(steps)
+        self.steps = _decoded(reply.get("steps"))
         status = reply["status"]
         self._job = JobKeys.from_control(self.key, status["job"])
         beats = reply.get("beats") if isinstance(reply.get("beats"), dict) else {}
         ranks = [{"rank": rank, **_step(beats.get(str(rank)))} for rank in range(status["world_size"])]
         return {**status, "age_s": max(0.0, time.time() - status["t"]), "ranks": ranks}
 
-    def _read_status(self) -> dict[str, Any]:
+    def _read_status(self, steps: bool = False) -> dict[str, Any]:
         deadline = time.monotonic() + STATUS_WAIT_S
         why = None
         while True:
-            reply = self._call("status")
+            reply = self._call("status", {"steps": steps})
             if isinstance(reply.get("status"), dict):
                 try:
                     return {**reply, "status": _checked_status(reply["status"])}
@@ -132,15 +136,7 @@ class ControlClient:
 
     def recent_steps(self) -> dict[int, list[StepDone]]:
         """Each rank's newest steps (hub.RECENT at most) as the front received them, decoded like any event."""
-        out: dict[int, list[StepDone]] = {}
-        steps = self._call("status", {"steps": True}).get("steps")
-        for rank, items in (steps if isinstance(steps, dict) else {}).items():
-            try:
-                decoded = [event_from_dict(item) for item in items[:keys.MAX_RECENT]]
-            except (EventDecodeError, TypeError):
-                continue
-            out[int(rank)] = [e for e in decoded if isinstance(e, StepDone) and str(e.rank) == rank]
-        return out
+        return _decoded(self._call("status", {"steps": True}).get("steps"))
 
     def recording(self) -> str | None:
         """`host:path` of the job's recording, `` when it records nothing, None when the job did not say."""
@@ -234,6 +230,17 @@ class ControlClient:
 
     def close(self) -> None:
         self.session.close()
+
+
+def _decoded(steps: Any) -> dict[int, list[StepDone]]:
+    out: dict[int, list[StepDone]] = {}
+    for rank, items in (steps if isinstance(steps, dict) else {}).items():
+        try:
+            decoded = [event_from_dict(item) for item in items[:keys.MAX_RECENT]]
+            out[int(rank)] = [e for e in decoded if isinstance(e, StepDone) and str(e.rank) == rank]
+        except (EventDecodeError, TypeError, ValueError):
+            continue
+    return out
 
 
 def _step(step: Any) -> dict[str, Any]:

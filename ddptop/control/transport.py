@@ -22,7 +22,7 @@ import socket
 import threading
 
 import zmq
-import zmq.auth.thread
+from zmq.utils import z85
 
 from ddptop.control.auth import JobKeys, derive
 from ddptop.errors import RendezvousError
@@ -48,8 +48,8 @@ def secret(job: JobKeys, role: str) -> bytes:
 
 def public(secret_key: bytes) -> bytes:
     """The 32-byte public key of a 32-byte secret (libsodium via libzmq)."""
-    z85_public = zmq.curve_public(zmq.utils.z85.encode(secret_key))
-    return zmq.utils.z85.decode(z85_public)
+    z85_public = zmq.curve_public(z85.encode(secret_key))
+    return z85.decode(z85_public)
 
 
 def server_public(job: JobKeys) -> bytes:
@@ -73,9 +73,9 @@ def client_socket(kind: int, job: JobKeys, role: str, endpoint: str, **options: 
     """A socket of `kind` connected to `endpoint` as `role`, which accepts only the job's server key."""
     sock = context().socket(kind)
     mine = secret(job, role)
-    sock.curve_secretkey = zmq.utils.z85.encode(mine)
-    sock.curve_publickey = zmq.utils.z85.encode(public(mine))
-    sock.curve_serverkey = zmq.utils.z85.encode(server_public(job))
+    sock.curve_secretkey = z85.encode(mine)
+    sock.curve_publickey = z85.encode(public(mine))
+    sock.curve_serverkey = z85.encode(server_public(job))
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
     sock.setsockopt(zmq.LINGER, 0)
     for name, value in options.items():
@@ -84,21 +84,23 @@ def client_socket(kind: int, job: JobKeys, role: str, endpoint: str, **options: 
     return sock
 
 
-class _Roles(zmq.auth.thread.ThreadAuthenticator):
-    """ZAP: a socket's domain admits its roles' public keys only; the role becomes the message's User-Id."""
+def _authenticator(ctx: zmq.Context, keys: dict[bytes, str]):
+    """ZAP: a socket's domain admits its roles' public keys only; the role becomes the message's User-Id. (pyzmq's
+    ThreadAuthenticator, imported here: it pulls in asyncio, ~0.1 s that `ddptop ctl` does not need.)"""
+    import zmq.auth.thread
 
-    def __init__(self, ctx: zmq.Context, keys: dict[bytes, str]):
-        super().__init__(ctx)
-        self.keys = keys  # z85 public key -> role
-        self.refused = 0
+    class Roles(zmq.auth.thread.ThreadAuthenticator):
+        refused = 0
 
-    def callback(self, domain: str, z85_key: bytes) -> bool:
-        ok = self.keys.get(z85_key) in DOMAINS.get(domain, ())
-        self.refused += not ok
-        return ok
+        def callback(self, domain: str, z85_key: bytes) -> bool:
+            ok = keys.get(z85_key) in DOMAINS.get(domain, ())
+            self.refused += not ok
+            return ok
 
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        return self.keys.get(zmq.utils.z85.encode(client_public_key), "")
+        def curve_user_id(self, client_public_key: bytes) -> str:
+            return keys.get(z85.encode(client_public_key), "")
+
+    return Roles(ctx)
 
 
 class Server:
@@ -107,8 +109,8 @@ class Server:
     def __init__(self, host: str, job: JobKeys):
         _more_files()
         self.ctx = zmq.Context()  # its own: the authenticator is one per context
-        keys = {zmq.utils.z85.encode(public(secret(job, role))): role for role in ROLES}
-        self.auth = _Roles(self.ctx, keys)
+        keys = {z85.encode(public(secret(job, role))): role for role in ROLES}
+        self.auth = _authenticator(self.ctx, keys)
         self.auth.start()
         for domain in DOMAINS:
             self.auth.configure_curve_callback(domain, self.auth)
@@ -121,7 +123,7 @@ class Server:
         for name, (kind, cap) in kinds.items():
             sock = self.ctx.socket(kind)
             sock.curve_server = True
-            sock.curve_secretkey = zmq.utils.z85.encode(mine)
+            sock.curve_secretkey = z85.encode(mine)
             sock.zap_domain = name.encode()
             sock.setsockopt(zmq.MAXMSGSIZE, cap)  # a larger message drops its connection, nothing else
             sock.setsockopt(zmq.LINGER, 0)
@@ -133,7 +135,7 @@ class Server:
 
     def endpoints(self) -> dict:
         """What the public store key says (keys.CHANNEL): the ports and the server's public key (z85)."""
-        return {**self.ports, "key": zmq.utils.z85.encode(self.public).decode()}
+        return {**self.ports, "key": z85.encode(self.public).decode()}
 
     def close(self) -> None:
         for sock in self.sockets.values():
