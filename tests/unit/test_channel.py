@@ -130,3 +130,41 @@ def test_garbage_an_oversized_message_and_a_huge_length_prefix_change_nothing(se
     assert served.hub.stats()["bad_messages"] == 2
     assert served.session("ctl").call("status")["status"] is None  # the hub still answers
     fresh.close()
+
+
+def test_captured_traffic_neither_reads_nor_replays(served):
+    """A stranger who captured every byte between `ctl` and the front (here through a relay that copies them) reads
+    no request in it and, replaying the client's bytes, makes the front do nothing (CURVE: encrypted, fresh
+    session keys)."""
+    captured = bytearray()
+    listener = socket.create_server(("127.0.0.1", 0))
+    relay_port = listener.getsockname()[1]
+
+    def relay() -> None:
+        near, _ = listener.accept()
+        far = socket.create_connection(("127.0.0.1", served.ports["ctl"]))
+
+        def pump(src, dst, record) -> None:
+            try:
+                while data := src.recv(65536):
+                    if record:
+                        captured.extend(data)
+                    dst.sendall(data)
+            except OSError:
+                pass
+
+        threading.Thread(target=pump, args=(far, near, False), daemon=True).start()
+        pump(near, far, True)
+
+    threading.Thread(target=relay, daemon=True).start()
+    client = Session("127.0.0.1", relay_port, JOB, "ctl", 10)
+    secret = "pause-the-job-now"
+    client.call("request", {"op": "pause", "changes": {}, "who": secret, "nonce": "n", "t": 1.0})
+    client.close()
+    assert served.hub.made == 1 and len(captured) > 100
+    assert secret.encode() not in captured and b"pause" not in captured
+    with socket.create_connection(("127.0.0.1", served.ports["ctl"]), timeout=5) as replay:
+        replay.sendall(bytes(captured))
+        time.sleep(1.0)
+    assert served.hub.made == 1, "the replayed request was not taken"
+    listener.close()
