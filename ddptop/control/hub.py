@@ -111,7 +111,7 @@ class Hub:
                 pass
             for e in events:
                 if isinstance(e, StepDone):
-                    self.recent.setdefault(e.rank, collections.deque(maxlen=RECENT)).append(e.to_dict())
+                    self.recent.setdefault(e.rank, collections.deque(maxlen=RECENT)).append(e)  # encoded when asked
             self.source.inject(events)
 
     def _serve(self, ctl: zmq.Socket) -> None:
@@ -142,7 +142,7 @@ class Hub:
         with self._lock:
             if op == "status":
                 beats = {str(r): step for r, (_, step) in self.liveness.beats.items()}
-                steps = {str(r): list(d) for r, d in self.recent.items()} if body.get("steps") else {}
+                steps = {str(r): [e.to_dict() for e in d] for r, d in self.recent.items()} if body.get("steps") else {}
                 return {"status": self.status, "beats": beats, "steps": steps, "ended": self.ended,
                         "recording": self.recording}
             if op == "request":
