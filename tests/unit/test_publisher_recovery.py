@@ -75,6 +75,7 @@ def _pump(src: socket.socket, dst: socket.socket, flowing: threading.Event) -> N
             data = src.recv(65536)
             if not data:
                 break
+            flowing.wait()  # a hold that came while this recv waited holds what it returned too
             dst.sendall(data)
     except OSError:
         pass
