@@ -62,7 +62,8 @@ def test_a_front_stopped_for_twice_the_timeout_misses_no_step_and_still_reports_
     last = max(e.t for e in events if isinstance(e, StepDone) and e.rank == 1)
     assert killed_at - last < 1.0  # what it queued since its last send (every 0.25 s) and the step it was in
     lost = [e for e in events if isinstance(e, RankLost)]
-    assert [e.rank for e in lost][:1] == [1] and lost[0].t - killed_at < LOST_AFTER_S, lost
+    killed = [e for e in lost if e.rank == 1]  # rank 0 may be reported too: it exits 5 once its peer is gone
+    assert killed and killed[0].t - killed_at < LOST_AFTER_S, lost
     assert not [e for e in lost if e.t < killed_at], "nobody was lost while the front was stopped"
     info = ddptop("info", str(record))
     assert info.returncode == 0 and "rank 1 lost after step" in info.stdout and "incomplete: " in info.stdout
