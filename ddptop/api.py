@@ -12,7 +12,7 @@ The loop, data, optimizer, scheduler and mixed precision stay the user's. `prepa
 and a thin module (OwnModel) whose `inner` is the strategy's module (the plain model, or DDP around it): a switch
 replaces `inner` between two steps, and the parameters stay the same tensors, so the optimizer never notices.
 Everything else is ddptop's own machinery, shared with its loop: train/direct.py's `hosting` (rank 0's store and
-collector), train/worker.py's `joined` (handshake, groups, channel, system samples), train/loop.py's `resync`,
+collector), train/worker.py's `joined` (handshake, groups, the front's sockets, system samples), train/loop.py's `resync`,
 `build_for` and `exchange`, control/agent.py's agreement on the switch step, probes/step.py's phases.
 
 Phases: `data` ends where the step is entered (the user's loader ran since the last boundary); `fwd` where

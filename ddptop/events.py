@@ -610,6 +610,10 @@ def _check(tp: Any, value: Any, where: str) -> Any:
         if type(value) not in (list, tuple) or (args[-1] is not Ellipsis and len(value) != len(args)):
             raise EventDecodeError(f"{where}: expected a list of {len(args) if args[-1] is not Ellipsis else 'any'}"
                                    f" items, found {_what(value)}")
+        if args[0] is Span and args[-1] is Ellipsis:
+            fast = [_plain_span(v) for v in value]
+            if None not in fast:
+                return tuple(fast)
         kinds = [args[0]] * len(value) if args[-1] is Ellipsis else args
         return tuple(_check(k, v, f"{where}[{i}]") for i, (k, v) in enumerate(zip(kinds, value)))
     if origin is dict:
@@ -626,6 +630,20 @@ def _check(tp: Any, value: Any, where: str) -> Any:
         return _scalar(type(value), value, where, name) if type(value) in (bool, int, float, str) else _refuse(
             where, "a plain value", value)
     raise EventDecodeError(f"{where}: no check for {tp!r}")  # a new annotation needs one here
+
+
+def _plain_span(value: Any) -> Span | None:
+    """A span in its compact form whose every item already has its exact type and range, built directly; else None,
+    and the generic check names what is wrong. A sampled step holds ~100 spans: checked one field at a time they
+    were 80% of what the front spent decoding a rank's second of telemetry (3.9 ms; issue 41's 1,024 ranks)."""
+    if type(value) is not list or not 4 <= len(value) <= 7:
+        return None
+    kind, name, start, dur, *counts = value
+    if (type(kind) is str and type(name) is str and len(kind) <= MAX_TEXT and len(name) <= MAX_TEXT
+            and type(start) is float and type(dur) is float and math.isfinite(start) and math.isfinite(dur)
+            and all(type(c) is int and 0 <= c <= MAX_INT for c in counts)):
+        return Span(clean_value(kind), clean_value(name), start, dur, *counts)
+    return None
 
 
 def _scalar(tp: type, value: Any, where: str, name: str) -> Any:

@@ -1,5 +1,5 @@
-"""`ddptop ctl`: change a running job from a shell; what `ddptop ctl status` prints: the job's step and config, and each rank's recent figures, read from
-the telemetry the ranks already publish (the newest batches still in the store), by ddptop.metrics."""
+"""`ddptop ctl`: change a running job from a shell; what `ddptop ctl status` prints: the job's step and config, and each
+rank's recent figures, from the newest steps the front received (hub.py keeps each rank's last ten), by ddptop.metrics."""
 
 from __future__ import annotations
 
@@ -9,43 +9,11 @@ from typing import Any, Sequence
 
 from ddptop import metrics
 from ddptop.cli.parser import Parser, add_job_flags, check_port
-from ddptop.control import keys
-from ddptop.control.auth import unseal
-from ddptop.events import StepDone, decode_events
+from ddptop.events import StepDone
 from ddptop.errors import UsageError
 from ddptop.safe import clean_lines
 
-WINDOW = 10  # steps per rank, the newest
-# batches read back per rank at most, newest first, until WINDOW steps are found: at 4 batches/s 3 of them hold no
-# step at all when a step takes seconds (issue 26: a lab's 2-7 s steps showed "(no recent step in the store)" for
-# ranks that were stepping); 120 batches reach 30 s back, and a fast job stops after the first few
-MAX_BATCHES = 120
-
-
-def recent_steps(store, job, world_size: int) -> dict[int, list[StepDone]]:
-    """Each rank's StepDone from its newest telemetry batches (what a collector has not deleted), unsealed with the
-    job's keys (auth.JobKeys) like the collector does; a head or batch that does not verify is skipped."""
-    out: dict[int, list[StepDone]] = {}
-    for rank in range(world_size):
-        try:
-            if not store.check([keys.tel_head(rank)]):
-                continue
-            head = int(unseal(job.ranks, keys.ctx_head(job.job_id, rank), store.get(keys.tel_head(rank)), 32))
-        except (ValueError, OSError):  # BadValue is a ValueError
-            continue
-        steps: list[StepDone] = []
-        for seq in range(head, max(0, head - MAX_BATCHES), -1):
-            try:
-                if store.check([keys.tel_batch(rank, seq)]):
-                    blob = unseal(job.ranks, keys.ctx_tel(job.job_id, rank, seq), store.get(keys.tel_batch(rank, seq)),
-                                  keys.MAX_BATCH_BYTES)
-                    steps = [e for e in decode_events(blob) if isinstance(e, StepDone)] + steps
-            except (ValueError, OSError):  # BadValue and EventDecodeError are ValueErrors
-                continue
-            if len(steps) >= WINDOW:
-                break
-        out[rank] = steps[-WINDOW:]
-    return out
+WINDOW = 10  # steps per rank, the newest (the front keeps as many: keys.MAX_RECENT)
 
 
 def format_status(status: dict[str, Any], where: str, steps: dict[int, list[StepDone]]) -> str:
@@ -63,7 +31,7 @@ def format_status(status: dict[str, Any], where: str, steps: dict[int, list[Step
             lines.append(f"  {r:>4}  {f.step_s:6.3f}  {f.share(f.comm_s):4.0%}  {f.exposed_comm_s * 1e3:5.1f} ms  "
                          f"{f.share(f.own_s):5.1%}")
         else:
-            lines.append(f"  {r:>4}  (no recent step in the store)")
+            lines.append(f"  {r:>4}  (no recent step received)")
         if "refused" in rank:
             lines[-1] += f"  (heartbeat refused: {rank['refused']})"
     return clean_lines("\n".join(lines))  # the status was checked by the client; printed text is cleaned all the same
@@ -116,11 +84,11 @@ def cmd_ctl(argv: Sequence[str]) -> int:
         raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
     client = ControlClient.find(args.master, args.port, args.token, prefix=args.prefix)
     if args.op == "status":
-        status = client.status()
+        status = client.status(steps=not args.json)
         if args.json:
             print(json.dumps(status, indent=2))
         else:
-            steps = recent_steps(client.store, client.job, int(status.get("world_size", 0)))
+            steps = client.steps
             print(format_status(status, f"{client.master}:{client.port}", steps))
         return 0
     if args.op in ("pause", "resume"):

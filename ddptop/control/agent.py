@@ -7,16 +7,23 @@ therefore sees a request at the same boundary k and applies it before step k, wh
 during a pause are applied together at its end, as the newest (each request's config is built on the one
 before it): one switch, and every client answered "applied", the earlier ones naming the request that
 carried them (`merged_into`). It costs one 24-byte broadcast launch per step, counted in every step's time
-and in its `own_s` (ddptop's cost); rank 0's control thread does all store polling, so the broadcast never
-waits on the store.
+and in its `own_s` (ddptop's cost); rank 0's control thread does all the talking to the front, so the
+broadcast never waits on the network.
 
-Trust: only rank 0 reads requests (sealed with the token, bound to this job and request id, accepted once
-within REQUEST_WINDOW_S, deleted once read); what every rank applies comes from rank 0 over the process
-group, sealed with the ranks' key and bound to the request id, never from a store key anyone could write.
+Transport (hub.py): every rank's control thread PUSHes a heartbeat a second (the rank's key, a socket of its
+own that holds 4 at most: a heartbeat is a state, the newest wins); rank 0's agent syncs with the front every
+POLL_S over a Session (DEALER/ROUTER, the agent's key): its status and answers up, the requests the front took
+from `ctl` down. An answer stays here until a sync that carried it was answered, so none is lost to a front
+that stalled; a front stopped for any length only delays them.
+
+Trust: only a `ctl` key can make a request (hub.RIGHTS); rank 0 accepts each once, within REQUEST_WINDOW_S
+(commands.read_request); what every rank applies comes from rank 0 over the process group, sealed with the
+ranks' key and bound to the request id.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -25,11 +32,14 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+import zmq
 
 from ddptop.config import SyncConfig
-from ddptop.control import keys
+from ddptop.control import keys, transport
 from ddptop.control.auth import BadValue, JobKeys
+from ddptop.control.bus import BEAT
 from ddptop.control.commands import Replays, apply_changes, check_request, open_json, read_request, seal_json
+from ddptop.control.session import Session, SessionError
 from ddptop.errors import DdptopError, PeerLost
 from ddptop.events import ControlRefused, Event, RunState, TuneAsked
 
@@ -37,8 +47,7 @@ CLOSE_WAIT_S = 2.0  # what close gives the control thread before cutting its cli
 POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
 STATUS_EVERY_S = 0.5
 HEARTBEAT_EVERY_S = 1.0
-MAX_BACKLOG = 64  # request ids rank 0 looks at per poll: a counter that jumps further skips the rest, saying so
-REQUEST_WAIT_S = 5.0  # an id whose request has not arrived after this long is given up (its client went away)
+SYNC_TIMEOUT_S = 2.0  # a sync the front does not answer in this long is sent again on a fresh socket
 DECISION_BYTES = 2048  # the sealed decision rank 0 broadcasts, padded (a config is ~150 bytes)
 
 
@@ -58,8 +67,29 @@ class Boundary:
     waited_s: float = 0.0  # time spent paused, or waiting for every rank to start (not part of any step)
 
 
+class Link:
+    """A rank's control thread's sockets to the front: heartbeats (PUSH, the rank's key); rank 0 also its
+    agent's Session. `ports`: session.read_endpoints's."""
+
+    def __init__(self, host: str, ports: dict, job: JobKeys, rank: int):
+        self.beats = transport.client_socket(zmq.PUSH, job, "rank", transport.endpoint(host, ports["tel"]),
+                                             SNDHWM=4)
+        self.session = Session(host, ports["ctl"], job, "agent", SYNC_TIMEOUT_S) if rank == 0 else None
+
+    def beat(self, rank: int, body: dict) -> None:
+        try:
+            self.beats.send_multipart([BEAT, str(rank).encode(), json.dumps(body).encode()], zmq.NOBLOCK)
+        except zmq.Again:  # the front does not read (stopped): the newest beat goes once it reads again
+            pass
+
+    def close(self) -> None:
+        self.beats.close(linger=0)
+        if self.session is not None:
+            self.session.close()
+
+
 class ControlAgent:
-    def __init__(self, rank: int, world_size: int, keys: JobKeys, connect: Callable[[], dist.Store],
+    def __init__(self, rank: int, world_size: int, keys: JobKeys, connect: Callable[[], Link],
                  emit: Callable[[Event], None], check: Callable[[SyncConfig], None], initial: SyncConfig,
                  group=None, sweep_segments: int = 0):
         self.rank = rank
@@ -67,11 +97,10 @@ class ControlAgent:
         self.keys = keys
         self.emit = emit
         self.check = check  # extra checks rank 0 makes against its data (e.g. a batch larger than a shard)
-        self.store = connect() if rank == 0 else None  # the training thread's own client: rank 0's answers
         self.group = group if group is not None or world_size == 1 else dist.new_group(backend="gloo")
         self._replays = Replays()
-        self._waiting: dict[int, float] = {}  # rank 0: request ids seen in the counter, request not read yet
-        self._bad_counter: int | None = None
+        self._outbox: deque[tuple[int, dict]] = deque()  # rank 0: answers the front has not acknowledged yet
+        self._status_due = True  # rank 0: the next sync carries the status (a segment started since the last)
         self.step = 0
         self.segment = 0
         self.config = initial  # segment 0's configuration: a sweep's first
@@ -89,8 +118,8 @@ class ControlAgent:
         self._stop_requested = False
         self._was_paused = False
         self._halt = threading.Event()
-        self.master_lost = ""  # set by the control thread when the store stops answering
-        self._client = None  # the control thread's channel client: closed by `close` if it hangs on a dead link
+        self.master_lost = ""  # set by the control thread when it cannot open its sockets
+        self._client: Link | None = None  # the control thread's sockets
         self._thread = threading.Thread(target=self._run, args=(connect,), name=f"ddptop-control-{rank}",
                                         daemon=True)
         self._thread.start()
@@ -124,8 +153,7 @@ class ControlAgent:
             self.config, self.segment = decision.config, segment
             if decision.request_id == 0:  # a sweep step or a roll-back: later requests change what it set
                 self._latest = decision.config
-            if self.rank == 0:  # before the answer, so a client that reads "applied" sees the new config
-                self.store.set(keys.STATUS, seal_json(self.keys.control, keys.CTX_STATUS, self._status()))
+            self._status_due = True  # a sync carries it with (or before) the answer: "applied" shows the new config
         if answer:
             self.answer(decision.request_id, step, segment)
 
@@ -135,12 +163,11 @@ class ControlAgent:
             return
         body = ({"ok": False, "state": "rolled back", "error": error} if error else {"ok": True, "state": "applied"})
         for earlier in self._merged.pop(request_id, []):  # their changes went in (or out) with this one
-            self._answer(self.store, earlier, {**body, "step": step, "segment": segment, "merged_into": request_id})
-        self._answer(self.store, request_id, {**body, "step": step, "segment": segment})
+            self._answer(earlier, {**body, "step": step, "segment": segment, "merged_into": request_id})
+        self._answer(request_id, {**body, "step": step, "segment": segment})
 
-    def _answer(self, store: dist.Store, request_id: int, response: dict) -> None:
-        store.set(keys.ctl_response(request_id),
-                  seal_json(self.keys.control, keys.ctx_response(self.keys.job_id, request_id), response))
+    def _answer(self, request_id: int, response: dict) -> None:
+        self._outbox.append((request_id, response))
 
     def out_of_memory(self, mine: bool) -> list[int]:
         """The ranks that ran out of memory in a trial step, the same list on every rank: one all-reduce of a
@@ -224,10 +251,7 @@ class ControlAgent:
     def close(self) -> None:
         self._halt.set()
         self._thread.join(timeout=CLOSE_WAIT_S)
-        client = self._client
-        if self._thread.is_alive() and client is not None and hasattr(client, "close"):
-            client.close()  # a heartbeat blocked on a link gone quiet fails now: the rank leaves to say why
-            self._thread.join(timeout=1)
+        self._thread.join(timeout=SYNC_TIMEOUT_S + 1)  # a sync in flight times out within that
         if self.group is not None:
             if self._inflight is not None:
                 try:  # every rank launched the same broadcasts: the last one completes unless a peer is gone
@@ -237,45 +261,54 @@ class ControlAgent:
             dist.destroy_process_group(self.group)
 
     # -- control thread ---------------------------------------------------------------------------------
-    def _run(self, connect: Callable[[], dist.Store]) -> None:
+    def _run(self, connect: Callable[[], Link]) -> None:
         try:
-            store = self._client = connect()
+            link = self._client = connect()
         except DdptopError as exc:
             self.master_lost = str(exc)
             return
-        next_status = next_beat = 0.0
-        beats = 0
-        seen = 0
-        while not self._halt.wait(POLL_S):
-            now = time.monotonic()
-            try:
+        next_beat = next_status = 0.0
+        beats = seen = 0
+        try:
+            while not self._halt.wait(POLL_S):
+                now = time.monotonic()
                 if now >= next_beat:
                     beats += 1
-                    store.set(keys.heartbeat(self.rank), seal_json(
-                        self.keys.ranks, keys.ctx_heartbeat(self.keys.job_id, self.rank),
-                        {"step": self.step, "beat": beats, "paused": self._was_paused}))
+                    link.beat(self.rank, {"step": self.step, "beat": beats, "paused": self._was_paused})
                     next_beat = now + HEARTBEAT_EVERY_S
-                if self.rank != 0:
-                    continue
-                seen = self._take_requests(store, seen)
-                if now >= next_status:
-                    with self._lock:  # never a stale config over the one `applied` just wrote
-                        store.set(keys.STATUS, seal_json(self.keys.control, keys.CTX_STATUS, self._status()))
-                    next_status = now + STATUS_EVERY_S
-            except Exception as exc:  # the store (on the master) went away: the next step boundary stops this rank
-                store = self._client = self._reconnect(connect, exc)
-                if store is None:
-                    return
+                if self.rank == 0:
+                    if now >= next_status:
+                        self._status_due, next_status = True, now + STATUS_EVERY_S
+                    seen = self._sync(link.session, seen)
+            if self.rank == 0 and self._outbox:  # the last answers (a stop's) before the rank leaves
+                self._sync(link.session, seen)
+        finally:
+            link.close()
 
-    def _reconnect(self, connect: Callable[[], dist.Store], exc: Exception) -> dist.Store | None:
-        """A store that answers again gets a fresh client (the server drops a client after one bad request);
-        one that does not means the master is gone."""
+    def _sync(self, session: Session, seen: int) -> int:
+        """One exchange with the front: answers and (when due) the status up, new requests down. A sync that
+        fails is sent again, whole, next time: nothing is lost to a front that stalled."""
+        answers = list(self._outbox)  # before the status: the status is never older than an answer it carries
+        body: dict = {"seen": seen, "answers": answers}
+        due = self._status_due
+        if due:
+            with self._lock:
+                body["status"] = self._status()
         try:
-            return connect()
-        except Exception:
-            text = str(exc).strip()
-            self.master_lost = text.splitlines()[0][:120] if text else type(exc).__name__
-            return None
+            reply = session.call("sync", body)
+        except SessionError:
+            return seen
+        for _ in answers:
+            self._outbox.popleft()
+        if due:
+            self._status_due = False
+        requests = reply.get("requests")
+        for request in requests if isinstance(requests, list) else []:
+            request_id = request.get("id") if isinstance(request, dict) else None
+            if isinstance(request_id, int) and request_id > seen:
+                seen = request_id
+                self._take(request_id, request)
+        return seen
 
     def _status(self) -> dict:
         # handed_out: the newest request rank 0 has broadcast to the ranks; while paused, the ones handed out by the
@@ -284,46 +317,22 @@ class ControlAgent:
                 "paused": self._was_paused, "world_size": self.world_size, "t": time.time(),
                 "job": self.keys.job_id, "handed_out": self._sent_id}
 
-    def _take_requests(self, store: dist.Store, seen: int) -> int:
-        """Read the requests whose ids the counter has handed out since `seen`; never wait on one."""
-        newest = store.add(keys.CTL_SEQ, 0)
-        if not 0 <= newest < keys.MAX_COUNTER or newest < seen:
-            if newest != self._bad_counter:  # said once per value, not twenty times a second
-                self._refuse(newest, f"the request counter holds {newest}, not a count after {seen}: ignored")
-                self._bad_counter = newest
-            return seen if newest < 0 or newest >= keys.MAX_COUNTER else newest
-        if newest - seen > MAX_BACKLOG:
-            self._refuse(newest, f"the request counter jumped from {seen} to {newest}: only the last {MAX_BACKLOG} "
-                                 "ids are read")
-            seen = newest - MAX_BACKLOG
-        now = time.monotonic()
-        self._waiting.update((request_id, now) for request_id in range(seen + 1, newest + 1))
-        for request_id, since in sorted(self._waiting.items()):
-            if store.check([keys.ctl_request(request_id)]):
-                del self._waiting[request_id]
-                self._take(store, request_id)
-            elif now - since > REQUEST_WAIT_S:
-                del self._waiting[request_id]
-        return newest
-
     def _refuse(self, request_id: int, reason: str) -> None:
         self.emit(ControlRefused(request_id, reason, time.time()))
 
-    def _take(self, store: dist.Store, request_id: int) -> None:
+    def _take(self, request_id: int, raw: dict) -> None:
         """Answer a request, then act on it: a `set` queued before its "pending" answer was written could be applied
         and answered "applied" by the training thread first, and "pending" then overwrote "applied" (under load
         `ctl` waited out its 30 s)."""
-        raw = store.get(keys.ctl_request(request_id))
-        store.delete_key(keys.ctl_request(request_id))  # used once: a copy left in the store replays nothing
         then = None
         try:
-            request = read_request(self.keys, request_id, raw, self._replays)
+            request = read_request(raw, self._replays)
             response, then = self._accept(request_id, request)
         except (ValueError, DdptopError) as exc:
             reason = str(exc)
             self._refuse(request_id, reason)
             response = {"ok": False, "error": reason}
-        self._answer(store, request_id, response)
+        self._answer(request_id, response)
         if then is not None:
             then()
 

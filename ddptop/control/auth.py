@@ -1,16 +1,17 @@
-"""Job keys and sealed store values: what proves that a value in the store came from this job.
+"""Job keys, and sealed values for the two paths no library protects (the join handshake in torch's store,
+rank 0's decisions over the process group).
 
 Anyone who reaches the store's port can list, read, write and delete any key (torch's TCPStore has no
-authentication). ddptop therefore (1) moves every key written after the join handshake to its own channel
-(channel.py), where only a peer that proves the key is served, and (2) seals every value a peer reads: `MAC \n body`, an HMAC-SHA256 over a context string (what the value is, the job
-id, the rank / sequence / request id it belongs to) and the body, so a value moved to another key, another
-job or another request does not verify either.
+authentication), so after the join nothing of ddptop's goes there: it travels over the front's ZeroMQ sockets
+with CURVE (transport.py), whose keys derive from the ones here. What still goes through the store (the join
+handshake) or the process group (decisions) is sealed: `MAC \n body`, an HMAC-SHA256 over a context string and
+the body, so a value moved to another key, job or request does not verify either.
 
-Two keys: the *control* key is stretched from the token with scrypt and a random per-job salt (stretch: each
-guess at a token costs an attacker SCRYPT_N's milliseconds, and nothing can be precomputed before the job starts;
-requests, responses, status: `ddptop ctl`, the front and rank 0 know it); the *ranks* key is derived from the token and the job id and handed by rank 0 to every rank
-over the process group (telemetry, heartbeats, decisions), so even ranks started without the token (torchrun,
-Slurm) sign what they send with a key a stranger on the port never sees.
+The *control* key is stretched from the token with scrypt and a random per-job salt (stretch: each guess at a
+token costs an attacker SCRYPT_N's milliseconds, and nothing can be precomputed before the job starts); every
+CURVE key of the job derives from it (transport.secret). The *ranks* key derives from it and the job id: ranks
+that know the token derive it, ranks started without it (torchrun, Slurm) get it from rank 0 over the process
+group (worker.share_job_keys); it is the rank role's CURVE secret, which may only PUSH telemetry.
 """
 
 from __future__ import annotations
@@ -89,12 +90,14 @@ def new_job_id() -> str:
 
 @dataclass(frozen=True)
 class JobKeys:
-    """What a process of the job knows. `control` is empty on a rank started without the token."""
+    """What a process of the job knows. `control` is empty on a rank started without the token, which gets the ranks
+    key and the front's public key (`server`) from rank 0 instead (transport.py)."""
 
     job_id: str
     ranks: bytes
     namespace: str
     control: bytes = b""
+    server: bytes = b""
 
     @classmethod
     def from_token(cls, token: str, job_id: str, salt: bytes) -> "JobKeys":
@@ -104,14 +107,18 @@ class JobKeys:
     def from_control(cls, control: bytes, job_id: str) -> "JobKeys":
         return cls(job_id, derive(control, "ranks " + job_id), namespace(control), control)
 
-    # rank 0 hands (job id, ranks key, namespace) to the other ranks as one fixed-size block of bytes
-    PACKED = 16 + 32 + NAMESPACE_HEX // 2
+    # rank 0 hands (job id, ranks key, namespace, the front's public key) to ranks started without the token as one
+    # fixed-size block of bytes; ranks that know the token get the job id alone (the rest zeros) and derive the keys
+    PACKED = 16 + 32 + NAMESPACE_HEX // 2 + 32
 
-    def pack(self) -> bytes:
-        return bytes.fromhex(self.job_id) + self.ranks + bytes.fromhex(self.namespace)
+    def pack(self, server: bytes, secret: bool) -> bytes:
+        """`secret`: with the ranks key and the front's key (for ranks without the token), else zeros there."""
+        if not secret:
+            return bytes.fromhex(self.job_id) + bytes(self.PACKED - 16)
+        return bytes.fromhex(self.job_id) + self.ranks + bytes.fromhex(self.namespace) + server
 
     @classmethod
-    def unpack(cls, blob: bytes, control: bytes = b"") -> "JobKeys":
+    def unpack(cls, blob: bytes) -> "JobKeys":
         if len(blob) != cls.PACKED:
             raise BadValue(f"job keys of {len(blob)} bytes, expected {cls.PACKED}")
-        return cls(blob[:16].hex(), bytes(blob[16:48]), blob[48:].hex(), control)
+        return cls(blob[:16].hex(), bytes(blob[16:48]), blob[48:60].hex(), b"", bytes(blob[60:]))

@@ -1,8 +1,8 @@
 """The client side of the control plane, shared by `ddptop ctl` and the TUI: status, set, pause, resume, stop.
 
-Everything it reads is checked before use: the status and rank 0's answers must be sealed with the token
-and have the right types and ranges, heartbeats must be sealed with the ranks' key; a value that is not is
-retried for a moment and then reported in one line, never parsed on trust.
+It talks to the job's front over one Session (session.py: CURVE with the ctl key derived from the token). What it
+reads is checked before use: the status must have the right types and ranges (a bad one is retried for a moment
+and then reported in one line), recent steps are decoded like any event, never parsed on trust.
 """
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ from datetime import timedelta
 from typing import Any
 
 from ddptop.config import SyncConfig
-from ddptop.control import channel, keys, litestore
+from ddptop.control import keys, litestore, session
 from ddptop.control.auth import BadValue, JobKeys, stretch
-from ddptop.control.commands import apply_changes, make_request, open_json, seal_json, who_am_i
+from ddptop.control.commands import apply_changes, make_request, who_am_i
 from ddptop.control.token import TOKEN_ENV, check_token, find_job, last_ended_job
 from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
+from ddptop.events import EventDecodeError, StepDone, event_from_dict
+from ddptop.safe import clean
 
 MAX_WORLD_SIZE = 65536
 STATUS_WAIT_S = 2.0  # rank 0 rewrites its status every 0.5 s: a bad or missing one is retried this long
 POLL_S = 0.05  # a waiting request reads its answer and the job's last word this often (the front keeps its
-# store ENDED_LINGER_S = 1 s after writing that word: ~20 reads)
+# sockets ENDED_LINGER_S = 1 s after writing that word: ~20 reads)
 
 
 class ControlError(DdptopError):
@@ -46,32 +48,39 @@ def _nothing_runs(master: str | None) -> str:
 
 
 class ControlClient:
+    """`role` names who asks in every request (`ctl`, `tui`, `tune`, `front`); `attach` connects with the attach key,
+    which may read the status but never send a request (hub.RIGHTS)."""
+
     def __init__(self, master: str, port: int, token: str, role: str = "ctl", timeout_s: float = 5.0,
                  prefix: str = ""):
         self.master, self.port, self.token, self.prefix = master, port, check_token(token), prefix
         self.who = who_am_i(role)
         # plain Python, not torch's TCPStore: `ddptop ctl` answers in a fraction of a second (README). The store
-        # only says where the job's channel is and its salt; everything else goes over the channel (channel.py)
+        # only says where the job's front listens and its salt; everything else goes over its sockets (hub.py)
         public = litestore.connect(master, port, timeout_s, f"{keys.DDPTOP_PREFIX}{prefix}")
         try:
-            self.key = stretch(self.token, channel.read_salt(public, STATUS_WAIT_S))
-            self.channel_port = channel.read_port(public, STATUS_WAIT_S)
-        except channel.ChannelTimeout:
-            raise ControlError(f"no ddptop job answers at {master}:{port}: its store holds no channel "
-                               "(a job still starting, or not a ddptop job)") from None
+            self.key = stretch(self.token, session.read_salt(public, STATUS_WAIT_S))
+            self.ports = session.read_endpoints(public, STATUS_WAIT_S)
+        except session.SessionTimeout:
+            raise ControlError(f"no ddptop job answers at {master}:{port}: its store does not say where its front "
+                               "listens (a job still starting, or not a ddptop job)") from None
+        except (ConnectionError, OSError) as exc:  # the job ended while this client was starting
+            raise PeerLost(f"the job at {master}:{port} went away ({exc})") from None
         finally:
             public.close()
         self.timeout_s = timeout_s
-        self.store = self.connect()
+        self.role = "attach" if role == "attach" else "ctl"
+        self.session = session.Session(master, self.ports["ctl"], JobKeys("", b"", "", self.key), self.role,
+                                       max(timeout_s, 10))
         self._job: JobKeys | None = None
+        self.steps: dict[int, list[StepDone]] = {}
 
-    def connect(self) -> channel.ChannelClient:
-        """A fresh client of the job's channel, with the control key (attach's collectors use their own)."""
+    def _call(self, op: str, body: dict | None = None) -> dict[str, Any]:
         try:
-            return channel.ChannelClient(self.master, self.channel_port, self.key, timeout_s=max(self.timeout_s, 10))
-        except channel.ChannelRefused:
+            return self.session.call(op, body)
+        except session.SessionRefused:
             raise ControlError(f"no ddptop job with this token answers at {self.master}:{self.port} "
-                               "(a wrong --token or DDPTOP_TOKEN, or a job still starting)") from None
+                               "(a wrong --token or DDPTOP_TOKEN)") from None
 
     @classmethod
     def find(cls, master: str | None, port: int | None, token: str | None, role: str = "ctl",
@@ -97,54 +106,58 @@ class ControlClient:
             self.status()
         return self._job
 
-    def status(self) -> dict[str, Any]:
-        status = self._read_status()
+    def status(self, steps: bool = False) -> dict[str, Any]:
+        """Rank 0's status and each rank's newest beat; `steps`: also each rank's newest steps, kept in
+        `self.steps` (one round trip for `ctl status`)."""
+        reply = self._read_status(steps)
+        self.steps = _decoded(reply.get("steps"))
+        status = reply["status"]
         self._job = JobKeys.from_control(self.key, status["job"])
-        ranks = [{"rank": rank, **self._heartbeat(rank)} for rank in range(status["world_size"])]
+        beats = reply.get("beats") if isinstance(reply.get("beats"), dict) else {}
+        ranks = [{"rank": rank, **_step(beats.get(str(rank)))} for rank in range(status["world_size"])]
         return {**status, "age_s": max(0.0, time.time() - status["t"]), "ranks": ranks}
 
-    def _read_status(self) -> dict[str, Any]:
+    def _read_status(self, steps: bool = False) -> dict[str, Any]:
         deadline = time.monotonic() + STATUS_WAIT_S
         why = None
         while True:
-            if self.store.check([keys.STATUS]):
+            reply = self._call("status", {"steps": steps})
+            if isinstance(reply.get("status"), dict):
                 try:
-                    return _checked_status(open_json(self.key, keys.CTX_STATUS,
-                                                     self.store.get(keys.STATUS), keys.MAX_STATUS_BYTES))
+                    return {**reply, "status": _checked_status(reply["status"])}
                 except BadValue as exc:
                     why = str(exc)
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         if why:
-            raise ControlError(f"the job's status at {self.master}:{self.port} is refused ({why}): "
-                               "the store holds a value ddptop did not write")
-        raise ControlError(f"no ddptop job with this token answers at {self.master}:{self.port} "
-                           "(a wrong --token or DDPTOP_TOKEN, or a job still starting)")
+            raise ControlError(f"the job's status at {self.master}:{self.port} is refused ({why})")
+        raise ControlError(f"the ddptop job at {self.master}:{self.port} has no status yet (its ranks still starting)")
 
-    def _heartbeat(self, rank: int) -> dict[str, Any]:
-        key = keys.heartbeat(rank)
-        if not self.store.check([key]):
-            return {}
-        try:
-            beat = open_json(self._job.ranks, keys.ctx_heartbeat(self._job.job_id, rank), self.store.get(key), keys.MAX_SMALL_BYTES)
-        except BadValue as exc:
-            return {"refused": str(exc)}
-        step = beat.get("step")
-        return {"step": step} if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else {}
+    def recent_steps(self) -> dict[int, list[StepDone]]:
+        """Each rank's newest steps (hub.RECENT at most) as the front received them, decoded like any event."""
+        return _decoded(self._call("status", {"steps": True}).get("steps"))
+
+    def recording(self) -> str | None:
+        """`host:path` of the job's recording, `` when it records nothing, None when the job did not say."""
+        data = self._call("status").get("recording")
+        if not isinstance(data, dict):
+            return None
+        path, host = clean(str(data.get("path", "")), 300), clean(str(data.get("host", "")), 100)
+        return f"{host}:{path}" if path else ""
 
     def check_set(self, changes: dict[str, Any]) -> SyncConfig:
         """Validate against the config in force before sending anything (the UI shows this inline)."""
-        return apply_changes(SyncConfig(**self._read_status()["config"]), changes)
+        return apply_changes(SyncConfig(**self._read_status()["status"]["config"]), changes)
 
     def request(self, op: str, changes: dict[str, Any] | None = None) -> int:
         if op == "set":
             self.check_set(changes or {})
-        job = self.job
-        request_id = self.store.add(keys.CTL_SEQ, 1)
-        if not 0 < request_id < keys.MAX_COUNTER:
-            raise ControlError(f"the job's request counter holds {request_id}: the store is not in order")
-        self.store.set(keys.ctl_request(request_id), make_request(job, request_id, op, changes, self.who))
+        else:
+            self._read_status()  # rank 0 must be there to take it: a job still starting refuses (ControlError)
+        request_id = self._call("request", make_request(op, changes, self.who)).get("id")
+        if not isinstance(request_id, int) or not 0 < request_id < keys.MAX_COUNTER:
+            raise ControlError(f"the job's front gave request id {clean(request_id, 30)}: not one")
         return request_id
 
     def response(self, request_id: int, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -153,51 +166,34 @@ class ControlClient:
 
     def _await(self, request_id: int, deadline: float, done, late: str) -> dict[str, Any]:
         """Rank 0's answer once `done(answer)`. A wait that ends otherwise says how in one line, with README's code:
-        the job's word that it ended (a rank lost: PeerLost, 5; finished or stopped: JobEnded, 1), its store gone
+        the job's word that it ended (a rank lost: PeerLost, 5; finished or stopped: JobEnded, 1), its front gone
         without a word (PeerLost, 5), or `deadline` passed (ControlError, 1)."""
         try:
             while True:
-                if self.store.check([keys.ctl_response(request_id)]):
-                    answer = self._answer(request_id)
-                    if done(answer):
-                        return answer
-                self._check_ended(request_id)
+                reply = self._call("answer", {"id": request_id})
+                answer = reply.get("answer")
+                if isinstance(answer, dict) and done(answer):
+                    return answer
+                _check_ended(reply.get("ended"), request_id)
                 if time.monotonic() > deadline:
                     raise ControlError(late)
                 time.sleep(POLL_S)
-        except (OSError, channel.ChannelError) as exc:  # the channel lives in the job's front process
+        except session.SessionError as exc:  # the hub lives in the job's front process
             raise PeerLost(f"the job at {self.master}:{self.port} went away while request {request_id} waited "
                            f"({exc or type(exc).__name__})") from None
 
-    def _check_ended(self, request_id: int) -> None:
-        """The front's last word (keys.ENDED), once the job's ranks are gone: raised as the wait's outcome."""
-        if not self.store.check([keys.ENDED]):
-            return
-        try:
-            word = open_json(self.job.control, keys.CTX_ENDED, self.store.get(keys.ENDED), keys.MAX_SMALL_BYTES)
-        except BadValue as exc:
-            raise ControlError(f"the job's last word is refused ({exc}): the store holds a value ddptop did not write"
-                               ) from None
-        why = str(word.get("why", "?"))
-        if word.get("lost"):
-            raise PeerLost(f"a rank was lost while the request waited: {why}; request {request_id} was not applied")
-        raise JobEnded(f"the job ended ({why}) while request {request_id} waited: it was not applied")
-
-    def _answer(self, request_id: int) -> dict[str, Any]:
-        raw = self.store.get(keys.ctl_response(request_id))
-        try:
-            return open_json(self.job.control, keys.ctx_response(self.job.job_id, request_id), raw, keys.MAX_SMALL_BYTES)
-        except BadValue as exc:
-            raise ControlError(f"rank 0's answer to request {request_id} is refused ({exc})") from None
-
     def poll(self, request_id: int) -> dict[str, Any] | None:
         """The answer to `request_id` now, or None while there is none (a waiter that checks other things too)."""
-        return self._answer(request_id) if self.store.check([keys.ctl_response(request_id)]) else None
+        answer = self._call("answer", {"id": request_id}).get("answer")
+        return answer if isinstance(answer, dict) else None
+
+    def forget(self, request_id: int) -> None:
+        """The answer was read for the last time: the front lets it go."""
+        self._call("forget", {"id": request_id})
 
     def say(self, request_id: int, answer: dict[str, Any]) -> None:
-        """The front's answer to a request rank 0 handed on (a tune's outcome), sealed as rank 0 seals its own."""
-        self.store.set(keys.ctl_response(request_id),
-                       seal_json(self.job.control, keys.ctx_response(self.job.job_id, request_id), answer))
+        """The front's answer to a request rank 0 handed on (a tune's outcome)."""
+        self._call("say", {"id": request_id, "answer": answer})
 
     def tune(self, timeout_s: float) -> dict[str, Any]:
         """`tune bucket`: rank 0 accepts it (or refuses: not DDP, one rank, a sweep), the front's tuner answers with
@@ -209,7 +205,7 @@ class ControlClient:
         if not answer.get("ok"):
             raise ControlError(f"refused: {answer.get('error')}" if answer.get("state") != "failed"
                                else f"tune bucket stopped: {answer.get('error')}")
-        self.store.delete_key(keys.ctl_response(request_id))
+        self.forget(request_id)
         return {"request_id": request_id, **answer}
 
     def send(self, op: str, changes: dict[str, Any] | None = None, wait_applied: bool = True,
@@ -229,8 +225,36 @@ class ControlClient:
             if answer.get("state") == "rolled back":  # a batch that did not fit: the job trains on as before
                 raise ControlError(str(answer.get("error")))
         if op != "set" or not wait_applied or answer.get("state") == "applied":
-            self.store.delete_key(keys.ctl_response(request_id))  # read for the last time
+            self.forget(request_id)  # read for the last time
         return {"request_id": request_id, "accepted_step": accepted_step, **answer}
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _decoded(steps: Any) -> dict[int, list[StepDone]]:
+    out: dict[int, list[StepDone]] = {}
+    for rank, items in (steps if isinstance(steps, dict) else {}).items():
+        try:
+            decoded = [event_from_dict(item) for item in items[:keys.MAX_RECENT]]
+            out[int(rank)] = [e for e in decoded if isinstance(e, StepDone) and str(e.rank) == rank]
+        except (EventDecodeError, TypeError, ValueError):
+            continue
+    return out
+
+
+def _step(step: Any) -> dict[str, Any]:
+    return {"step": step} if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else {}
+
+
+def _check_ended(word: Any, request_id: int) -> None:
+    """The front's last word (Hub.ended), once the job's ranks are gone: raised as the wait's outcome."""
+    if not isinstance(word, dict):
+        return
+    why = clean(str(word.get("why", "?")), 300)
+    if word.get("lost"):
+        raise PeerLost(f"a rank was lost while the request waited: {why}; request {request_id} was not applied")
+    raise JobEnded(f"the job ended ({why}) while request {request_id} waited: it was not applied")
 
 
 def _checked_status(status: dict[str, Any]) -> dict[str, Any]:

@@ -11,8 +11,7 @@ import uuid
 from typing import Any
 
 from ddptop.config import SyncConfig
-from ddptop.control import keys as store_keys
-from ddptop.control.auth import BadValue, JobKeys, seal, unseal
+from ddptop.control.auth import BadValue, seal, unseal
 from ddptop.errors import UsageError
 from ddptop.safe import clean
 
@@ -100,13 +99,11 @@ def who_am_i(role: str) -> str:
     return f"{role}@{socket.gethostname()}:{os.getpid()}"
 
 
-def make_request(keys: JobKeys, request_id: int, op: str, changes: dict[str, Any] | None, who: str) -> bytes:
-    """A request sealed with the token, bound to this job and this request id, with a nonce and a time."""
+def make_request(op: str, changes: dict[str, Any] | None, who: str) -> dict[str, Any]:
+    """A request as `ctl` sends it to the front (which gives it its id), with a nonce and a time."""
     if op not in OPS:
         raise UsageError(f"unknown control op {op!r}")
-    body = {"op": op, "changes": changes or {}, "who": who, "nonce": uuid.uuid4().hex, "t": time.time(),
-            "job": keys.job_id, "id": request_id}
-    return seal(keys.control, store_keys.ctx_request(keys.job_id, request_id), json.dumps(body).encode())
+    return {"op": op, "changes": changes or {}, "who": who, "nonce": uuid.uuid4().hex, "t": time.time()}
 
 
 class Replays:
@@ -126,14 +123,15 @@ class Replays:
         self.seen[nonce] = now
 
 
-def read_request(keys: JobKeys, request_id: int, raw: bytes, replays: Replays, now: float | None = None
-                 ) -> dict[str, Any]:
-    """The request's body, or ValueError saying why it is ignored (size, MAC, job, id, shape, replay, age)."""
-    data = open_json(keys.control, store_keys.ctx_request(keys.job_id, request_id), raw, MAX_REQUEST_BYTES)
-    if data.get("job") != keys.job_id or data.get("id") != request_id:
-        raise ValueError("request made for another job or request id")
+def read_request(request: Any, replays: Replays, now: float | None = None) -> dict[str, Any]:
+    """The request as the front handed it to rank 0, or ValueError saying why it is ignored (size, shape, replay,
+    age). Only a `ctl` key can make one (hub.RIGHTS); rank 0 checks it all the same."""
+    if not isinstance(request, dict) or len(json.dumps(request)) > MAX_REQUEST_BYTES:
+        raise ValueError("malformed request")
+    data = request
     if (data.get("op") not in OPS or not isinstance(data.get("changes"), dict) or not isinstance(data.get("who"), str)
-            or not isinstance(data.get("nonce"), str) or not _finite(data.get("t"))):
+            or not isinstance(data.get("nonce"), str) or not _finite(data.get("t"))
+            or not isinstance(data.get("id"), int)):
         raise ValueError("malformed request")
     replays.check(data["nonce"], data["t"], time.time() if now is None else now)
     return {**data, "who": clean(data["who"], 120)}
@@ -144,12 +142,19 @@ def _finite(value: Any) -> bool:
 
 
 def seal_json(key: bytes, context: str, value: dict[str, Any]) -> bytes:
+    """A JSON object sealed for a channel no library protects (the process group: rank 0's decisions)."""
     return seal(key, context, json.dumps(value).encode())
 
 
 def open_json(key: bytes, context: str, raw: Any, cap: int) -> dict[str, Any]:
     """A sealed JSON object, or BadValue (ValueError) saying why not."""
-    body = unseal(key, context, raw, cap)
+    return load_object(unseal(key, context, raw, cap), cap)
+
+
+def load_object(body: Any, cap: int) -> dict[str, Any]:
+    """A JSON object of at most `cap` bytes, or BadValue (ValueError) saying why not."""
+    if not isinstance(body, (bytes, bytearray, str)) or len(body) > cap:
+        raise BadValue(f"not a value of at most {cap} bytes")
     try:
         value = json.loads(body)
     except UnicodeDecodeError:

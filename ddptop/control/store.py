@@ -86,7 +86,7 @@ def ddptop_view(store: dist.Store, attempt_prefix: str = "") -> dist.Store:
 
 def job_view(store: dist.Store, attempt_prefix: str, namespace: str) -> dist.Store:
     """The job's namespace in the store: the sealed handshake and the process group's keys when every rank knows the
-    token (keys.py); listable by anyone on torch >= 2.x, so nothing after the join lives here (channel.py)."""
+    token (keys.py); listable by anyone on torch >= 2.x, so nothing after the join lives here (hub.py)."""
     return dist.PrefixStore(f"{keys.DDPTOP_PREFIX}{attempt_prefix}/{namespace}", store)
 
 

@@ -6,7 +6,7 @@ import sys
 import time
 
 from ddptop.control.announce import announced
-from ddptop.control.bus import Collector, LiveSource, Liveness
+from ddptop.control.hub import Subscriber
 from ddptop.errors import OutputClosed
 from ddptop.events import RunFinished
 from ddptop.front.feed import SharedState
@@ -48,17 +48,15 @@ class AttachedJob:
 def watch(client, headless: bool, log_every: int) -> None:
     """Watch the job `client` found until it ends or the user leaves (KeyboardInterrupt reaches the caller)."""
     world = client.status()["world_size"]  # checked: signed by rank 0, 1..65536
-    keys = client.job
-
     job = AttachedJob(client, world)
-    recording = announced(client.store, client.key)
+    recording = announced(client)
     said = {None: "the job did not say whether it records", "": "the job does not record"}.get(
         recording, f"the job records to {recording}")
     print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks; {said}); Ctrl-C detaches",
           file=sys.stderr)
     printer = HeadlessPrinter(every=log_every) if headless else None
-    feed = compose(LiveSource(Collector(client.connect(), world, keys, from_start=False)), world_size=world,
-                   liveness=Liveness(client.connect(), world, keys), sinks=[job],
+    subscriber = Subscriber(client.master, client.ports["pub"], client.session.job, world)
+    feed = compose(subscriber.source, world_size=world, liveness=subscriber.liveness, sinks=[job],
                    state=printer.state if printer else SharedState())
     if printer is not None:
         consumer = HeadlessConsumer(printer)

@@ -38,13 +38,15 @@ def main() -> int:
     try:
         source, liveness = _source(spec)
     except DdptopError as exc:
-        print(f"ddptop: the collector cannot host the job's channel: {exc}", file=sys.stderr)
+        print(f"ddptop: the collector cannot host the job's sockets: {exc}", file=sys.stderr)
         source = liveness = None
     alarm.stop = lambda: _stop_job(spec)
     feed = compose(source, world_size=spec["world_size"], liveness=liveness, sinks=[recorder] if recorder else [],
                    state=state, alarm=alarm, tuner=_tuner(spec) if source is not None else None).start()
     if source is not None:
-        _announce(spec)
+        from ddptop.control.announce import announce
+
+        announce(spec["hub"], spec.get("record"))
     done.wait()
     deadline = time.monotonic() + GRACE_S
     world = spec["world_size"]
@@ -61,6 +63,8 @@ def main() -> int:
         snap = state.snapshot()
         for line in closing_lines(spec["record"], snap.step, len(snap.ranks)):
             print(line, flush=True)
+    if "hub" in spec:
+        spec["hub"].close()
     return 0
 
 
@@ -72,28 +76,10 @@ def _keys(spec: dict):
     return spec["keys"]
 
 
-def _channel(spec: dict):
-    """Host the job's channel and say its port in the store's public keys (the ranks wait for it)."""
-    from ddptop.control import channel
-    from ddptop.control import store as stores
-
-    job = _keys(spec)
-    server = channel.ChannelServer(spec["master"], {b"control": job.control, b"ranks": job.ranks})
-    channel.publish(stores.ddptop_view(_store(spec), spec["prefix"]), port=server.port)
-    spec["channel"] = server
-    return server
-
-
 def _store(spec: dict):
     from ddptop.control import store as stores
 
     return stores.connect(spec["master"], spec["port"], spec["timeout_s"], spec["source"])
-
-
-def _client(spec: dict):
-    from ddptop.control.channel import ChannelClient
-
-    return ChannelClient(spec["master"], spec["channel"].port, _keys(spec).control, timeout_s=spec["timeout_s"])
 
 
 def _tuner(spec: dict):
@@ -128,24 +114,16 @@ def _recorder(spec: dict, alarm):
         return None
 
 
-def _announce(spec: dict) -> None:
-    from ddptop.control.announce import announce
-
-    try:
-        announce(_client(spec), _keys(spec), spec.get("record"))
-    except Exception as exc:  # attach then says it does not know
-        print(f"ddptop: could not say in the store where the job records ({exc}); `ddptop attach` will not know",
-              file=sys.stderr)
-
-
 def _source(spec: dict):
-    from ddptop.control.bus import Collector, LiveSource, Liveness
+    """Host the job's hub and say where it listens in the store's public keys (the ranks wait for it)."""
+    from ddptop.control import session
+    from ddptop.control import store as stores
+    from ddptop.control.hub import Hub
 
-    job = _keys(spec)
-    _channel(spec)
-    world = spec["world_size"]
-    return (LiveSource(Collector(_client(spec), world, job)),
-            Liveness(_client(spec), world, job, spec.get("lost_after_s", 10.0), public=_store(spec)))
+    hub = spec["hub"] = Hub(spec["master"], _keys(spec), spec["world_size"], spec.get("lost_after_s", 10.0),
+                            public=_store(spec))
+    session.publish(stores.ddptop_view(_store(spec), spec["prefix"]), endpoints=hub.endpoints())
+    return hub.source, hub.liveness
 
 
 if __name__ == "__main__":

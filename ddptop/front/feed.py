@@ -139,7 +139,7 @@ class Feed:
         if not error or error in self._source_errors or len(self._source_errors) >= MAX_SAID:
             return []
         self._source_errors.add(error)
-        return [LogLine(FRONT, "error", f"collecting the ranks' telemetry from the store failed: {error}",
+        return [LogLine(FRONT, "error", f"receiving the ranks' telemetry failed: {error}",
                         time.time())]
 
     def control(self, fn: Callable[[], Any]) -> Any:

@@ -112,7 +112,6 @@ def _started(alarm: RecorderAlarm, job, path: str | None, rdv: Rendezvous) -> No
     (`ddptop attach` shows it), and what a failed --record-required recording does. Before that, a failure (a port
     in use) is the only line."""
     from ddptop.control.announce import announce
-    from ddptop.front.supervisor import open_channel
 
     def stop() -> None:
         from ddptop.control.client import ControlClient
@@ -128,11 +127,7 @@ def _started(alarm: RecorderAlarm, job, path: str | None, rdv: Rendezvous) -> No
     alarm.stop = stop
     print(f"ddptop: {rdv.world_size} ranks, master {rdv.master}:{job.front.port} (ranks found by {rdv.source})"
           + (f"; recording to {path}" if path else "; not recording"), file=sys.stderr)
-    try:
-        announce(open_channel(job, 5), job.keys, path)
-    except Exception as exc:  # attach then says it does not know: nothing here depends on it
-        print(f"ddptop: could not say in the store where the job records ({clean(str(exc), 200)}); "
-              "`ddptop attach` will not know", file=sys.stderr)
+    announce(job.hub, path)
 
 
 def _terminal() -> bool:

@@ -1,5 +1,5 @@
-"""Provides the local supervisor: the front hosts the store and the job's channel, starts this machine's ranks and
-watches them (LocalJob)."""
+"""Provides the local supervisor: the front hosts the store and the job's hub (control/hub.py), starts this machine's
+ranks and watches them (LocalJob)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from ddptop.config import RunConfig
-from ddptop.control import channel
+from ddptop.control import session
 from ddptop.control import store as stores
-from ddptop.control.bus import Collector, LiveSource, Liveness
+from ddptop.control.hub import Hub
 from ddptop.control.client import ControlClient
 from ddptop.control.auth import JobKeys, new_job_id, new_salt
 from ddptop.control.token import remove_job_file, resolve_token, write_job_file
@@ -58,7 +58,7 @@ class LocalJob:
         self._failed_before_stop = False
         self.front: FrontInfo | None = None  # set by run_front once the store's port and the token are known
         self.keys = None  # the job's keys (auth.JobKeys), set with `front`
-        self.channel = None  # the job's channel (channel.ChannelServer) this front hosts, set with `front`
+        self.hub = None  # the job's hub (control.hub.Hub) this front hosts, set with `front`
         self._first_failure: float | None = None
         self._reported: set[int] = set()
         self._ended_by_us: set[int] = set()  # pids terminate() signalled: their signal is ours, not their failure
@@ -154,18 +154,17 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         options = replace(options, token=token, check_token=options.check_token or rdv.source == "local",
                           job_id=options.job_id or new_job_id(), salt=new_salt())
         keys = JobKeys.from_token(token, options.job_id, options.salt)
-        hosted = channel.ChannelServer(rdv.master, {b"control": keys.control, b"ranks": keys.ranks})
-        channel.publish(stores.ddptop_view(server), options.salt, hosted.port)  # before any rank looks
+        hub = Hub(rdv.master, keys, rdv.world_size, options.lost_after_s,
+                  public=stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source))
+        session.publish(stores.ddptop_view(server), options.salt, hub.endpoints())  # before any rank looks
         job = LocalJob([], [])
+        job.keys, job.hub = keys, hub
         _start_ranks(cfg, rdv, options, job)
         write_job_file(rdv.master, rdv.port, token, rdv.world_size)
         job.front = FrontInfo(rdv.master, rdv.port, token)
-        job.keys, job.channel = keys, hosted
-        feed = compose(LiveSource(Collector(open_channel(job, options.timeout_s), rdv.world_size, keys)),
-                       world_size=rdv.world_size, job=job, sinks=sinks, state=state, alarm=alarm,
+        feed = compose(hub.source, world_size=rdv.world_size, job=job, sinks=sinks, state=state, alarm=alarm,
                        tuner=Tuner(lambda: ControlClient(rdv.master, rdv.port, token, role="tune"), auto=tune),
-                       liveness=Liveness(open_channel(job, options.timeout_s), rdv.world_size, keys, options.lost_after_s,
-                                         public=stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)))
+                       liveness=hub.liveness)
         state = feed.state  # what the ranks said at their end, for the note left once the job ended
         if on_start is not None:
             on_start(job)
@@ -185,6 +184,8 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
                 _stop_server()
                 _say_ended(rdv, options, job)
                 remove_job_file(rdv.master, rdv.port, how=_ended_how(job, state))
+                if job.hub is not None:
+                    job.hub.close()
     return job.exit_code()
 
 
@@ -208,24 +209,17 @@ def _how(pid: int, code: int) -> str:
 
 
 def _say_ended(rdv: Rendezvous, options: WorkerOptions, job: "LocalJob") -> None:
-    """Tell a `ddptop ctl` waiting on a request how the job ended (keys.ENDED, sealed like rank 0's answers) and
-    keep the store up ENDED_LINGER_S for it to read, when the job took any request and was not stopped at the
-    front; nothing when it cannot."""
-    if job.keys is None:
+    """Tell a `ddptop ctl` waiting on a request how the job ended (the hub's `ended`) and keep the front up
+    ENDED_LINGER_S for it to read, when the job took any request and was not stopped at the front."""
+    if job.hub is None:
         return
-    from ddptop.control import keys
-    from ddptop.control.commands import seal_json
-
     lost, why = job.outcome()
-    try:
-        view = open_channel(job, 2.0)
-        view.set(keys.ENDED, seal_json(job.keys.control, keys.CTX_ENDED,
-                                       {"lost": lost, "why": why, "code": job.exit_code()}))
-        if not job.stopped and view.add(keys.CTL_SEQ, 0) > 0:  # a stop at the front (Ctrl-C, SIGTERM, q) ends
-            time.sleep(ENDED_LINGER_S)  # at once, as before: a `ctl` waiting then says the job went away (exit 5)
-    except (Exception, KeyboardInterrupt):  # a store gone with a failure of its own (a waiting client says it
-        # lost the job), or a second Ctrl-C: it ends the wait, never the exit
-        pass
+    job.hub.say(ended={"lost": lost, "why": why, "code": job.exit_code()})
+    if not job.stopped and job.hub.made > 0:  # a stop at the front (Ctrl-C, SIGTERM, q) ends at once, as before:
+        try:  # a `ctl` waiting then says the job went away (exit 5)
+            time.sleep(ENDED_LINGER_S)
+        except KeyboardInterrupt:  # a second Ctrl-C ends the wait, never the exit
+            pass
 
 
 def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, job: "LocalJob") -> None:
@@ -296,11 +290,6 @@ def _stop_server() -> None:
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
     server._stop()
-
-
-def open_channel(job: LocalJob, timeout_s: float = 10.0) -> channel.ChannelClient:
-    """A client of the channel this front hosts, with the control key."""
-    return channel.ChannelClient(job.front.master, job.channel.port, job.keys.control, timeout_s=timeout_s)
 
 
 def _watch(consumer: Callable, feed: Feed, job: "LocalJob") -> None:

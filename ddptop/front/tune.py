@@ -8,7 +8,6 @@ import threading
 import time
 from typing import Any, Callable
 
-from ddptop.control import keys
 from ddptop.events import Event, RunStarted, TuneAsked, TuneNote, TuneTrial
 from ddptop.metrics import tune
 from ddptop.metrics.tables import describe
@@ -17,7 +16,7 @@ from ddptop.safe import clean
 POLL_S = 0.2  # the feed applies events every 0.2 s (front.feed.POLL_S): looking more often finds nothing new
 FIT_WAIT_S = 300.0  # the segment in force must fit (a sampled step: every 10th) and hold STEPS steps after warm-up
 TRIAL_WAIT_S = 300.0  # a trial's STEPS steps: VGG-11 at 2 s/step on the lab's hosts takes ~50 s
-JOIN_S = 15.0  # close() waits this long for the tuner's note (a channel call gives up after 10 s)
+JOIN_S = 15.0  # close() waits this long for the tuner's note (a call to the front gives up after 10 s)
 NO_TRIAL = TuneTrial(0, 0.0, 0, 0, 0.0)
 
 
@@ -75,7 +74,7 @@ class Tuner:
         self._start_trial, self._base, self._since, self._last_mb, self._pending = NO_TRIAL, None, -1, 0.0, None
         try:
             note = self._tune(request_id, trials)
-        except Exception as exc:  # Stopped; the channel went away; a bug: said in the note, never a thread's traceback
+        except Exception as exc:  # Stopped; the front went away; a bug: said in the note, never a thread's traceback
             why = str(exc) if isinstance(exc, Stopped) else f"{type(exc).__name__}: {exc}"
             note = TuneNote(request_id, self._start_trial, tuple(trials), 0.0, 0.0, why + self._restore(),
                             time.time())
@@ -155,7 +154,7 @@ class Tuner:
             return answer if answer is not None and answer.get("state") == "applied" else None
 
         answer = self._wait(applied, TRIAL_WAIT_S, f"bucket_mb={mb:g} was not applied")
-        client.store.delete_key(keys.ctl_response(request_id))  # read for the last time, as `ctl set` does
+        client.forget(request_id)  # read for the last time, as `ctl set` does
         return int(answer["segment"])
 
     def _wait(self, found: Callable[[Any], Any], timeout_s: float, late: str) -> Any:

@@ -1,7 +1,7 @@
 """Provides run_direct: this process is one rank (a worker machine, torchrun, Slurm); rank 0 also starts the collector.
 
 Without a front process, rank 0 starts `python -m ddptop.front.collector` (by name: the rank side never imports the
-front), which hosts the job's channel (control/channel.py), and hands it the job's coordinates on stdin, keeping stdin open while it trains; end of file means rank 0 is
+front), which hosts the job's hub (control/hub.py), and hands it the job's coordinates on stdin, keeping stdin open while it trains; end of file means rank 0 is
 done (finished, failed or killed).
 """
 
@@ -54,7 +54,7 @@ def hosting(config: dict, rdv: Rendezvous, options, log_every: int, record: str 
 
         server = stores.serve(rdv.port, rdv.master)  # kept until the collector has every rank's last events
     if rdv.rank == 0:
-        options = replace(options, job_id=new_job_id(), salt=new_salt())  # the collector hosts the job's channel
+        options = replace(options, job_id=new_job_id(), salt=new_salt())  # the collector hosts the job's hub
         collector = CollectorProcess({"master": rdv.master, "port": rdv.port, "prefix": rdv.key_prefix,
                                       "world_size": rdv.world_size, "source": rdv.source, "rank": rdv.rank,
                                       "timeout_s": options.timeout_s, "token": options.token,

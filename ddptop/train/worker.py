@@ -17,11 +17,12 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+import zmq
 
 import ddptop
 from ddptop.config import RunConfig
-from ddptop.control import channel, handshake, keys
-from ddptop.control.agent import ControlAgent
+from ddptop.control import handshake, keys, session, transport
+from ddptop.control.agent import ControlAgent, Link
 from ddptop.control.auth import JobKeys, namespace, new_job_id, stretch
 from ddptop.control import store as stores
 from ddptop.control.bus import Publisher
@@ -95,7 +96,7 @@ class Joined:
     device: torch.device
     group: Any  # the control group (None for one rank)
     job: JobKeys
-    connect: Callable[[], Any]  # a new channel client, as the control agent's thread needs one
+    connect: Callable[[], Any]  # the control agent thread's sockets to the front (agent.Link)
     emit: Callable[[Any], None]
     agent: ControlAgent | None = None  # set by the trainer once it exists: closed on the way out
     parts: Any = None  # ddptop's own loop: the model, data and loss built from the spec (train/specs.py)
@@ -103,7 +104,7 @@ class Joined:
 
 @contextmanager
 def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, model: torch.nn.Module | None = None):
-    """Join the job (handshake, process groups, the job's channel, system samples) for the block; on the way out
+    """Join the job (handshake, process groups, the front's sockets, system samples) for the block; on the way out
     a peer's failure becomes PeerLost (one line), and the agent, sampler, publisher and process groups close.
     `model`: the user's own (ddptop/api.py); None builds ddptop's from cfg's spec (Joined.parts)."""
     threads = devices.thread_count(cfg.threads, rdv.local_world_size)
@@ -116,7 +117,7 @@ def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, model: torch
     prefix = rdv.key_prefix
     public = stores.ddptop_view(base, prefix)
     # with a token every rank knows, the handshake is sealed with the job's key and the process group's keys live
-    # apart from the public ones; ddptop's own traffic then leaves the store for the job's channel
+    # apart from the public ones; ddptop's own traffic then leaves the store for the front's sockets
     secure = options.check_token
     control = _control_key(rdv.rank, options, public)
     view = stores.job_view(base, prefix, namespace(control)) if secure else public
@@ -125,12 +126,13 @@ def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, model: torch
     me = hello(cfg, rdv, device, backend, threads, parts.model if parts is not None else model)
     handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, control if secure else b"")
     group, job = connect_ranks(rdv, backend, view, options, control)
-    port = channel.read_port(public, options.timeout_s)
+    ports = session.read_endpoints(public, options.timeout_s)
 
     def connect():
-        return channel.ChannelClient(rdv.master, port, job.ranks, b"ranks", options.timeout_s)
+        return Link(rdv.master, ports, job, rdv.rank)
 
-    publisher = Publisher(connect(), rdv.rank, job, connect=connect)  # reconnects as the control agent does
+    publisher = Publisher(transport.client_socket(zmq.PUSH, job, "rank", transport.endpoint(rdv.master, ports["tel"]),
+                                                  SNDHWM=transport.SEND_HWM), rdv.rank)
     publisher.emit(RankJoined(rank=rdv.rank, world_size=rdv.world_size, host=me["host"], pid=me["pid"],
                               device=me["device"], backend=backend, threads=threads,
                               torch_version=torch.__version__, ddptop_version=ddptop.__version__,
@@ -167,8 +169,8 @@ def _control_key(rank: int, options: WorkerOptions, public) -> bytes:
     if not (options.check_token or rank == 0):
         return b""
     if options.salt and rank == 0:
-        channel.publish(public, salt=options.salt)
-    return stretch(options.token, options.salt or channel.read_salt(public, options.timeout_s))
+        session.publish(public, salt=options.salt)
+    return stretch(options.token, options.salt or session.read_salt(public, options.timeout_s))
 
 
 def connect_ranks(rdv: Rendezvous, backend: str, view, options: WorkerOptions, control: bytes):
@@ -210,18 +212,22 @@ def _disturbed_start(rdv: Rendezvous, exc: Exception) -> RendezvousError:
 
 
 def share_job_keys(rank: int, options: WorkerOptions, group, control: bytes = b"") -> JobKeys:
-    """Rank 0's job keys for every rank, over the process group: ranks started without the token (torchrun,
-    Slurm) sign their telemetry with a key that a stranger on the store's port never sees."""
+    """The job's keys on every rank. Rank 0 broadcasts the job id over the process group; ranks that know the token
+    derive every key from it themselves, so no key crosses the network. Only when some rank was started without the
+    token (torchrun, Slurm) does the block carry the ranks key and the front's public key as well, in clear over
+    gloo as before issue 41: with them such a rank can PUSH telemetry and heartbeats, nothing else (transport.py)."""
     mine = JobKeys.from_control(control, options.job_id or new_job_id()) if rank == 0 else None
     if group is None:
         return mine
     packed = torch.zeros(JobKeys.PACKED, dtype=torch.uint8)
     if rank == 0:
-        packed = torch.tensor(list(mine.pack()), dtype=torch.uint8)
+        blob = mine.pack(transport.server_public(mine), secret=not options.check_token)
+        packed = torch.tensor(list(blob), dtype=torch.uint8)
     dist.broadcast(packed, src=0, group=group)
     if rank == 0:
         return mine
-    return JobKeys.unpack(bytes(packed.tolist()), control if options.check_token else b"")
+    got = JobKeys.unpack(bytes(packed.tolist()))
+    return JobKeys.from_control(control, got.job_id) if options.check_token else got
 
 
 def make_probe(cfg: RunConfig, rank: int, device: torch.device, emit):

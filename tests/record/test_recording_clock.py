@@ -11,18 +11,15 @@ import time
 
 import pytest
 
-from ddptop.control import store as stores
-from ddptop.control.auth import JobKeys
-from ddptop.control.bus import Collector, LiveSource, Publisher
+from ddptop.control.bus import Publisher
 from ddptop.events import StepDone
 from ddptop.front.feed import Feed
 from ddptop.record.reader import Recording
 from ddptop.record.replay import ReplaySource
 from ddptop.record.sqlite import RecordingWriter, base_meta
+from jobchannel import Served, job_keys
 
-import ports
-
-JOB = JobKeys.from_token("clock-token", "a1" * 16, b"a-test-salt-16-b")
+JOB = job_keys("clock-token", "a1" * 16)
 AHEAD_S = 3600.0
 STEPS, EVERY_S = 8, 0.15  # 8 steps about 1.2 s apart in all
 
@@ -30,13 +27,11 @@ STEPS, EVERY_S = 8, 0.15  # 8 steps about 1.2 s apart in all
 @pytest.fixture(scope="module")
 def path(tmp_path_factory) -> str:
     """A 2-rank job recorded live through the front's pipeline; rank 1's wall clock is an hour ahead."""
-    port = ports.port()
-    server = stores.serve(port)
-    view = lambda: stores.job_view(stores.connect("127.0.0.1", port, 10), "", JOB.namespace)  # noqa: E731
-    ranks = [Publisher(view(), r, JOB, interval_s=3600) for r in (0, 1)]  # flushed by hand, once per step
+    served = Served(JOB, world_size=2)
+    ranks = [Publisher(served.rank_socket(), r, interval_s=3600) for r in (0, 1)]  # flushed by hand, once per step
     path = str(tmp_path_factory.mktemp("clock") / "clock.db")
     writer = RecordingWriter(path, base_meta({"model": "tiny"}, {"source": "local", "world_size": 2}))
-    feed = Feed(LiveSource(Collector(view(), 2, JOB), interval_s=0.02), [writer])
+    feed = Feed(served.hub.source, [writer])
     for n in range(STEPS):
         for rank in (0, 1):  # under a running maximum rank 1's first step would drag every later row an hour on
             t = time.time() + (AHEAD_S if rank == 1 else 0.0)
@@ -48,7 +43,7 @@ def path(tmp_path_factory) -> str:
     writer.close()
     for publisher in ranks:
         publisher.close()
-    del server
+    served.close()
     return path
 
 

@@ -1,5 +1,5 @@
-"""A compromised rank (it holds the ranks' key) writes events of the wrong types straight into its telemetry keys
-with its own channel client; the front's real pipeline (Collector, Feed, SessionState, RecordingWriter, headless
+"""A compromised rank (it holds the ranks' key) sends events of the wrong types straight to the front with its own
+socket; the front's real pipeline (Collector, Feed, SessionState, RecordingWriter, headless
 printer) refuses each of them alone, counts them, keeps every good event and leaves a recording `info` reads."""
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import time
 
 import pytest
 
-from ddptop.control import keys
-from ddptop.control.auth import seal
-from ddptop.control.bus import Collector, LiveSource, Publisher
+from ddptop.control.bus import TEL, Publisher
 from ddptop.events import MAX_TEXT, EventsRefused, RankJoined, StepDone
 from ddptop.front.feed import Feed
 from ddptop.front.headless import HeadlessPrinter
@@ -52,22 +50,21 @@ HOSTILE = [  # one of each way a field can be wrong, each inside rank 1's own ba
 
 @pytest.fixture
 def port():
-    job = Served(JOB)
+    job = Served(JOB, world_size=2)
     yield job
     job.close()
 
 
 def compromised_rank_writes(served: Served, rank: int, seq: int, items: list) -> None:
-    """What a rank holding the key can put in its own keys: a sealed batch and head, by its own channel client."""
-    raw = served.client(role=b"ranks")
+    """What a rank holding the key can send: a batch in its own name, by its own socket."""
+    raw = served.rank_socket()
     body = json.dumps(items).encode()  # json writes inf as Infinity, as a rank's json.dumps would
-    raw.set(keys.tel_batch(rank, seq), seal(JOB.ranks, f"tel {JOB.job_id} {rank} {seq}", body))
-    raw.set(keys.tel_head(rank), seal(JOB.ranks, f"head {JOB.job_id} {rank}", str(seq).encode()))
+    raw.send_multipart([TEL, str(rank).encode(), str(seq).encode(), body])
+    raw.close(linger=2000)
 
 
 def run_front(port: Served, path: str) -> tuple[Feed, HeadlessPrinter, RecordingWriter]:
-    view = port.client
-    publisher = Publisher(view(), 0, JOB, interval_s=3600)  # rank 0: honest, flushed by hand
+    publisher = Publisher(port.rank_socket(), 0, interval_s=3600)  # rank 0: honest, flushed by hand
     for n in range(3):
         publisher.emit(StepDone(**{k: v for k, v in step(0, n).items() if k not in ("kind", "v")}))
     publisher.flush()
@@ -75,7 +72,7 @@ def run_front(port: Served, path: str) -> tuple[Feed, HeadlessPrinter, Recording
     compromised_rank_writes(port, 1, 1, good[:1] + HOSTILE[:6] + good[1:2] + HOSTILE[6:] + good[2:])
     printer = HeadlessPrinter(out=io.StringIO(), bar=False)
     writer = RecordingWriter(path, base_meta({"model": "tiny"}, {"source": "local", "world_size": 2}))
-    feed = Feed(LiveSource(Collector(view(), 2, JOB), interval_s=0.05), [writer], state=printer.state)
+    feed = Feed(port.hub.source, [writer], state=printer.state)
     state, deadline = printer.state.state, time.monotonic() + 10
     while min(len(state.history.get(r, ())) for r in (0, 1)) < 3 and time.monotonic() < deadline:
         feed.pump()

@@ -1,61 +1,50 @@
-"""Rank 0's answers to a request: "pending" is written before the request can be applied, never after "applied"."""
+"""Rank 0's answers to a request: "pending" is sent before the request can be applied, never after "applied"."""
 
 from __future__ import annotations
 
 import time
 
 from ddptop.config import SyncConfig
-from ddptop.control import keys
 from ddptop.control.agent import ControlAgent
 from ddptop.control.auth import JobKeys
-from ddptop.control.commands import make_request, open_json
+from ddptop.control.commands import make_request
 
 
-class Store:
-    """A store where writing an answer lets the training thread reach a step boundary first (what load does)."""
+class Link:
+    """The agent's sockets, never reached: this test drives rank 0's side by hand."""
 
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-        self.before_answer = None
+    session = None
 
-    def set(self, key, value) -> None:
-        if key.startswith("ctl/resp/") and self.before_answer is not None:
-            hook, self.before_answer = self.before_answer, None
-            hook()
-        self.values[key] = value
+    def beat(self, rank, body) -> None:
+        pass
 
-    def get(self, key):
-        return self.values[key]
-
-    def delete_key(self, key) -> bool:
-        return self.values.pop(key, None) is not None
-
-    def check(self, names) -> bool:
-        return all(n in self.values for n in names)
-
-    def add(self, key, amount) -> int:
-        return 0
+    def close(self) -> None:
+        pass
 
 
 def test_applied_is_the_last_answer_even_when_the_step_boundary_comes_between_accepting_and_answering():
     job = JobKeys.from_control(b"k" * 32, "job-1")
-    store = Store()
-    agent = ControlAgent(0, 1, job, lambda: store, lambda e: None, lambda c: None, SyncConfig(strategy="ddp"))
-    try:
-        store.values[keys.ctl_request(1)] = make_request(job, 1, "set", {"bucket_mb": 10.0}, "test")
-        applied = []
+    agent = ControlAgent(0, 1, job, Link, lambda e: None, lambda c: None, SyncConfig(strategy="ddp"))
+    agent._halt.set()  # the control thread ends: the test is rank 0's control thread
+    time.sleep(0.2)
+    applied = []
+    outbox = agent._outbox
 
-        def boundary() -> None:  # the training thread, while rank 0's control thread writes its first answer
-            b = agent.boundary(5)
-            if b.decision is not None:
-                agent.applied(b.decision, 5, 1)
-                applied.append(5)
+    def boundary() -> None:  # the training thread, while rank 0's control thread sends its first answer
+        b = agent.boundary(5)
+        if b.decision is not None:
+            agent.applied(b.decision, 5, 1)
+            applied.append(5)
 
-        store.before_answer = boundary
-        agent._take(store, 1)
-        boundary()  # the next boundary: the queued request is applied now
-        answer = open_json(job.control, keys.ctx_response(job.job_id, 1), store.values[keys.ctl_response(1)], 4096)
-        assert applied == [5] and answer["state"] == "applied", answer
-    finally:
-        agent._halt.set()
-        time.sleep(0.1)
+    original = agent._answer
+
+    def answer(request_id, response):  # sending the first answer lets the training thread reach a boundary (load)
+        original(request_id, response)
+        if not applied and response.get("state") == "pending":
+            boundary()
+
+    agent._answer = answer
+    agent._take(1, {**make_request("set", {"bucket_mb": 10.0}, "test"), "id": 1})
+    boundary()  # the next boundary: the queued request is applied now
+    answers = [response for request_id, response in outbox if request_id == 1]
+    assert applied == [5] and answers[-1]["state"] == "applied", answers

@@ -1,26 +1,25 @@
-"""`ddptop ctl status` finds a rank's newest steps however many batches came after them (issue 26: a lab's 2-7 s
+"""`ddptop ctl status` shows each rank's newest steps however many batches came after them (issue 26: a lab's 2-7 s
 steps are followed by a batch of system samples every 0.5 s, and the 3 newest batches held no step: "(no recent
-step in the store)" for ranks that were stepping). A real channel, a real rank publisher, events in between."""
+step in the store)" for ranks that were stepping). A real hub, a real rank publisher, events in between."""
 
 from __future__ import annotations
 
 import time
 
-from ddptop.cli.ctl import recent_steps
 from ddptop.control.bus import Publisher
-from ddptop.control.channel import ChannelClient
+from ddptop.control.client import ControlClient
 from ddptop.events import LogLine, StepDone
 from jobchannel import Served, job_keys
 
-JOB = job_keys("ctl-recent-steps-token", "ef" * 16)
+TOKEN = "ctl-recent-steps-token"
+JOB = job_keys(TOKEN, "ef" * 16)
 
 
-def test_status_reads_back_past_batches_that_hold_no_step():
+def test_status_shows_the_newest_steps_past_batches_that_hold_none():
     served = Served(JOB)
-    publisher = Publisher(ChannelClient("127.0.0.1", served.channel.port, JOB.ranks, b"ranks", 10), 0, JOB,
-                          interval_s=0.02)
+    publisher = Publisher(served.rank_socket(), 0, interval_s=0.02)
     try:
-        for n in range(3):
+        for n in range(13):
             publisher.emit(StepDone(0, n, 0, 0, time.time(), 4.0, 0.0, 3.9, 0.0, 0.0, 0.0, 64, 2.3, 0, 0, 0, False))
         publisher.flush()
         first = publisher.seq
@@ -28,8 +27,9 @@ def test_status_reads_back_past_batches_that_hold_no_step():
             publisher.emit(LogLine(0, "info", f"sample {n}", time.time()))
             publisher.flush()
         assert publisher.seq == first + 8
-        steps = recent_steps(served.client(), JOB, 1)
-        assert [d.step for d in steps[0]] == [0, 1, 2]
+        served.events(lambda got: len(got) >= 21)
+        steps = ControlClient("127.0.0.1", served.port, TOKEN).recent_steps()
+        assert [d.step for d in steps[0]] == list(range(3, 13))  # the newest ten
     finally:
         publisher.close()
         served.close()

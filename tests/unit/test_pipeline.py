@@ -1,5 +1,5 @@
 """The front's one pipeline (front.pipeline): derived events added in one place, a dead local rank lost once, and no
-other module building a Feed. Real parts: a real rank process that dies, a real TCPStore its heartbeat was in."""
+other module building a Feed. Real parts: a real rank process that dies, a heartbeat it sent."""
 
 from __future__ import annotations
 
@@ -8,18 +8,13 @@ import multiprocessing
 import pathlib
 import time
 
-from ddptop.control import keys
-from ddptop.control import store as stores
-from ddptop.control.auth import JobKeys
 from ddptop.control.bus import Liveness
-from ddptop.control.commands import seal_json
 from ddptop.events import RankLost, RecorderFailed
 from ddptop.front.pipeline import compose
 from ddptop.front.recording import RecorderAlarm
 from ddptop.front.supervisor import LocalJob
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "ddptop"
-JOB = JobKeys.from_token("pipeline-test-token", "cd" * 16, b"a-test-salt-16-b")
 
 
 class Nothing:
@@ -38,9 +33,8 @@ def _die() -> None:
 
 def test_a_local_rank_that_dies_is_lost_once_though_both_watchers_see_it():
     """Before: LocalJob.lost_events and Liveness each made a RankLost for the same dead rank (two lines, two rows)."""
-    server = stores.serve(0, "127.0.0.1")
-    view = stores.job_view(stores.connect("127.0.0.1", server.port, 10), "", JOB.namespace)
-    view.set(keys.heartbeat(0), seal_json(JOB.ranks, f"hb {JOB.job_id} 0", {"step": 4, "beat": 1}))
+    liveness = Liveness(1, lost_after_s=1.0)
+    liveness.beat(0, 1, 4)  # its one heartbeat, as the hub hands it on
     proc = multiprocessing.get_context("spawn").Process(target=_die)
     proc.start()
     proc.join(30)
@@ -52,7 +46,6 @@ def test_a_local_rank_that_dies_is_lost_once_though_both_watchers_see_it():
         def handle(self, events):
             got.extend(events)
 
-    liveness = Liveness(view, 1, JOB, lost_after_s=1.0)
     feed = compose(Nothing(), world_size=1, liveness=liveness, job=job, sinks=[Sink()])
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline and not (liveness.lost and got):
