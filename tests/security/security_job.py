@@ -14,6 +14,8 @@ from datetime import timedelta
 
 import psutil
 
+from calibrate import slowdown
+
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # the stranger's refused clients: no C++ traces in the log
 import torch.distributed as dist  # noqa: E402
 from procs import rank_processes  # noqa: E402
@@ -80,10 +82,12 @@ class Job:
         return status["step"] if rank == 0 else status["ranks"][rank].get("step", -1)
 
     def advances(self, rank: int = 0, within_s: float = 10.0) -> float:
-        """Seconds until `rank` reports a newer step (asserts it does within `within_s`)."""
+        """Seconds until `rank` reports a newer step (asserts it does within `within_s` times the machine's slowdown,
+        calibrate.py)."""
+        limit = within_s * slowdown()
         start, first = time.monotonic(), self.step(rank)
         while self.step(rank) <= first:
-            assert time.monotonic() - start < within_s, f"rank {rank} stopped training"
+            assert time.monotonic() - start < limit, f"rank {rank} stopped training"
             time.sleep(0.1)
         return time.monotonic() - start
 

@@ -18,6 +18,8 @@ import time
 import psutil
 import pytest
 
+from calibrate import Calibrated
+
 from security_job import LOST_AFTER_S, TOKEN, stranger
 import zmq
 
@@ -31,7 +33,10 @@ from ddptop.record.reader import Recording
 from test_bad_input import main
 from test_run_cli import DDPTOP
 
-pytestmark = pytest.mark.alone  # every test here times the job getting past its attack
+
+# alone: one test stops rank 1 for --lost-after + 3.5 s and checks that only rank 1 was reported lost, a verdict a
+# neighbour that delays rank 0's beats past --lost-after would change (the bounds on time are calibrated)
+pytestmark = pytest.mark.alone
 
 ESC = "\x1b]0;pwned\x07\x1b[2J"
 MEASURED: dict[str, float] = {}  # attack -> seconds the job needed to get past it (printed by the last test)
@@ -41,11 +46,12 @@ def test_a_half_sent_message_left_hanging_does_not_freeze_the_store(job):
     hanging = socket.create_connection(("127.0.0.1", job.port))
     hanging.sendall(b"\x01")  # the first byte of a request, then nothing: the old server blocked ~75 s here
     job.kept.append(hanging)
-    start = time.monotonic()
-    job.client.status()
-    MEASURED["one byte left hanging: ctl status answers after"] = time.monotonic() - start
-    assert time.monotonic() - start < 2
-    assert job.advances(0) < 5 and job.advances(1) < 5
+    with Calibrated() as cal:
+        start = time.monotonic()
+        job.client.status()
+        took = MEASURED["one byte left hanging: ctl status answers after"] = time.monotonic() - start
+    assert took < cal.bound(2), (took, cal.factor)
+    assert job.advances(0) < cal.bound(5) and job.advances(1) < cal.bound(5)
 
 
 def test_a_flood_half_handshakes_and_strangers_keys_on_the_front_neither_stall_the_job_nor_keep_ctl_out(job):
@@ -66,13 +72,14 @@ def test_a_flood_half_handshakes_and_strangers_keys_on_the_front_neither_stall_t
         sock.send_multipart([b"t", b"1", b"1", b"[]"] if name == "tel" else [b"1", b"request", b"{}"], zmq.NOBLOCK)
         strangers.append(sock)
     job.kept += kept
-    start = time.monotonic()
-    job.client.status()  # the connection it holds
-    ControlClient("127.0.0.1", job.port, TOKEN).status()  # a fresh client: connects, proves the key, reads
-    MEASURED["half greetings + 384 idle connections + strangers' keys: a new ctl client answers after"] = (
-        time.monotonic() - start)
-    assert time.monotonic() - start < 3
-    assert job.advances(0) < 5 and job.advances(1) < 5
+    with Calibrated() as cal:
+        start = time.monotonic()
+        job.client.status()  # the connection it holds
+        ControlClient("127.0.0.1", job.port, TOKEN).status()  # a fresh client: connects, proves the key, reads
+        took = MEASURED["half greetings + 384 idle connections + strangers' keys: a new ctl client answers after"] = (
+            time.monotonic() - start)
+    assert took < cal.bound(3), (took, cal.factor)
+    assert job.advances(0) < cal.bound(5) and job.advances(1) < cal.bound(5)
     said = job.recorded("log", lambda rows: [e for e in rows if "not one of the job's roles" in e["message"]])
     assert [e for e in said if "not one of the job's roles" in e["message"] and e["rank"] == -1], said
     for sock in strangers:
@@ -95,10 +102,12 @@ def test_forged_control_keys_do_not_drive_the_job(job):
     assert {(e["rank"], e["config"]["strategy"]) for e in mine(applied, answer["request_id"])} == {(0, "allreduce"),
                                                                                                 (1, "allreduce")}
     assert not [e for e in applied if e["who"] == "stranger"]
-    start = time.monotonic()
-    assert job.client.send("pause")["ok"] and job.client.send("resume")["ok"]
-    assert time.monotonic() - start < 3
-    assert job.advances(1) < 5
+    with Calibrated() as cal:
+        start = time.monotonic()
+        assert job.client.send("pause")["ok"] and job.client.send("resume")["ok"]
+        took = time.monotonic() - start
+    assert took < cal.bound(3), (took, cal.factor)
+    assert job.advances(1) < cal.bound(5)
 
 
 def test_a_resent_or_stale_request_is_refused_and_recorded(job):
@@ -116,7 +125,7 @@ def test_a_resent_or_stale_request_is_refused_and_recorded(job):
     assert not answer["ok"] and "outside ±60 s" in answer["error"]
     refused = job.recorded("control_refused", lambda rows: {replay, stale} <= {e["request_id"] for e in rows})
     assert {replay, stale} <= {e["request_id"] for e in refused}
-    assert job.advances(0) < 5
+    job.advances(0)  # a newer step within 10 s times the slowdown (security_job)
 
 
 def test_forged_status_and_heartbeats_neither_crash_ctl_nor_lose_a_rank(job):
@@ -146,7 +155,7 @@ def test_forged_telemetry_reaches_neither_screen_nor_recording(job):
     for seq in range(1, 300):
         s.set(f"tel/1/{seq}", json.dumps(forged))
     s.set("tel/1/1000000", json.dumps(forged))
-    assert job.advances(1) < 5
+    job.advances(1)  # a newer step within 10 s times the slowdown (security_job)
 
 
 def test_oversized_values_are_refused_without_growing_the_front(job):
@@ -161,7 +170,7 @@ def test_oversized_values_are_refused_without_growing_the_front(job):
     grown = (front.memory_info().rss - before) / 1e6
     MEASURED["7 x 100 MB values: front RSS grew (MB)"] = grown
     assert refused == 7 and grown < 50
-    assert job.advances(0) < 5
+    job.advances(0)  # a newer step within 10 s times the slowdown (security_job)
 
 
 def test_filling_the_store_is_noticed_and_said(job):
@@ -174,11 +183,11 @@ def test_filling_the_store_is_noticed_and_said(job):
     assert len(first) == 1, first or "the front said nothing"
     assert first[0]["keys"] >= 1600 and first[0]["keys"] > first[0]["expected"], first  # at least the keys we put
     s.multi_set([f"junk/more/{n}" for n in range(400)], [b"x"] * 400)  # still flooded, and more so
-    assert job.advances(0) < 5
+    job.advances(0)  # a newer step within 10 s times the slowdown (security_job)
     # a second report, if any, comes within a check (1 s) and a commit (0.5 s): 4 checks' worth, then exactly one
     rows = job.recorded("store_flooded", until=lambda rows: len(rows) > 1, within_s=4 * LIVENESS_EVERY_S + 0.5)
     assert len(rows) == 1, rows
-    assert job.advances(0) < 5
+    job.advances(0)  # a newer step within 10 s times the slowdown (security_job)
 
 
 def test_a_stopped_rank_is_reported_lost_then_back(job):
@@ -188,7 +197,7 @@ def test_a_stopped_rank_is_reported_lost_then_back(job):
     time.sleep(LOST_AFTER_S + 3.5)  # the last beat can be seen up to 1 s late, and the front checks once a second
     rank1.resume()
     start = time.monotonic()
-    assert job.advances(1) < 10
+    job.advances(1, within_s=10)  # trains again (10 s times the slowdown, security_job)
     MEASURED["SIGCONT after SIGSTOP: rank 1 trains again after"] = time.monotonic() - start
     # its next beat (every 1 s) reaches the front, which looks once a second: "back" is said within ~2 s of that,
     # and recorded within the writer's 0.5 s commit (polled: a loaded machine gets more)
