@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import tempfile
 from typing import IO, Any, Iterator
 
 # C0 and C1 controls, DEL, zero-width and bidi controls, BOM, lone surrogates (undecodable bytes)
@@ -74,6 +73,8 @@ def replacing(path: str | os.PathLike, mode: str = "w", perms: int = 0o644, **kw
     as given) is the file's mode. On any failure the partial is removed and the error raised."""
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
+    import tempfile  # here, not at the top: every command imports this module, few write a file
+
     fd, partial = tempfile.mkstemp(prefix=f".{name[:100]}.", suffix=".part", dir=folder)
     try:
         with os.fdopen(fd, mode, **kwargs) as f:

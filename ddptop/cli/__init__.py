@@ -50,8 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # c10d logs a store it cannot reach as ~25 lines of C++ frames, even at its ERROR level; ddptop says it in one
     # line. Set before torch is imported (it reads the level once).
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "INFO" if os.environ.get("DDPTOP_DEBUG") else "FATAL")
-    from ddptop.safe import clean
-
+    # every import inside the try: a Ctrl-C that lands in one is still "interrupted", exit 130, never a traceback
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]]()(argv[1:])
@@ -64,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return cmd_run(argv)
     except DdptopError as exc:
+        from ddptop.safe import clean
+
         print(f"ddptop: {clean(str(exc), 500)}", file=sys.stderr)  # one line whatever the message holds
         return exc.exit_code
     except KeyboardInterrupt:
@@ -75,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug, or a failure ddptop did not foresee: still one line
         if os.environ.get("DDPTOP_DEBUG"):
             raise
+        from ddptop.safe import clean
+
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         print(f"ddptop: internal error: {type(exc).__name__}: {clean(first)} (DDPTOP_DEBUG=1 shows where)",
               file=sys.stderr)

@@ -27,7 +27,7 @@ def test_a_data_dir_is_never_created(tmp_path, argv, code, words):
 
 def test_lab_is_in_the_help_and_in_the_suggestions():
     listed = ddptop("--help").stdout
-    commands = listed[listed.index("commands ("):listed.index("profiles (")]
+    commands = listed[listed.index("\ncommands ("):listed.index("\nprofiles (")]  # the sections, not a flag's words
     assert all(f"\n  {name} " in commands for name in OTHER_COMMANDS), commands
     typo = ddptop("labb")
     assert_one_line_error(typo, 2, "unknown command 'labb'", ", ".join(OTHER_COMMANDS))
