@@ -40,6 +40,10 @@ class Calibrated:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.again()
+
+    def again(self) -> None:
+        """Measure once more (the end of the interval, where a `with` block does not fit)."""
         self.factors.append(slowdown())
 
     @property

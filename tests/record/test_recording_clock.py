@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from calibrate import slowdown
+
 from ddptop.control.bus import Publisher
 from ddptop.events import StepDone
 from ddptop.front.feed import Feed
@@ -52,17 +54,18 @@ def test_a_skewed_rank_shifts_neither_the_other_ranks_rows_nor_its_own(path):
     rows = db.execute("SELECT rank, step, at, t FROM steps ORDER BY seq").fetchall()
     db.close()
     assert sorted((r, n) for r, n, _, _ in rows) == [(r, n) for r in (0, 1) for n in range(STEPS)]
+    within = 5 * slowdown()  # received within seconds of when the step ended, on this machine (calibrate.py)
     for rank, _, at, t in rows:
         ahead = AHEAD_S if rank == 1 else 0.0
-        assert abs(at - (t - ahead)) < 5, (rank, at, t)  # received within seconds of when the step ended
+        assert abs(at - (t - ahead)) < within, (rank, at, t)
     ats = [at for *_, at, _ in rows]
     assert ats == sorted(ats)  # the playback clock never goes backwards
-    assert STEPS * EVERY_S * 0.5 < ats[-1] - ats[0] < 10
+    assert STEPS * EVERY_S * 0.5 < ats[-1] - ats[0] < 10 * slowdown()
 
 
 def test_replay_and_info_last_as_long_as_the_run(path):
     with Recording.open(path) as rec:
-        assert STEPS * EVERY_S * 0.5 < rec.duration < 10
+        assert STEPS * EVERY_S * 0.5 < rec.duration < 10 * slowdown()
     source = ReplaySource(path, playing=False)
     assert source.t_end < 10 and source.recording.step_at_time(source.recording.start + source.t_end) == STEPS - 1
     source.close()
