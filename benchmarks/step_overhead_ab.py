@@ -44,10 +44,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plain_torch import sync_gradients  # noqa: E402
 
 from ddptop.config import RunConfig, SyncConfig  # noqa: E402
+import zmq  # noqa: E402
+
 from ddptop.control import store as stores  # noqa: E402
-from ddptop.control.agent import ControlAgent, Decision  # noqa: E402
+from ddptop.control import transport  # noqa: E402
+from ddptop.control.agent import ControlAgent, Decision, Link  # noqa: E402
 from ddptop.control.auth import JobKeys  # noqa: E402
-from ddptop.control.bus import Collector, Publisher  # noqa: E402
+from ddptop.control.bus import Publisher  # noqa: E402
+from ddptop.control.hub import Hub  # noqa: E402
 from ddptop.events import StepDone  # noqa: E402
 from ddptop.probes.clock import clock_for  # noqa: E402
 from ddptop.probes.step import StepProbe  # noqa: E402
@@ -80,7 +84,7 @@ def ddptop_iteration(trainer: Trainer, agent: ControlAgent, criterion) -> None:
     trainer._train_step(inputs, labels, criterion)
 
 
-def _rank(rank, world, port, store_port, args, out_path):
+def _rank(rank, world, port, hub_ports, args, out_path):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     cuda = args.device == "cuda"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -93,10 +97,12 @@ def _rank(rank, world, port, store_port, args, out_path):
         if cuda:
             torch.cuda.synchronize()
 
-    def connect():
-        return stores.ddptop_view(stores.connect("127.0.0.1", store_port, 30))
+    def connect():  # the agent's sockets to the front's hub, as a rank's (train/worker.py)
+        return Link("127.0.0.1", hub_ports, BENCH_KEYS, rank)
 
-    publisher = Publisher(connect(), rank, BENCH_KEYS)
+    publisher = Publisher(transport.client_socket(zmq.PUSH, BENCH_KEYS, "rank",
+                                                  transport.endpoint("127.0.0.1", hub_ports["tel"]),
+                                                  SNDHWM=transport.SEND_HWM), rank)
     clock = clock_for(device.type)
     probes = {"plain": StepProbe(rank, clock, publisher.emit, detail=False),
               "off": StepProbe(rank, clock, publisher.emit, detail=False),
@@ -168,23 +174,23 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown --cases {sorted(unknown)}")
     world = 1 if args.device == "cuda" else 2
-    server = stores.serve(0)
-    collector = Collector(stores.ddptop_view(stores.connect("127.0.0.1", server.port, 30)), world, BENCH_KEYS)
+    hub = Hub("127.0.0.1", BENCH_KEYS, world)  # the front's end of the transport, as in a real job
     done = threading.Event()
     events = []
 
     def collect():  # the front's job: drain the bus while the ranks train
         while not done.wait(0.2):
-            events.extend(collector.poll())
+            events.extend(hub.source.poll())
 
     thread = threading.Thread(target=collect, daemon=True)
     thread.start()
     out = f"/tmp/ddptop-ab-{os.getpid()}.txt"
-    mp.spawn(_rank, args=(world, stores.free_port(), server.port, args, out), nprocs=world)
+    mp.spawn(_rank, args=(world, stores.free_port(), hub.endpoints(), args, out), nprocs=world)
     time.sleep(0.5)
     done.set()
     thread.join()
-    events.extend(collector.poll())
+    events.extend(hub.source.poll())
+    hub.close()
     with open(out) as f:
         result = json.load(f)
     os.unlink(out)

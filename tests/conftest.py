@@ -48,6 +48,24 @@ def pytest_make_collect_report(collector):
     _skip_to_failure(outcome.get_result(), os.path.relpath(str(collector.path), str(collector.config.rootpath)))
 
 
+@pytest.fixture(autouse=True)
+def sigint_as_python_sets_it(request):
+    """Each test starts with SIGINT as Python sets it (KeyboardInterrupt). Left ignored in this process (pytest's own
+    worker: by a test, or a fixture that ran a job in-process), it would be ignored in every process the later tests
+    start, since an ignored signal is inherited across fork and exec: a Ctrl-C a test sends to a job, or through tmux,
+    then does nothing (five tests of one -n 2 CI run timed out so, each passing alone). Set back, and said."""
+    import signal
+    import warnings
+
+    for when in ("before", "after"):
+        found = signal.getsignal(signal.SIGINT)
+        if found is not signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            warnings.warn(f"SIGINT was {found!r} {when} {request.node.nodeid}: set back to KeyboardInterrupt")
+        if when == "before":
+            yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def runs_dir(tmp_path_factory):
     """Every run records by default (./ddptop-runs/): the suite's runs record into a folder of their own."""

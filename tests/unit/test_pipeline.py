@@ -8,6 +8,7 @@ import multiprocessing
 import pathlib
 import time
 
+from ddptop.control import store as stores
 from ddptop.control.bus import Liveness
 from ddptop.events import RankLost, RecorderFailed
 from ddptop.front.pipeline import compose
@@ -103,11 +104,11 @@ def test_only_the_pipeline_builds_a_feed():
 def test_a_dead_ranks_loss_survives_a_heartbeat_read_that_fails_in_the_same_pump(capsys):
     """Issue 41: LocalJob.lost_events hands each dead rank's RankLost out once; when Liveness.check raised in the
     same pump (the store gone, a desync) Derived dropped everything it had gathered, so that rank was never reported
-    lost. Real parts: a rank process that exited with code 3, a Liveness whose store's server has shut down."""
+    lost. Real parts: a rank process that exited with code 3, a Liveness whose watched store's server has shut down."""
     import gc
 
     server = stores.serve(0, "127.0.0.1")
-    view = stores.job_view(stores.connect("127.0.0.1", server.port, 10), "", JOB.namespace)
+    public = stores.connect("127.0.0.1", server.port, 10)  # the store Liveness watches for a flood of keys
     del server
     gc.collect()  # the server is gone: every read of the store raises now
     proc = multiprocessing.get_context("spawn").Process(target=_die)
@@ -120,8 +121,8 @@ def test_a_dead_ranks_loss_survives_a_heartbeat_read_that_fails_in_the_same_pump
         def handle(self, events):
             got.extend(events)
 
-    feed = compose(Nothing(), world_size=1, liveness=Liveness(view, 1, JOB, lost_after_s=1.0), job=LocalJob([proc], [0]),
-                   sinks=[Sink()])
+    feed = compose(Nothing(), world_size=1, liveness=Liveness(1, lost_after_s=1.0, public=public),
+                   job=LocalJob([proc], [0]), sinks=[Sink()])
     for _ in range(3):
         feed.pump()
         time.sleep(1.1)  # past pipeline.LIVENESS_EVERY_S: the heartbeats are read (and fail) at each pump
