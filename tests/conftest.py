@@ -62,6 +62,9 @@ def sigint_as_python_sets_it(request):
         if found is not signal.default_int_handler:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             warnings.warn(f"SIGINT was {found!r} {when} {request.node.nodeid}: set back to KeyboardInterrupt")
+        if signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []):  # a blocked signal is inherited too
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+            warnings.warn(f"SIGINT was blocked {when} {request.node.nodeid}: unblocked")
         if when == "before":
             yield
 
