@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from ddptop.errors import UsageError
 
-RANK_ENV, MODEL_ENV, FRONT_ENV = "DDPTOP_TEST_RANK", "DDPTOP_TEST_MODEL", "DDPTOP_TEST_FRONT"
+PREFIX = "DDPTOP_TEST_"
+RANK_ENV, MODEL_ENV, FRONT_ENV = PREFIX + "RANK", PREFIX + "MODEL", PREFIX + "FRONT"
 _RANK_FORMS = "(straggle=RANK:MS, clock=RANK:SECONDS, start=RANK:MS, join=RANK:MS)"
 _MODEL_FORMS = "(no-batch-norm, sleep-ms=N, data-sleep-ms=N, oom-batch=N, oom-rank=R)"
 
@@ -94,3 +95,17 @@ def teardown_hold_s() -> float:
         return float(ms) / 1000.0 if key == "teardown" else 0.0
     except ValueError:
         return 0.0
+
+
+def carried() -> tuple[tuple[str, str], ...]:
+    """This process's DDPTOP_TEST_* variables, for the local ranks it starts: a rank forked from a server the
+    process started earlier (front/forks.py; in the suite, a server left by an earlier job of the same pytest
+    process) has that server's environment, not the one a test set since."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(PREFIX)))
+
+
+def adopt(pairs: tuple[tuple[str, str], ...]) -> None:
+    """In a local rank: exactly the starting process's DDPTOP_TEST_* variables (see carried)."""
+    for key in [k for k in os.environ if k.startswith(PREFIX)]:
+        del os.environ[key]
+    os.environ.update(dict(pairs))

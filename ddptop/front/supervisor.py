@@ -28,6 +28,7 @@ from ddptop.front.feed import Feed, SharedState
 from ddptop.front.pipeline import compose
 from ddptop.front.tune import Tuner
 from ddptop.rendezvous import Rendezvous
+from ddptop import testhooks
 from ddptop.testhooks import teardown_hold_s
 from ddptop.train.devices import thread_count
 from ddptop.train.worker import WorkerOptions, rank_entry
@@ -230,6 +231,7 @@ def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, job: "
     ranks = list(range(rdv.world_size)) if rdv.source == "local" else [rdv.rank]
     ctx = _context(cfg, len(ranks))
     forked = ctx.get_start_method() == "forkserver"
+    options = replace(options, test_env=testhooks.carried())
     procs = [ctx.Process(target=rank_entry, args=(cfg, _for_rank(rdv, r), options), name=f"ddptop-rank-{r}")
              for r in ranks]
     interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -36,6 +36,7 @@ from ddptop.sources.system import job_interface
 from ddptop.train import devices, lifetime, specs
 from ddptop.train.loop import Trainer
 from ddptop.rendezvous import Rendezvous
+from ddptop import testhooks
 from ddptop.testhooks import model_tweaks, rank_hooks
 
 
@@ -48,6 +49,7 @@ class WorkerOptions:
     job_id: str = ""  # rank 0's job id (auth.new_job_id), set by whoever collects the job's telemetry
     salt: bytes = b""  # the job's scrypt salt (auth.stretch), set by whoever hosts the front; else read from the store
     lost_after_s: float = 10.0  # the front marks a rank lost after this long without a valid heartbeat
+    test_env: tuple[tuple[str, str], ...] = ()  # the front's test hooks (testhooks.carried), set in a local rank
 
 
 def pick_device(cfg: RunConfig, rdv: Rendezvous) -> tuple[torch.device, str]:
@@ -265,6 +267,7 @@ def rank_entry(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> None:
     lifetime.die_with_parent()
     lifetime.name(f"ddptop-rank-{rdv.rank}")
     try:
+        testhooks.adopt(options.test_env)  # test-only: what the front was started with, not the fork server's
         time.sleep(rank_hooks(rdv.rank).join_s)  # test-only (testhooks: join=RANK:MS): 0 otherwise
         run_rank(cfg, rdv, options)
     except DdptopError as exc:

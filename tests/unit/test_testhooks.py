@@ -73,3 +73,19 @@ def test_the_fronts_teardown_hold(monkeypatch, value, seconds):
 
     monkeypatch.setenv("DDPTOP_TEST_FRONT", value)
     assert teardown_hold_s() == seconds
+
+
+def test_a_local_rank_takes_the_fronts_test_hooks_not_the_fork_servers(monkeypatch):
+    """The suite runs jobs in its own process: their ranks fork from a server the first job started, whose
+    environment is that moment's. A later job's DDPTOP_TEST_* reaches its ranks all the same (testhooks.carried,
+    through WorkerOptions), and one the front no longer has is gone in the rank."""
+    from ddptop import testhooks
+
+    monkeypatch.setenv("DDPTOP_TEST_MODEL", "oom-batch=32")
+    monkeypatch.setenv("DDPTOP_TEST_FRONT", "teardown:5")
+    carried = testhooks.carried()
+    assert carried == (("DDPTOP_TEST_FRONT", "teardown:5"), ("DDPTOP_TEST_MODEL", "oom-batch=32"))
+    monkeypatch.delenv("DDPTOP_TEST_MODEL")  # the fork server's environment: another moment's
+    monkeypatch.setenv("DDPTOP_TEST_RANK", "straggle=1:40")
+    testhooks.adopt(carried)
+    assert testhooks.model_tweaks(0) == {"oom_batch": 32} and testhooks.rank_hooks(1).delay_s == 0.0
