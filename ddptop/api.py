@@ -37,7 +37,7 @@ from torch import nn
 from ddptop import metrics, rendezvous
 from ddptop.config import MAX_BATCH_SIZE, RunConfig, SyncConfig
 from ddptop.control.agent import ControlAgent, Decision
-from ddptop.errors import DdptopError, JobStopped, UsageError
+from ddptop.errors import DdptopError, JobStopped, UsageError, say_line
 from ddptop.events import ConfigApplied, RunFinished, RunStarted
 from ddptop.probes.own import now
 from ddptop.train.loop import build_for, exchange, model_layout, resync
@@ -187,7 +187,7 @@ class Job:
             self._rank.emit(RunFinished(self.rank, self.step_count, reason, time.time(),
                                         fingerprint=fingerprint(self.model)))
         self._stack.close()
-        print(f"ddptop: rank {self.rank} finished {self.step_count} steps", file=sys.stderr)
+        say_line(f"ddptop: rank {self.rank} finished {self.step_count} steps")
 
     def __enter__(self) -> "Job":
         return self
@@ -367,7 +367,7 @@ def _one_line_errors() -> None:
             return previous(kind, value, tb)
         where = f"ddptop rank {job.rank}" if job is not None else "ddptop"
         # the process's own stderr: torch.distributed wraps this hook and buffers sys.stderr to prefix "[rankN]:"
-        print(f"{where}: {value}", file=sys.__stderr__, flush=True)
+        say_line(f"{where}: {value}")
         sys.stdout.flush()
         os._exit(value.exit_code)
 

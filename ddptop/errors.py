@@ -57,3 +57,24 @@ class LabUnavailable(DdptopError):
     """`ddptop lab` cannot build its cluster here: not root, no namespaces, tc or cgroup CPU controller."""
 
     exit_code = 2
+
+
+def say_line(text: str) -> None:
+    """One line on this process's own stderr in one write(2): ranks sharing a pipe never interleave mid-line.
+
+    print() writes the text and its newline separately; two ranks failing together then wrote
+    "ddptop rank 1: ...ddptop rank 0: ..." on one line (a CI run, 2026-11-27). A pipe keeps a write of up to
+    PIPE_BUF (4096) bytes whole, so the line is cut to fit.
+    """
+    import os
+    import sys
+
+    data = (text.replace("\n", " ")[:4000] + "\n").encode("utf-8", "replace")
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        os.write(2, data)
+    except OSError:
+        pass

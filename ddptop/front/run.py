@@ -7,7 +7,7 @@ import sys
 from ddptop.config import RunConfig
 from ddptop.control.auth import token_bytes
 from ddptop.control.token import STRONG_TOKEN_BYTES, private_jobs_dir, resolve_token
-from ddptop.errors import RecordingExists
+from ddptop.errors import RecordingExists, say_line
 from ddptop.front.feed import SharedState
 from ddptop.front.recording import RecorderAlarm, end_recording, open_recording
 from ddptop.record.paths import another, closing_lines
@@ -36,7 +36,7 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
     if records_here(rdv):
         private_jobs_dir()  # where this process will leave the job file: refused now, before a rank or file starts
     if record and not records_here(rdv):
-        print(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank", file=sys.stderr)
+        say_line(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank")
         record = None
     options = rank_options(rdv, token, timeout_s, lost_after_s, collective_timeout_s)
     if not (rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)):

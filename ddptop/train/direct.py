@@ -14,6 +14,7 @@ import sys
 import time
 from contextlib import contextmanager
 
+from ddptop.errors import say_line
 from ddptop.config import RunConfig
 from ddptop.rendezvous import Rendezvous
 
@@ -28,7 +29,7 @@ def run_direct(cfg: RunConfig, rdv: Rendezvous, options, log_every: int, record:
 
     with hosting(cfg.to_dict(), rdv, options, log_every, record, record_required) as options:
         steps = run_rank(cfg, rdv, options)
-    print(f"ddptop: rank {rdv.rank} finished {steps} steps", file=sys.stderr)
+    say_line(f"ddptop: rank {rdv.rank} finished {steps} steps")
     return 0
 
 

@@ -26,7 +26,7 @@ from ddptop.control.agent import ControlAgent, Link
 from ddptop.control.auth import JobKeys, namespace, new_job_id, stretch
 from ddptop.control import store as stores
 from ddptop.control.bus import Publisher
-from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError
+from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError, say_line
 from ddptop.events import RankJoined
 from ddptop.probes.clock import clock_for
 from ddptop.probes.step import StepProbe
@@ -271,11 +271,10 @@ def rank_entry(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> None:
         time.sleep(rank_hooks(rdv.rank).join_s)  # test-only (testhooks: join=RANK:MS): 0 otherwise
         run_rank(cfg, rdv, options)
     except DdptopError as exc:
-        print(f"ddptop rank {rdv.rank}: {exc}", file=sys.stderr, flush=True)
+        say_line(f"ddptop rank {rdv.rank}: {exc}")
         sys.exit(exc.exit_code)
     except Exception as exc:  # a bug: still one line; DDPTOP_DEBUG=1 shows the traceback
         if os.environ.get("DDPTOP_DEBUG"):
             raise
-        print(f"ddptop rank {rdv.rank}: internal error: {type(exc).__name__}: {_first_line(exc)}",
-              file=sys.stderr, flush=True)
+        say_line(f"ddptop rank {rdv.rank}: internal error: {type(exc).__name__}: {_first_line(exc)}")
         sys.exit(70)
