@@ -1,5 +1,5 @@
 """Issue 23's table: the what-if model against fresh lab jobs at several link rates and models. For each (model,
-link) one 3-host lab job runs profiles/whatif-lab.toml's sweep (DDP 100 MB warm-up, DDP 25 MB, 1/5/10/50 MB,
+link) one 3-host lab job runs ddptop/own_profiles/whatif-lab.toml's sweep (DDP 100 MB warm-up, DDP 25 MB, 1/5/10/50 MB,
 per-parameter all_reduce sync and async, gather+scatter, DDP 25 MB again) with that model and link; `ddptop advise
 --segment 1` fits on the DDP 25 MB segment and predicts every other; the truth is SQL on the recording (each
 segment's slowest rank's mean over its unsampled steps after the first, as benchmarks/whatif_lab.py). Prints a markdown row per job
@@ -31,7 +31,7 @@ from whatif_lab import measured  # noqa: E402
 from ddptop.metrics.whatif.rows import error_se  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-PROFILE = REPO / "profiles" / "whatif-lab.toml"
+PROFILE = REPO / "ddptop" / "own_profiles" / "whatif-lab.toml"
 
 
 def profile(model: str, link: str, measure: int) -> str:

@@ -1,5 +1,5 @@
 """The what-if model against a fresh lab job (issue 23): fitted on one DDP 25 MB segment of a 3-host job on 1 Gbit/s
-links (profiles/whatif-lab.toml), it predicts every other segment of the same job (DDP 1/5/10/50 MB buckets,
+links (ddptop/own_profiles/whatif-lab.toml), it predicts every other segment of the same job (DDP 1/5/10/50 MB buckets,
 per-parameter all_reduce sync and async, gather+scatter); the truth is each segment's own measured step time (SQL on
 the recording's steps table). Prints each error, the median and the max, and exits 1 beyond issue 23's bounds (10%
 median, 20% max).
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PROFILE = REPO / "profiles" / "whatif-lab.toml"  # DDP 25 MB is segment 1; segment 0 only warms the job up
+PROFILE = REPO / "ddptop" / "own_profiles" / "whatif-lab.toml"  # DDP 25 MB is segment 1; segment 0 only warms the job up
 
 
 def measured(db: str) -> dict[int, float]:

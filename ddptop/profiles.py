@@ -1,7 +1,9 @@
-"""Run profiles: `profiles/NAME.toml` gives flag defaults and an optional sweep; typed flags still win.
+"""Run profiles: `NAME.toml` gives flag defaults and an optional sweep; typed flags still win.
 
-A plain name is one of ddptop's own profiles (OWN_DIR), never a file of the current folder, which may be anyone's;
-a profile of your own is given by its path, and only such a file's code (`model = "x.py:M"`) is taken as yours."""
+A plain name is one of ddptop's own profiles (OWN_DIR: the package's own_profiles/, package data read through
+importlib.resources, so an installed wheel has them wherever it runs), never a file of the current folder, which may
+be anyone's; a profile of your own is given by its path, and only such a file's code (`model = "x.py:M"`) is taken
+as yours. ddptop's own profiles name only ddptop's own code (`ddptop.examples.wide_mlp:mlp`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +23,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-OWN_DIR = Path(__file__).resolve().parent.parent / "profiles"  # ddptop's own profiles: what a plain name means
+OWN_DIR = Path(str(resources.files("ddptop").joinpath("own_profiles")))  # ddptop's own: what a plain name means
 SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr", "accum", "compress", "lr_warmup_steps"}
 CODE_KEYS = ("model", "dataset", "loss")  # settings whose value may name code (config.is_spec)
 
 
 def find_profile(name: str) -> Path:
-    """`NAME`: ddptop's own profiles/NAME.toml; `path/to/FILE.toml`: that file, which the user chose."""
+    """`NAME`: ddptop/own_profiles/NAME.toml (package data); `path/to/FILE.toml`: that file, which the user chose."""
     if by_path(name):
         candidate = Path(name)
         if not candidate.is_file():
@@ -65,20 +68,21 @@ def shadowed_note(name: str, path: Path) -> str:
 
 def check_code(path: Path, values: list[tuple[str, Any]]) -> None:
     """A profile's code runs only as the user's: from a profile file they named by its path. ddptop's own profiles
-    may name a file of ddptop's own folder (wire-lab's examples/wide_mlp.py, from the current folder as every spec
-    is), never one that is someone else's where ddptop runs: one UsageError line instead."""
+    may name only ddptop's own modules (wire-lab's `ddptop.examples.wide_mlp:mlp`, imported from the package that is
+    already loaded, wherever ddptop runs), never a file or module that is someone else's where ddptop runs: one
+    UsageError line instead."""
     if not is_own(path):
         return  # the user named this file: its code is theirs to run
-    root = os.path.realpath(OWN_DIR.parent)
     for key, value in values:
         if not is_spec(value) or str(value).startswith("torchvision:"):
             continue
         where = str(value).rpartition(":")[0]
+        if where.startswith("ddptop.") and not where.endswith(".py"):
+            continue  # a submodule of the ddptop package, found under its own folder whatever the current folder
         found = os.path.realpath(where) if where.endswith(".py") else ""
-        if not found or os.path.commonpath([found, root]) != root:
-            shown = f", which here is {found}" if found else " (a module found on this folder's path)"
-            raise UsageError(f"profile {path.stem}: {key} = {value!r} names {where}{shown}, not ddptop's own: "
-                             f"run it from ddptop's folder ({OWN_DIR.parent}), or copy the profile and give its path")
+        shown = f", which here is {found}" if found else " (a module found on this folder's path)"
+        raise UsageError(f"profile {path.stem}: {key} = {value!r} names {where}{shown}, not ddptop's own: "
+                         "copy the profile and give its path (--profile ./FILE.toml) to run code of yours")
 
 
 def read_profile(path: Path) -> dict[str, Any]:

@@ -46,6 +46,12 @@ def host_addresses(subnet: str, nodes: int) -> tuple[list[str], int]:
     return hosts, net.prefixlen
 
 
+# Plain `sudo ddptop lab` finds no ddptop where it was installed into a venv (sudo's secure_path has no .venv/bin),
+# and drops the environment: -E keeps it (DDPTOP_* included), env "PATH=$PATH" keeps the user's PATH, so the same
+# ddptop runs as root. The $PATH is the user's shell's to expand.
+NEEDS_ROOT = ('ddptop lab needs root (network namespaces, tc and cgroups): run it as root with this ddptop and '
+              'environment: sudo -E env "PATH=$PATH" ddptop lab ...')
+
 class Lab:
     """Build with `with Lab(...) as lab` (or build()/teardown()); everything it made goes at teardown."""
 
@@ -87,7 +93,7 @@ class Lab:
     def preflight(self) -> None:
         """One line saying what is missing when this machine cannot host a lab (LabUnavailable, exit 2)."""
         if os.geteuid() != 0:
-            raise LabUnavailable("ddptop lab needs root (network namespaces, tc and cgroups): run it with sudo")
+            raise LabUnavailable(NEEDS_ROOT)
         missing = netns.missing_tools()
         if missing:
             raise LabUnavailable(missing)

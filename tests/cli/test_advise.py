@@ -99,7 +99,7 @@ def test_fresh_lab_jobs_at_three_links_and_two_models_are_predicted_within_the_i
     (advise's rows name the first segment of a configuration), so it is not among the 7."""
     advice = advise(str(GRID / name), "--segment", "1")
     found = errors(advice, slowest_rank_means(GRID / name, 1))
-    found.pop(0)  # the sweep's DDP 100 MB warm-up segment: neither fitted nor checked (profiles/whatif-lab.toml)
+    found.pop(0)  # the sweep's DDP 100 MB warm-up segment: neither fitted nor checked (ddptop/own_profiles/whatif-lab.toml)
     print(name, {s: f"{100 * e:+.1f}%" for s, e in sorted(found.items())})
     assert len(found) == 7
     assert statistics.median(abs(e) for e in found.values()) <= 0.10, found

@@ -277,12 +277,12 @@ def test_debug_shows_the_users_traceback(tmp_path):
 
 
 def test_the_readme_example_builds_with_its_own_loss():
-    """examples/my_model.py (README: Your own model): its data set's num_classes reaches the model under its own
+    """ddptop/examples/my_model.py (docs/how-to/own-model.md): its data set's num_classes reaches the model under its own
     loss (no accuracy then), and one sample batch goes through model, loss and backward with every parameter used."""
     from ddptop.config import RunConfig
     from ddptop.train import specs
 
-    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "my_model.py")
+    example = "ddptop.examples.my_model"  # installed with ddptop: a module spec from any folder
     parts = specs.build(RunConfig(model=f"{example}:model", dataset=f"{example}:data", loss=f"{example}:loss",
                                   synthetic_size=64))
     assert (parts.num_classes, parts.classification, parts.unused) == (4, False, ())

@@ -3,7 +3,7 @@ bf16 → powersgd:32 → accum=4, and every host's eth0, read by this test itsel
 half the bytes per optimizer step under fp16 and bf16, what wire.powersgd_allreduce says under PowerSGD (after its
 warm-up of plain all-reduce steps), and the same bytes per step (a quarter per sample) with 4 micro-steps per step.
 
-The model is examples/wide_mlp.py, big matrices and little compute (3072·512 + 512·512 + 512·10 weights, 7.4 MB of
+The model is ddptop.examples.wide_mlp, big matrices and little compute (3072·512 + 512·512 + 512·10 weights, 7.4 MB of
 gradients): steps take about 0.1 s, and PowerSGD's rank-32 factors (0.82 MB a step on the wire, against 9.8 MB) dwarf the job's own few KB of events per step."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(bool(LAB_REFUSED), reason=LAB_REFUSED or "labs w
 N, BATCH, RANK = 3, 32, 32
 SHAPES = [(512, 3072), (512,), (512, 512), (512,), (10, 512), (10,)]
 S = 4 * sum(math.prod(shape) for shape in SHAPES)  # float32 gradient bytes: 7,364,648
-MODEL = REPO / "examples" / "wide_mlp.py"  # its gradients' shapes are SHAPES
+MODEL = REPO / "ddptop" / "examples" / "wide_mlp.py"  # its gradients' shapes are SHAPES
 # PowerSGD all-reduces whole buckets for its first POWERSGD_START_STEP steps of a segment: its measured steps
 # come after them, so every segment runs that many steps plus MEASURE (one step of warm-up for the others: a
 # switch re-wraps the model, and DDP's constructor broadcasts the parameters, S bytes, in the segment's first step).

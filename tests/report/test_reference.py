@@ -55,7 +55,7 @@ def report(tmp_path_factory):
 
 def test_this_run_is_the_recording_and_the_course_is_the_profile(report):
     rows = section(report / "report.md")
-    published = tomllib.loads((ROOT / "profiles" / "cs744-lab.toml").read_text())["reference"]
+    published = tomllib.loads((ROOT / "ddptop" / "own_profiles" / "cs744-lab.toml").read_text())["reference"]
     db = sqlite3.connect(RECORDING)
     configs = {seg: json.loads(c) for seg, c in db.execute("SELECT segment, config FROM segments")}
     assert len(rows) == len(published[0]["rows"]) == 4

@@ -63,13 +63,42 @@ def test_a_planted_profile_never_shadows_ddptops_own_nor_runs_its_code(tmp_path)
     assert model == "tiny" and strategies == ["single", "gather-scatter", "allreduce", "allreduce", "ddp"], strategies
 
 
-def test_ddptops_own_profile_never_imports_a_file_of_this_folder_in_its_name(tmp_path):
-    """wire-lab names examples/wide_mlp.py, a path from the current folder: anywhere but ddptop's own folder that
-    is someone else's file. Refused in one line, exit 2, before anything is imported."""
+def test_ddptops_own_profile_imports_ddptops_own_module_never_this_folders(tmp_path, monkeypatch):
+    """wire-lab names ddptop.examples.wide_mlp, a module of the ddptop package (issue 46: it was the path
+    examples/wide_mlp.py, from the current folder, so the profile ran only from ddptop's checkout): from a folder
+    with a planted examples/wide_mlp.py, ddptop's own module is the one imported, and nothing of the folder's."""
+    from ddptop.cli.run import run_parser
+    from ddptop.profiles import load_profile
+    from ddptop.train import specs
+
     marker = _plant(tmp_path)
-    result = _ddptop(tmp_path, "--headless", "--profile", "wire-lab", "--local", "1", "--steps", "1", "--no-record")
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, (result.returncode, result.stderr)
-    assert "examples/wide_mlp.py" in result.stderr and "not ddptop's own" in result.stderr, result.stderr
+    monkeypatch.chdir(tmp_path)
+    flags = {a.dest: a for a in run_parser()._actions}
+    model = load_profile("wire-lab", flags)["run"]["model"]
+    assert model == "ddptop.examples.wide_mlp:mlp"
+    made = specs.load("--model", model)
+    assert Path(made.__code__.co_filename).resolve().parent == REPO / "ddptop" / "examples"
+    assert not marker.exists()
+
+
+def test_an_own_profile_naming_code_outside_ddptop_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Were one of ddptop's own profiles to name a file or a module of the current folder, that would be someone
+    else's code wherever ddptop runs: one UsageError line naming it, before anything is imported."""
+    import pytest
+
+    from ddptop import profiles
+    from ddptop.errors import UsageError
+
+    marker = _plant(tmp_path)
+    own = tmp_path / "own"
+    own.mkdir()
+    monkeypatch.setattr(profiles, "OWN_DIR", own)
+    monkeypatch.chdir(tmp_path)
+    for spec in ("examples/wide_mlp.py:mlp", "helpers.tiny:Tiny", "ddptop/examples/wide_mlp.py:mlp"):
+        (own / "x.toml").write_text(f'[run]\nmodel = "{spec}"\n')
+        with pytest.raises(UsageError) as exc:
+            profiles.check_code(own / "x.toml", [("model", spec)])
+        assert "not ddptop's own" in str(exc.value) and "\n" not in str(exc.value), exc.value
     assert not marker.exists()
 
 

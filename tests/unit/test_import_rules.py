@@ -21,6 +21,7 @@ BASE = {"ddptop", "errors", "safe", "config", "profiles", "rendezvous", "events"
 ALLOWED = {
     "__main__": {"cli"},
     "api": {"front", "record", "control", "train", "probes", "metrics"},  # the user's own loop (ddptop/api.py)
+    "examples": {"api"},  # the example code installed with ddptop: a user's model, loop, wire-lab's model
     "cli": {"front", "tui", "report", "lab", "record", "state", "control", "train", "probes", "sources", "metrics"},
     "front": {"tui", "report", "record", "state", "control", "train", "metrics"},
     "tui": {"state", "control", "record", "metrics"},

@@ -3,7 +3,7 @@
 batch 32 in about 0.05 s of one core. Its matrices are wide enough that PowerSGD's rank-32 factors are a tenth of
 them (wire.powersgd_allreduce: 0.61 MB of 7.4), so compression shows on the NIC counters, not just in a formula.
 
-    ddptop --model examples/wide_mlp.py:mlp ...      (profiles/wire-lab.toml, tests/lab/test_wire_bytes.py)
+    ddptop --model ddptop.examples.wide_mlp:mlp ...      (ddptop/own_profiles/wire-lab.toml, tests/lab/test_wire_bytes.py)
 """
 
 from torch import nn

@@ -1,8 +1,10 @@
 """Your own model, data set and loss for ddptop: copy this file, change the three parts, keep the three names.
 
-    ddptop --model examples/my_model.py:model --dataset examples/my_model.py:data --loss examples/my_model.py:loss
+    ddptop --model ddptop.examples.my_model:model --dataset ddptop.examples.my_model:data --loss ddptop.examples.my_model:loss
 
-and, from another terminal while it trains, `ddptop ctl set strategy=allreduce` (README: Your own model).
+(ddptop's copy, from any folder), or your copy by its path: `--model my_model.py:model` and so on.
+
+and, from another terminal while it trains, `ddptop ctl set strategy=allreduce` (docs/how-to/own-model.md).
 """
 
 import torch

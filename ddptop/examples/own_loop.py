@@ -1,6 +1,8 @@
-"""Your own training loop, profiled and switched live by ddptop (README: "Your own training loop").
+"""Your own training loop, profiled and switched live by ddptop (docs/how-to/own-loop.md).
 
-    torchrun --nproc-per-node 2 examples/own_loop.py          # then, from another shell: ddptop ctl set strategy=allreduce
+    torchrun --nproc-per-node 2 -m ddptop.examples.own_loop   # then, from another shell: ddptop ctl set strategy=allreduce
+
+(or a copy of this file of yours: `torchrun --nproc-per-node 2 own_loop.py`).
 
 The model, data, loss, optimizer, scheduler and loop are this script's own; ddptop only wraps the model (its gradient
 sync becomes ddptop's strategy, switched live between two steps) and marks the steps.
