@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run deps test lab-test bench clean
+.PHONY: run deps test lab-test bench reports clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +33,11 @@ test: deps $(STAMP)
 lab-test: deps $(STAMP)
 	files=$$($(PY) tests/phases.py lab-shared) && $(PHASE) -n 2 --dist loadfile -m "lab and not alone" --durations=10 $$files $(EMPTY_OK)
 	files=$$($(PY) tests/phases.py lab-alone) && $(PHASE) -p no:xdist -m "lab and alone" --durations=10 $$files $(EMPTY_OK)
+
+# docs/reports/NAME/ from each recording in recordings/ (report.md, report.html, figures, figures.json): made, not
+# committed; each lab.md there (written by `ddptop lab --record-dir`, which alone knows the link rate) is kept.
+reports: $(STAMP)
+	PYTHON=$(PY) sh scripts/make-reports.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py

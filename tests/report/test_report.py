@@ -131,8 +131,8 @@ def test_a_report_that_cannot_be_written_is_one_line(smoke, tmp_path, capsys):
 
 def test_make_reports_regenerates_a_shipped_report_byte_for_byte(tmp_path):
     """scripts/make-reports.sh on one shipped recording (the smallest, live-switch: ~10 s; all of them take ~28 s)
-    writes the very report.md and figures.json that docs/reports/ holds. The one line allowed to differ is the
-    glossary link, relative only when the report is written inside the repository (this one is not)."""
+    writes the very report.md and figures.json that tests/report/golden/ holds (made by `make reports` into
+    docs/reports/, inside the repository). The one line allowed to differ is the glossary link, relative only when the report is written inside the repository (this one is not)."""
     import shutil
 
     root = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ def test_make_reports_regenerates_a_shipped_report_byte_for_byte(tmp_path):
     run = subprocess.run(["sh", str(root / "scripts" / "make-reports.sh")], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
     assert run.returncode == 0 and run.stdout.strip().splitlines()[-1] == "1 report(s) in docs/reports/", run.stderr
-    made, shipped = tmp_path / "docs" / "reports" / "live-switch", root / "docs" / "reports" / "live-switch"
+    made, shipped = tmp_path / "docs" / "reports" / "live-switch", root / "tests" / "report" / "golden" / "live-switch"
     assert (made / "figures.json").read_bytes() == (shipped / "figures.json").read_bytes()
     ours, theirs = (made / "report.md").read_text().splitlines(), (shipped / "report.md").read_text().splitlines()
     differ = [(a, b) for a, b in zip(ours, theirs) if a != b]

@@ -1,6 +1,7 @@
 """`ddptop report` streams a recording's steps: its memory does not grow with the number of steps and stays within
 200 MB, and its CPU time grows no faster than the steps (issue 27: 10^6 rows took 1.4-1.8 GB and ~100-150 s); the
-shipped reports' tables come out as the repository ships them (docs/reports/, made before steps were streamed)."""
+shipped reports' tables come out as the golden files hold them (tests/report/golden/, made before steps were
+streamed)."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def test_shipped_reports_keep_their_tables(tmp_path, name):
                            str(out), "--formats", "png"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     tables = lambda text: [line for line in text.splitlines() if line.startswith("|")]  # noqa: E731
-    shipped = tables((ROOT / "docs" / "reports" / name / "report.md").read_text())
+    shipped = tables((ROOT / "tests" / "report" / "golden" / name / "report.md").read_text())
     assert shipped and tables((out / "report.md").read_text()) == shipped
 
 

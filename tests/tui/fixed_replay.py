@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import time
@@ -10,7 +11,7 @@ from typing import Callable
 from ddptop.events import ConfigApplied
 from ddptop.events import Event, StepDone, event_from_dict
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "data", "session.json")
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "session.json.gz")  # tests/tui/make_fixture.py
 
 
 def event_time(e: Event) -> float:
@@ -21,7 +22,7 @@ def event_time(e: Event) -> float:
 
 
 def fixture_events() -> list[Event]:
-    with open(FIXTURE) as fh:
+    with gzip.open(FIXTURE, "rt") as fh:
         return [event_from_dict(item) for item in json.load(fh)]
 
 

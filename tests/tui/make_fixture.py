@@ -1,11 +1,12 @@
 """Records the fixed event stream the TUI tests replay: a real 2-rank tiny job with two live switches.
 
-Run once (`.venv/bin/python tests/tui/make_fixture.py`); the output, tests/tui/data/session.json, is committed
+Run once (`.venv/bin/python tests/tui/make_fixture.py`); the output, tests/tui/data/session.json.gz (gzip: 0.17 MB, not 0.76), is committed
 so the Pilot and snapshot tests see the same events every time.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -23,7 +24,7 @@ TOKEN = "fixture-token"
 STEPS = 400
 SWITCHES = [(100, {"strategy": "ddp", "bucket_mb": 0.02}), (200, {"strategy": "gather-scatter"}),
             (300, {"strategy": "allreduce", "async_op": True})]
-OUT = os.path.join(os.path.dirname(__file__), "data", "session.json")
+OUT = os.path.join(os.path.dirname(__file__), "data", "session.json.gz")
 
 
 def _wait_for_step(collected, step: int) -> None:
@@ -51,8 +52,9 @@ def main() -> None:
     code, events = run_job(cfg, world_size=2, port=port, token=TOKEN, script=script, timeout_s=60)
     if code != 0:
         raise SystemExit(f"fixture job failed with exit code {code}")
-    with open(OUT, "w") as fh:
-        json.dump([e.to_dict() for e in events], fh, separators=(",", ":"))
+    text = json.dumps([e.to_dict() for e in events], separators=(",", ":")).encode()
+    with open(OUT, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as fh:  # same bytes
+        fh.write(text)
     print(f"{len(events)} events -> {OUT} ({os.path.getsize(OUT)} bytes)")
 
 
