@@ -1,7 +1,7 @@
 """Records the fixed event stream the TUI tests replay: a real 2-rank tiny job with two live switches.
 
-Run once (`.venv/bin/python tests/tui/make_fixture.py`); the output, tests/tui/data/session.json.gz (gzip: 0.17 MB, not 0.76), is committed
-so the Pilot and snapshot tests see the same events every time.
+Run once (`.venv/bin/python tests/tui/make_fixture.py`); the output, tests/tui/data/session.json.gz (gzip: 0.17 MB,
+not 0.76), is committed so the Pilot and snapshot tests see the same events every time.
 """
 
 from __future__ import annotations
