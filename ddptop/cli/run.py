@@ -71,7 +71,7 @@ def run_parser() -> argparse.ArgumentParser:
     what.add_argument("--model", default="vgg11", metavar="|".join(MODELS) + "|SPEC",
                       help="VGG-11 as in the course (9.23M parameters), ResNet-18, a 21k-parameter CNN, the "
                            "lecture's ResNet-50 and BERT-mini; or your own: torchvision:NAME, MODULE:CALLABLE, "
-                           "path/file.py:CALLABLE (README: Your own model) (vgg11)")
+                           "path/file.py:CALLABLE (docs/how-to/own-model.md) (vgg11)")
     what.add_argument("--dataset", default=None, metavar="|".join(DATASETS) + "|SPEC",
                       help="a learnable image set generated from the seed, the real sets from --data-dir, token "
                            "sequences (bert-mini's default); or your own: MODULE:CALLABLE, path/file.py:CALLABLE "
@@ -121,7 +121,7 @@ def run_parser() -> argparse.ArgumentParser:
                                                     "(torch.save; FILE must not exist)")
     look.add_argument("--tune", choices=["bucket"], default=None,
                       help="bucket: once the run started, try the what-if model's best DDP bucket sizes as short "
-                      "segments and keep the fastest (README: What-if / advise)")
+                      "segments and keep the fastest (docs/how-to/whatif-and-tuning.md)")
     look.add_argument("--record-required", action="store_true",
                       help="stop the job if the recording fails (disk full); without it training goes on")
     return p

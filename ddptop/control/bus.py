@@ -288,7 +288,7 @@ class Liveness:
             count, when = self.said.get(what, (0, -REFUSALS_EVERY_S))
             if now.get(what, 0) > count and at - when >= REFUSALS_EVERY_S:
                 out.append(LogLine(FRONT, "warning", f"the job's front {words}: {now[what]} so far "
-                                   "(README: trust model)", time.time()))
+                                   "(docs/explanation/trust-model.md)", time.time()))
                 self.said[what] = (now[what], at)
         return out
 

@@ -214,7 +214,7 @@ def traffic_lines(snap: Snapshot) -> list[str]:
         out.append(t.describe())
     for why, ranks in refused.items():
         out.append(f"no NIC comparison for rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {why}"
-                   + (" (README: several hosts on one machine)" if "shared by every process" in why else ""))
+                   + (" (docs/how-to/lab.md: a cluster on one machine)" if "shared by every process" in why else ""))
     return out
 
 

@@ -82,7 +82,7 @@ def rank_options(rdv: Rendezvous, token: str | None, timeout_s: float, lost_afte
                             lost_after_s=lost_after_s, pg_timeout_s=collective_timeout_s)
     if given and rdv.rank == 0 and len(token_bytes(token_value)) < STRONG_TOKEN_BYTES:
         print(f"ddptop: the job token is {len(token_bytes(token_value))} bytes: one of {STRONG_TOKEN_BYTES} or more "
-              "random bytes resists offline guessing (README: trust model)", file=sys.stderr)
+              "random bytes resists offline guessing (docs/explanation/trust-model.md)", file=sys.stderr)
     if not options.check_token and rdv.world_size > 1 and rdv.rank == 0:  # said where the job's store lives
         print(f"ddptop: no job token (--token or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join this "
               "job or disturb its start; give every rank the same --token", file=sys.stderr)

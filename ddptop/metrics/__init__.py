@@ -1,7 +1,7 @@
 """The glossary as code: every number ddptop shows about steps and segments, defined once (pure, no torch).
 
 The state reducer (screen), the headless printer, `info`, `report` and `export --csv` all call this module;
-README's glossary says the same words (tests check that every term here appears there).
+docs/reference/glossary.md says the same words (tests check that every term here appears there).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from ddptop.config import IMAGE_DATASETS
 from ddptop.events import ConfigApplied, Event, StepDone
 
-# name → (unit, definition). The README glossary is this table in prose.
+# name → (unit, definition). docs/reference/glossary.md is this table in prose.
 GLOSSARY: dict[str, tuple[str, str]] = {
     "step time": ("s", "wall clock from one step boundary to the next on one rank: everything the training thread "
                        "does for that step, ddptop's own work included; a pause, a configuration switch, waiting at "

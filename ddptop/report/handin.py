@@ -49,7 +49,7 @@ def blocks(run: RunData, stats: list[SegmentStats], compared: bool = True) -> li
         out.append(("p", "The run trained on ddptop's synthetic set: step times and bytes do not depend on the data, "
                          "but loss and accuracy are not CIFAR-10's. With the CIFAR-10 files you have: add "
                          "`--dataset cifar10 --data-dir DIR` (the folder holding `cifar-10-batches-py/`; nothing is "
-                         "downloaded into a folder you did not name; README, *Handing in*)."))
+                         "downloaded into a folder you did not name; docs/how-to/hand-in.md)."))
     return out
 
 

@@ -28,17 +28,19 @@ TABLE_NOTE = ("Step time: wall clock from one step boundary to the next, for the
 
 
 def glossary_link(out: Path) -> str:
-    """A relative link to README.md#glossary when the report is written inside ddptop's repository."""
+    """A relative link to the documentation's glossary (docs/reference/glossary.md) when the report is written
+    inside ddptop's repository (`make reports` writes docs/reports/NAME/)."""
     root = Path(__file__).resolve().parents[2]
-    readme = root / "README.md"
+    glossary = root / "docs" / "reference" / "glossary.md"
+    elsewhere = "docs/reference/glossary.md in ddptop's repository (the terms are also at the end of this page)"
     try:
         out.resolve().relative_to(root)
     except ValueError:
-        return "README.md#glossary in ddptop's repository (the terms are also at the end of this page)"
-    if not readme.exists():
-        return "README.md#glossary in ddptop's repository (the terms are also at the end of this page)"
-    rel = os.path.relpath(readme, out.resolve())
-    return f"[README's glossary]({rel}#glossary) (and at the end of this page)"
+        return elsewhere
+    if not glossary.exists():
+        return elsewhere
+    rel = os.path.relpath(glossary, out.resolve())
+    return f"[the glossary]({rel}) (and at the end of this page)"
 
 
 def run_lines(run: RunData, shown: list[SegmentStats], left_out: list[str], out: Path) -> list[str]:

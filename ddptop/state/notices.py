@@ -48,7 +48,7 @@ def _other(event: Event) -> str | None:
         return f"control request {event.request_id} refused: {event.reason}"
     if isinstance(event, StoreFlooded):
         return (f"the store holds {event.keys} keys, more than this job ever writes ({event.expected}): someone else "
-                "on its port is filling it (README: trust model)")
+                "on its port is filling it (docs/explanation/trust-model.md)")
     if isinstance(event, EventsRefused):
         return (f"rank {event.rank}: refused {event.count} event{'s' if event.count != 1 else ''} of batch {event.seq} "
                 f"that did not check out ({event.reason})")

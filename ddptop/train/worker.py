@@ -209,8 +209,8 @@ def _disturbed_start(rdv: Rendezvous, exc: Exception) -> RendezvousError:
     """torch's own words here are a C++ allocator's or parser's (std::bad_alloc): DDPTOP_DEBUG=1 shows them."""
     detail = f" ({type(exc).__name__}: {_first_line(exc)[:100]})" if os.environ.get("DDPTOP_DEBUG") else ""
     return RendezvousError(f"the process group's start was disturbed: torch's keys in the store held what torch did "
-                           f"not write; someone else on port {rdv.port} may have overwritten them (README: trust "
-                           f"model){detail}")
+                           f"not write; someone else on port {rdv.port} may have overwritten them "
+                           f"(docs/explanation/trust-model.md){detail}")
 
 
 def share_job_keys(rank: int, options: WorkerOptions, group, control: bytes = b"") -> JobKeys:

@@ -132,7 +132,8 @@ def test_a_report_that_cannot_be_written_is_one_line(smoke, tmp_path, capsys):
 def test_make_reports_regenerates_a_shipped_report_byte_for_byte(tmp_path):
     """scripts/make-reports.sh on one shipped recording (the smallest, live-switch: ~10 s; all of them take ~28 s)
     writes the very report.md and figures.json that tests/report/golden/ holds (made by `make reports` into
-    docs/reports/, inside the repository). The one line allowed to differ is the glossary link, relative only when the report is written inside the repository (this one is not)."""
+    docs/reports/, inside the repository). The one line allowed to differ is the glossary link
+    (docs/reference/glossary.md), relative only when the report is written inside the repository (this one is not)."""
     import shutil
 
     root = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ def test_make_reports_regenerates_a_shipped_report_byte_for_byte(tmp_path):
     assert (made / "figures.json").read_bytes() == (shipped / "figures.json").read_bytes()
     ours, theirs = (made / "report.md").read_text().splitlines(), (shipped / "report.md").read_text().splitlines()
     differ = [(a, b) for a, b in zip(ours, theirs) if a != b]
-    assert len(ours) == len(theirs) and len(differ) == 1 and "README.md#glossary" in differ[0][0], differ
+    assert len(ours) == len(theirs) and len(differ) == 1 and "docs/reference/glossary.md in ddptop" in differ[0][0], differ
 
 
 def test_the_report_has_a_hints_section_per_segment_in_markdown_and_html(smoke):
