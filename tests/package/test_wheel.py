@@ -53,17 +53,19 @@ def test_the_sdist_and_the_wheel_carry_the_profiles_examples_and_license_and_pas
 def test_the_wheel_in_a_fresh_venv_outside_the_checkout_runs_a_profile_and_lab_list(built, tmp_path):
     wheel, = built.glob("ddptop-*.whl")
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", venv], 180)
+    # no PYTHONPATH anywhere: one naming the checkout would make pip think ddptop installed, and import it from there
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PIP_TARGET", "PIP_PREFIX")}
+    env.update(DDPTOP_STATE_DIR=str(tmp_path / "state"), PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    _run([sys.executable, "-m", "venv", venv], 180, env=env)
     python = venv / "bin" / "python"
     _run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--disable-pip-version-check", wheel],
-         180)
-    fresh = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], 60).stdout.strip()
+         180, env=env)
+    where = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    fresh = _run([python, "-c", where], 60, env=env).stdout.strip()
     ours = sysconfig.get_paths()["purelib"]  # torch, textual, ...: this venv's, by path
     Path(fresh, "deps-of-the-test-venv.pth").write_text(ours + "\n")
     away = tmp_path / "elsewhere"  # neither the checkout nor anything holding a profiles/ folder
     away.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(DDPTOP_STATE_DIR=str(tmp_path / "state"), PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
     where = _run([python, "-c", "import ddptop; print(ddptop.__file__)"], 60, cwd=away, env=env).stdout.strip()
     assert Path(where).resolve().is_relative_to(venv.resolve()), where  # the wheel's, not the checkout's
     ddptop = venv / "bin" / "ddptop"
