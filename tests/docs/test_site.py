@@ -19,8 +19,9 @@ def test_mkdocs_build_strict_passes_and_every_nav_page_is_built(tmp_path):
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-4000:]
     assert "WARNING" not in done.stderr, done.stderr[-4000:]
-    for page in ("index.html", "getting-started/index.html", "reference/cli/index.html", "reference/glossary/index.html",
-                 "how-to/hand-in/index.html", "evidence/gpu/index.html", "explanation/trust-model/index.html"):
+    for page in ("index.html", "getting-started/index.html", "reference/cli/index.html",
+                 "reference/glossary/index.html", "how-to/hand-in/index.html", "evidence/gpu/index.html",
+                 "explanation/trust-model/index.html"):
         assert (site / page).is_file(), page
     assert (site / "screens" / "overview-160x48.svg").is_file()  # the screenshot the home page shows
 
