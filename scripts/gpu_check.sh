@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 17 (README, "GPUs"): run from the repository root on a machine with an NVIDIA GPU.
+# The GPU checks of issue 17 (docs/evidence/gpu.md): run from the repository root on a machine with an NVIDIA GPU.
 #   scripts/gpu_check.sh cuda            nccl world size 1, placement, gloo on CUDA tensors, spans, NVML, no syncs
 #   scripts/gpu_check.sh oom             a real CUDA out-of-memory: ctl set rolls back; the hpml-lab4-q1 profile
 #   scripts/gpu_check.sh bench           plain torch vs --probes off vs all on VGG-11 and ResNet-18 (GPU): separate
 #                                        runs, then interleaved in one process (benchmarks/step_overhead_ab.py)
 #   scripts/gpu_check.sh suite [ARGS]    the test suite, tests/gpu (these checks as tests) included; tests/tui is
 #                                        left out when textual is not installed
-# Logs and recordings go to $OUT (default /tmp/ddptop-gpu). Wheels in .whl/ (see README) are installed first.
+# Logs and recordings go to $OUT (default /tmp/ddptop-gpu). Wheels in .whl/ (see docs/evidence/gpu.md) are installed first.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export OUT="${OUT:-/tmp/ddptop-gpu}" PYTHONUNBUFFERED=1
