@@ -1,6 +1,6 @@
 #!/bin/sh
 # Make docs/reports/ from the recordings in recordings/, in one command (run from the repository root):
-#   make reports        (or scripts/make-reports.sh; the reports are not committed: ~62 MB, made in ~30 s)
+#   make reports        (or scripts/make-reports.sh; the reports are not committed: ~62 MB, made in ~3 min of CPU)
 # Each recordings/NAME.db becomes docs/reports/NAME/ (report.md, report.html, figures as PNG/SVG/PDF, figures.json);
 # a folder recordings/NAME/ of several recordings (the same experiment at several world sizes) becomes one report
 # docs/reports/NAME/ comparing them (HPML Lab 4's speedup tables). A report names the recording it was made from

@@ -130,7 +130,7 @@ def test_a_report_that_cannot_be_written_is_one_line(smoke, tmp_path, capsys):
 
 
 def test_make_reports_regenerates_a_shipped_report_byte_for_byte(tmp_path):
-    """scripts/make-reports.sh on one shipped recording (the smallest, live-switch: ~10 s; all of them take ~28 s)
+    """scripts/make-reports.sh on one shipped recording (the smallest, live-switch: ~10 s; all ten: 2 min 50 s of CPU)
     writes the very report.md and figures.json that tests/report/golden/ holds (made by `make reports` into
     docs/reports/, inside the repository). The one line allowed to differ is the glossary link
     (docs/reference/glossary.md), relative only when the report is written inside the repository (this one is not)."""
