@@ -85,6 +85,24 @@ def check_code(path: Path, values: list[tuple[str, Any]]) -> None:
                          "copy the profile and give its path (--profile ./FILE.toml) to run code of yours")
 
 
+def code_note(path: Path, run: dict[str, Any], used: dict[str, Any]) -> str:
+    """One line naming the code a profile of the user's makes ddptop run, and whose it is (issue 46): each of its
+    model, dataset and loss specs that the run still uses (`used`: a typed flag may have replaced it), with the file
+    it names. '' for ddptop's own profiles (their code is ddptop's) and for a profile that names no code."""
+    if is_own(path):
+        return ""
+    named = []
+    for key in CODE_KEYS:
+        value = run.get(key)
+        if not is_spec(value) or str(value).startswith("torchvision:") or used.get(key) != value:
+            continue
+        where = str(value).rpartition(":")[0]
+        named.append(f"{key} = {value!r} ({os.path.realpath(where) if where.endswith('.py') else 'module ' + where})")
+    if not named:
+        return ""
+    return f"ddptop: profile {path} runs the code it names as yours (you gave its path): {'; '.join(named)}"
+
+
 def read_profile(path: Path) -> dict[str, Any]:
     """A profile file's TOML, or one UsageError line saying why it cannot be read."""
     try:
@@ -136,8 +154,9 @@ def load_profile(name: str, flags: dict[str, Any]) -> dict[str, Any]:
     until_oom = sweep.get("until_oom", False)
     if not isinstance(until_oom, bool):
         raise UsageError(f"{where}: [sweep] until_oom must be true or false")
-    return {"name": path.stem, "note": shadowed_note(name, path), "run": run, "sweep": configs, "warmup": _steps(where, sweep, "warmup", 5, 0),
-            "measure": _steps(where, sweep, "measure", 20, 1), "until_oom": until_oom}
+    return {"name": path.stem, "note": shadowed_note(name, path), "path": path, "run": run, "sweep": configs,
+            "warmup": _steps(where, sweep, "warmup", 5, 0), "measure": _steps(where, sweep, "measure", 20, 1),
+            "until_oom": until_oom}
 
 
 def _table(data: dict, name: str, where: str) -> dict:

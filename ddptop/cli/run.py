@@ -220,6 +220,13 @@ def cmd_run(argv: Sequence[str]) -> int:
         from ddptop.train import specs
 
         specs.build(cfg)  # the user's code on one sample batch, before any rank starts: one line for what is wrong
+        if profile:  # the code ran its check: now say whose it is, when a profile of the user's named it
+            from ddptop.profiles import code_note
+
+            note = code_note(profile["path"], profile["run"], {"model": cfg.model, "dataset": cfg.dataset,
+                                                                "loss": cfg.loss})
+            if note:
+                print(note, file=sys.stderr)
     from ddptop.record.paths import choose
     from ddptop.front.run import records_here, run
 

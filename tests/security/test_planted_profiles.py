@@ -109,3 +109,28 @@ def test_the_reports_published_figures_come_from_ddptops_own_profile_only(tmp_pa
     assert result.returncode == 0, result.stderr
     text = (out / "report.md").read_text()
     assert PLANTED not in text and "CS744 Spring 2025 Assignment 2 report" in text
+
+
+def test_a_profile_of_yours_that_names_code_says_whose_code_runs_and_bad_code_stays_one_line(tmp_path):
+    """Issue 46: a profile given by its path that names code says so, naming the file, once the code passed its check
+    (a spec that fails is still its one line, exit 2, with no note before it); a typed --model over the profile's
+    leaves the profile's model out of the note."""
+    (tmp_path / "mine.py").write_text("import torch\n\n\ndef Tiny(num_classes=10):\n"
+                                      "    return torch.nn.Sequential(torch.nn.Flatten(), "
+                                      "torch.nn.Linear(3 * 32 * 32, num_classes))\n")
+    (tmp_path / "p.toml").write_text('[run]\nmodel = "mine.py:Tiny"\nbatch_size = 8\nsynthetic_size = 64\n'
+                                     'no_eval = true\n')
+    (tmp_path / "bad.toml").write_text('[run]\nmodel = "mine.py:Missing"\n')
+    small = ("--headless", "--local", "1", "--steps", "2", "--no-record")
+    ran = _ddptop(tmp_path, "--profile", "./p.toml", *small)
+    assert ran.returncode == 0, ran.stderr
+    notes = [line for line in ran.stderr.splitlines() if "runs the code it names as yours" in line]
+    assert len(notes) == 1 and str(tmp_path / "mine.py") in notes[0] and "model = 'mine.py:Tiny'" in notes[0], notes
+    bad = _ddptop(tmp_path, "--profile", "./bad.toml", *small)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Missing" in bad.stderr, bad.stderr
+    from ddptop import profiles
+
+    run = {"model": "mine.py:Tiny", "batch_size": 8}
+    assert profiles.code_note(tmp_path / "p.toml", run, {"model": "tiny"}) == ""  # --model tiny typed over it
+    assert profiles.code_note(profiles.OWN_DIR / "wire-lab.toml", {"model": "ddptop.examples.wide_mlp:mlp"},
+                              {"model": "ddptop.examples.wide_mlp:mlp"}) == ""  # ddptop's own: ddptop's code
