@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NEEDS="tmux:tmux ip:iproute2 tc:iproute2 setpriv:util-linux mount:mount umount:mount losetup:mount
-mkfs.ext4:e2fsprogs pgrep:procps truncate:coreutils make:make"
+mkfs.ext4:e2fsprogs pgrep:procps truncate:coreutils make:make chromium:chromium"
 export PATH="$PATH:/usr/sbin:/sbin"  # iproute2, mount and e2fsprogs live there; a user's PATH may lack them
 missing=()
 for pair in $NEEDS; do
