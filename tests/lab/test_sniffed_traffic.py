@@ -19,9 +19,11 @@ sockets with a keypair of its own. What is checked:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -96,6 +98,17 @@ def secrets_of(token: str, salt: bytes, job_id: str) -> dict[str, bytes]:
     return forms
 
 
+def recorded(db: Path, kind: str, count: int, timeout: float = 30) -> None:
+    """Wait until the job's recording holds `count` events of `kind` (the front commits about once a second)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            if con.execute("SELECT count(*) FROM events WHERE kind = ?", (kind,)).fetchone()[0] >= count:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"the recording never held {count} {kind} events")
+
+
 def found_in(needle: bytes, frames: list[bytes], streams: list[bytes]) -> bool:
     return any(needle in f for f in frames) or any(needle in s for s in streams)
 
@@ -113,8 +126,11 @@ def test_a_stranger_with_the_whole_capture_cannot_log_in(tmp_path, monkeypatch):
         jobs = (json.loads(p.read_text()) for p in (tmp_path / record.tag / "jobs").glob("*.json"))
         job = next(j for j in jobs if "token" in j)  # the job file `ddptop ctl` on node 0 would read
         status = json.loads(as_user(record, tmp_path, job, "status", "--json"))
-        as_user(record, tmp_path, job, "pause")
-        as_user(record, tmp_path, job, "resume")
+        # `ctl resume` sends nothing while the status it reads still says running: resume once every rank paused
+        assert "accepted by rank 0" in as_user(record, tmp_path, job, "pause")
+        recorded(db, "run_state", 2)
+        assert "accepted by rank 0" in as_user(record, tmp_path, job, "resume")
+        recorded(db, "run_state", 4)
         time.sleep(0.5)  # the last session's close on the wire
         sessions = zmq_sessions(read_pcap(pcap), job["port"])  # what the stranger has: the capture so far
         replays = [[c.server[1], [[w, d.hex() if w == "c" else len(d)] for w, d in c.turns]] for c in sessions]
@@ -193,8 +209,6 @@ def check_the_strangers_keys(attack: dict, control: dict) -> None:
 
 
 def check_the_recording(db: Path, output: str) -> None:
-    import sqlite3
-
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     steps: dict[int, list[int]] = {}
     for rank, step in con.execute("SELECT rank, step FROM steps ORDER BY seq"):  # in the order they were recorded
