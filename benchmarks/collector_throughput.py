@@ -144,9 +144,11 @@ def measure(n_ranks: int, seconds: float) -> tuple[float, float, float, str, flo
     hub.close()
     busy = (cpu1.user - cpu0.user + cpu1.system - cpu0.system) / seconds
     received = sum(len(s) for s in steps.values())
-    in_order = len(steps) == n_ranks and all(s == list(range(len(s))) for s in steps.values())
-    ok = "yes" if in_order and not gaps and received == expected else \
-        f"no: {received}/{expected} received by then, {gaps} gaps, {'in' if in_order else 'OUT OF'} order"
+    in_order = all(s == list(range(len(s))) for s in steps.values())
+    silent = n_ranks - len(steps)  # ranks of which not one step arrived (their connection never made it)
+    ok = "yes" if in_order and not silent and not gaps and received == expected else \
+        (f"no: {received}/{expected} received by then, {gaps} gaps, {'in' if in_order else 'OUT OF'} order, "
+         f"{silent} ranks heard from not at all")
     return busy, received / seconds, rss / 2**20, ok, late
 
 

@@ -91,13 +91,6 @@ def cmd_ctl(argv: Sequence[str]) -> int:
             steps = client.steps
             print(format_status(status, f"{client.master}:{client.port}", steps))
         return 0
-    if args.op in ("pause", "resume"):
-        status = client.status()
-        if bool(status.get("paused")) == (args.op == "pause"):  # idempotent: nothing to send
-            print(json.dumps({"ok": True, "state": "unchanged"}) if args.json else
-                  f"{args.op}: the job is already {'paused' if args.op == 'pause' else 'running'} (step "
-                  f"{status['step']}); nothing sent")
-            return 0
     if args.op == "tune":
         answer = client.tune(args.timeout)
         print(json.dumps(answer) if args.json else clean_lines(str(answer.get("line", ""))))
@@ -105,6 +98,9 @@ def cmd_ctl(argv: Sequence[str]) -> int:
     answer = client.send(args.op, changes, timeout_s=args.timeout)
     if args.json:
         print(json.dumps(answer))
+    elif answer.get("state") == "unchanged":  # pause, resume: rank 0 was already so (idempotent)
+        print(f"{args.op}: the job is already {'paused' if args.op == 'pause' else 'running'} (rank 0 at step "
+              f"{answer.get('step', '?')}); nothing changed")
     elif args.op == "set":
         print(f"applied at step {answer.get('step', '?')} (segment {answer.get('segment', '?')}) on every rank")
     else:

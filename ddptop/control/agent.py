@@ -341,10 +341,10 @@ class ControlAgent:
         op = request["op"]
         with self._lock:
             check_request(op, self.world_size, self.sweep_segments, self._latest)
-            if op == "pause":
-                self._paused = True
-            elif op == "resume":
-                self._paused = False
+            if op in ("pause", "resume"):  # rank 0's own flag decides, not a status written up to 0.5 s ago
+                if self._paused == (op == "pause"):
+                    return {"ok": True, "state": "unchanged", "step": self.step}, None
+                self._paused = op == "pause"
             elif op == "stop":
                 self._stop_requested = True
             if op == "tune":

@@ -49,6 +49,7 @@ class Hub:
         self.ended: dict | None = None
         self.recording: dict | None = None
         self.counts = {"bad_messages": 0, "dropped": 0}
+        self.listened = False  # someone subscribed to the republished stream (attach, ctl watch)
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self._drained = threading.Event()
@@ -76,6 +77,7 @@ class Hub:
         tel, ctl, pub = (self.server.sockets[n] for n in ("tel", "ctl", "pub"))
         poller = zmq.Poller()
         poller.register(ctl, zmq.POLLIN)
+        poller.register(pub, zmq.POLLIN)  # (un)subscriptions: whether anyone listens
         reading = False
         while not self._halt.is_set():
             want = self.source.backlog < LiveSource.MAX_BACKLOG  # else ZeroMQ's marks hold the rest
@@ -87,6 +89,8 @@ class Hub:
             ready = dict(poller.poll(POLL_MS))
             if ctl in ready:
                 self._serve(ctl)
+            if pub in ready:
+                self._listeners(pub)
             if tel in ready:
                 self._take(tel, pub)
             if self._draining and not tel.poll(0):
@@ -105,14 +109,26 @@ class Hub:
             if events is None:
                 self.counts["bad_messages"] += 1
                 continue
-            try:
-                pub.send_multipart(parts, zmq.NOBLOCK)  # a subscriber that falls behind sees a gap in seq
-            except zmq.Again:
-                pass
+            if self.listened:  # nobody subscribed: nothing to copy (9% of the front's CPU at 512 ranks, issue 41)
+                try:
+                    pub.send_multipart(parts, zmq.NOBLOCK)  # a subscriber that falls behind sees a gap in seq
+                except zmq.Again:
+                    pass
             for e in events:
                 if isinstance(e, StepDone):
                     self.recent.setdefault(e.rank, collections.deque(maxlen=RECENT)).append(e)  # encoded when asked
             self.source.inject(events)
+
+    def _listeners(self, pub: zmq.Socket) -> None:
+        """XPUB passes on the first subscription to a topic and the last unsubscription (every subscriber takes
+        everything, topic b""): the newest of these says whether anyone listens now."""
+        for _ in range(64):
+            try:
+                message = pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if message[:1] in (b"\x00", b"\x01"):
+                self.listened = message[:1] == b"\x01"
 
     def _serve(self, ctl: zmq.Socket) -> None:
         for _ in range(64):

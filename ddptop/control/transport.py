@@ -28,7 +28,8 @@ from ddptop.control.auth import JobKeys, derive
 from ddptop.errors import RendezvousError
 
 ROLES = ("rank", "agent", "ctl", "attach")
-# which roles each server socket admits: telemetry in (PULL), requests (ROUTER), the republished stream (PUB)
+# which roles each server socket admits: telemetry in (PULL), requests (ROUTER), the republished stream (XPUB: it
+# also says when someone listens, so the front republishes nothing while nobody does)
 DOMAINS = {"tel": ("rank",), "ctl": ("agent", "ctl", "attach"), "pub": ("ctl", "attach")}
 MAX_TEL_BYTES = 9 << 20  # one telemetry batch (keys.MAX_BATCH_BYTES, 4 MiB) with room; a larger message is dropped
 MAX_CTL_BYTES = 1 << 20  # a request, an agent's sync (status, answers): a few KiB
@@ -104,7 +105,7 @@ def _authenticator(ctx: zmq.Context, keys: dict[bytes, str]):
 
 
 class Server:
-    """The front's three sockets, bound on the master's address: `tel` (PULL), `ctl` (ROUTER), `pub` (PUB)."""
+    """The front's three sockets, bound on the master's address: `tel` (PULL), `ctl` (ROUTER), `pub` (XPUB)."""
 
     def __init__(self, host: str, job: JobKeys):
         _more_files()
@@ -119,7 +120,7 @@ class Server:
         address = _address(host)
         self.sockets: dict[str, zmq.Socket] = {}
         self.ports: dict[str, int] = {}
-        kinds = {"tel": (zmq.PULL, MAX_TEL_BYTES), "ctl": (zmq.ROUTER, MAX_CTL_BYTES), "pub": (zmq.PUB, 1024)}
+        kinds = {"tel": (zmq.PULL, MAX_TEL_BYTES), "ctl": (zmq.ROUTER, MAX_CTL_BYTES), "pub": (zmq.XPUB, 1024)}
         for name, (kind, cap) in kinds.items():
             sock = self.ctx.socket(kind)
             sock.curve_server = True
@@ -128,7 +129,7 @@ class Server:
             sock.setsockopt(zmq.MAXMSGSIZE, cap)  # a larger message drops its connection, nothing else
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, RECV_HWM)
-            sock.setsockopt(zmq.SNDHWM, 10000 if kind == zmq.PUB else RECV_HWM)
+            sock.setsockopt(zmq.SNDHWM, 10000 if kind == zmq.XPUB else RECV_HWM)
             self.ports[name] = _bind(sock, address)
             self.sockets[name] = sock
         self.host = host

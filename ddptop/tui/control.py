@@ -74,4 +74,6 @@ def send_op(connect: Callable[[], ControlClient], op: str, post: Post) -> None:
         post(ControlUpdate(op, "error", f"{op}: {_one_line(exc)}"))
         return
     ok = answer.get("ok")
-    post(ControlUpdate(op, "accepted" if ok else "error", f"{op}: {'accepted' if ok else answer.get('error')}"))
+    said = "accepted" if answer.get("state") != "unchanged" else \
+        f"already {'paused' if op == 'pause' else 'running'}, nothing changed"
+    post(ControlUpdate(op, "accepted" if ok else "error", f"{op}: {said if ok else answer.get('error')}"))

@@ -163,3 +163,23 @@ def test_the_standard_error_of_a_step_time_has_one_name():
              for n, line in enumerate(p.read_text().split("\n"), 1)
              if ("spread_s" in line or "step_s_se" in line) and "OLD_NAMES" not in line]
     assert named == [], "the standard error is step_se_s: " + ", ".join(named)
+
+
+def test_spans_decode_to_the_spans_that_were_sent_in_every_compact_form():
+    """The front builds a sampled step's spans without Span's __init__ (events._plain_span: issue 41's 1,024 ranks):
+    each must be the Span a constructor makes (equal, same hash and repr, end_s), the defaults filled for the shorter
+    forms, and a span that does not check out still refused by name."""
+    sent = (Span("comm", "bucket 3", 0.5, 0.25, 1 << 20, 3, 4), Span("fwd", "features.0", 0.0, 0.125))
+    event = StepSpans(1, 7, 0, T0, sent)
+    got = event_from_dict(json.loads(json.dumps(event.to_dict())))
+    assert got == event and got.spans == sent and hash(got.spans) == hash(sent) and repr(got) == repr(event)
+    assert [s.end_s for s in got.spans] == [0.75, 0.125]
+    for form in (["bwd", "x", 1.0, 0.5], ["bwd", "x", 1.0, 0.5, 9], ["bwd", "x", 1.0, 0.5, 9, 8]):
+        span = event_from_dict({**valid(StepSpans), "spans": [form]}).spans[0]
+        assert span == Span(*form) and dataclasses.asdict(span) == dataclasses.asdict(Span(*form))
+    for bad, where in ((["bwd", "x", 1.0, math.inf, 0, 0, 0], r"spans\[1\].dur_s"),
+                       (["bwd", "x", 1.0, 0.5, 0, -1, 0], r"spans\[1\].tx_bytes"),
+                       (["bwd", 5, 1.0, 0.5, 0, 0, 0], r"spans\[1\].name"),
+                       (["bwd", "x", 1.0, 0.5, 0, 0, True], r"spans\[1\].rx_bytes")):
+        with pytest.raises(EventDecodeError, match=where):
+            event_from_dict({**valid(StepSpans), "spans": [list(sent[0].__dict__.values()), bad]})
