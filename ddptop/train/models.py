@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from ddptop.errors import UsageError
-from ddptop.probes.layers import leaf_layers
 
 # The CS744 assignment's VGG-11: 9.23M parameters in 34 tensors (36.9 MB of fp32 gradients per step).
 VGG11_CFG = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
@@ -172,8 +171,19 @@ def build_model(name: str, batch_norm: bool = True, sleep_s: float = 0.0, oom_ba
 
 
 def layer_param_counts(model: nn.Module) -> tuple[tuple[str, int], ...]:
-    return tuple(
-        (name, sum(p.numel() for p in m.parameters(recurse=False)))
-        for name, m in leaf_layers(model)
-        if any(True for _ in m.parameters(recurse=False))
-    )
+    """(module name, trained parameters it holds itself), for every module that holds any, in the order
+    `model.parameters()` lists them (DDP buckets them in the reverse). Not only leaf layers: attention's
+    in-projection (`in_proj_weight` on nn.MultiheadAttention, whose `out_proj` is a child) and a bare nn.Parameter
+    on any module count where they live; a tied weight counts once, at its first owner; the model's own parameters
+    are named "(model)". The counts add up to the trained parameters, as RunStarted's param_count (issue 44)."""
+    seen: set[int] = set()
+    out = []
+    for name, module in model.named_modules():
+        count = 0
+        for p in module.parameters(recurse=False):
+            if id(p) not in seen and p.requires_grad:
+                seen.add(id(p))
+                count += p.numel()
+        if count:
+            out.append((name or "(model)", count))
+    return tuple(out)
