@@ -19,7 +19,7 @@ from ddptop.tui.widgets.network import NetworkPanel
 from ddptop.tui.widgets.ranks import RanksPanel
 from ddptop.tui.widgets.timeline import TimelinePanel
 from fixed_replay import FixedReplaySource
-from screen_text import screen_text
+from screen_text import drawn_text, screen_text
 
 pytestmark = pytest.mark.asyncio
 BIG = (160, 48)
@@ -52,7 +52,7 @@ async def test_help_lists_every_key_and_closes(replay_at_end):
     async with app.run_test(size=BIG) as pilot:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        text = screen_text(app)
+        text = await drawn_text(pilot, app)
         for key, _ in GLOBAL_KEYS + REPLAY_KEYS:
             assert key in text
         await pilot.press("q")  # closes the help, does not quit
