@@ -137,3 +137,19 @@ def test_the_endpoint_says_why_it_cannot_listen_in_one_exception_and_frees_its_p
             Endpoint(exporter, port, addr)
     Endpoint(exporter, port, "127.0.0.1").close()
     Endpoint(exporter, port, "127.0.0.1").close()  # closed: the port is free again at once
+
+
+def test_gpu_series_are_the_ranks_nvml_readings_as_ratios():
+    """No GPU here: two ranks' samples carry NVML readings (50 % and 70 %) as a GPU node's would."""
+    from ddptop.events import GpuStat
+
+    events = job_events(2, 2)
+    gpus = {r: GpuStat(r, "H100", 50.0 + 20 * r, 10**9, 8 * 10**10, 300.0, 60.0) for r in (0, 1)}
+    events = [SystemSample(e.rank, e.host, e.t, e.proc_cpu_percent, e.node_cpu_percent, e.proc_rss_bytes,
+                           e.node_mem_used_bytes, e.node_mem_total_bytes, e.job_iface, e.nics, (gpus[e.rank],), "ok")
+              if isinstance(e, SystemSample) else e for e in events]
+    series, _, _ = scrape(events, 2, 2)
+    assert series["ddptop_node_gpu_utilization_ratio"] == [{"job": "sim", "node": "node0", "_value": 0.6}]
+    by_rank = {r["rank"]: r["_value"] for r in series["ddptop_rank_gpu_utilization_ratio"]}
+    assert by_rank == {"0": 0.5, "1": 0.7}
+    assert {r["rank"]: r["_value"] for r in series["ddptop_rank_cpu_cores"]} == {"0": 0.9, "1": 0.9}
