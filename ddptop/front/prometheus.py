@@ -1,14 +1,14 @@
-"""Provides the Prometheus endpoint (`--metrics-port`): the job's figures, read from the front's one state at each scrape.
+"""Provides the Prometheus endpoint (`--metrics-port`): the job's figures, read from the front's state at each scrape.
 
     Feed ─▶ SharedState ─┐ (a light snapshot per scrape: the figures the screen and the headless lines show)
          └▶ Exporter ────┴▶ prometheus_client's registry ─▶ its HTTP server (a thread of its own) ─▶ GET /metrics
 
 Every figure comes from a light snapshot (SessionState.glance) by ddptop.metrics' definitions (step time and its
-parts per rank over the last RECENT_STEPS steps, the job's samples/s, the segment's loss, NIC counters); only totals that the state does not keep
-(bytes over every step, lost ranks, telemetry gaps) are summed here, as the events pass. Per-rank series are bounded:
-the TOP_K slowest ranks and the median, p90 and worst over all ranks, so a 1,024-rank job makes no more series than
-an 8-rank one (per node: one set per host). A rank that leaves the top k is absent from the next scrape: the
-collector builds every series anew from the snapshot, so nothing stale stays to be removed.
+parts per rank over the last RECENT_STEPS steps, the job's samples/s, the segment's loss, NIC counters); only totals
+that the state does not keep (bytes over every step, lost ranks, telemetry gaps) are summed here, as events pass.
+Per-rank series are bounded: the TOP_K slowest ranks and the median, p90 and worst over all ranks, so a 1,024-rank
+job makes no more series than an 8-rank one (per node: one set per host). A rank that leaves the top k is absent from
+the next scrape: the collector builds every series anew from the snapshot, so nothing stale stays to be removed.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ SERIES: dict[str, tuple[str, str]] = {
     "ddptop_step_seconds": ("gauge", "step time over ranks (stat: median, p90, worst) of each running rank's mean "
                                      "over its last 10 steps"),
     "ddptop_phase_seconds": ("gauge", "a part of the step over ranks (phase: data, compute, comm, exposed_comm, "
-                                      "ddptop, other; stat: median, p90, worst), each rank's mean of its last 10 steps"),
+                                      "ddptop, other; stat: median, p90, worst), each rank's mean of its last 10 "
+                                      "steps"),
     "ddptop_samples_per_second": ("gauge", "the job's images/s (samples/s): every running rank's samples over the "
                                            "slowest rank's time, last 10 steps"),
     "ddptop_loss": ("gauge", "training loss: mean over ranks at the newest step of the segment in force"),
@@ -220,7 +221,8 @@ def _ranks(snap, job: str, k: int) -> dict:
     out = {name: _family(name, labels) for name, labels in (
         ("ddptop_rank_step_seconds", ["job", "rank", "node"]),
         ("ddptop_rank_phase_seconds", ["job", "rank", "node", "phase"]),
-        ("ddptop_rank_cpu_cores", ["job", "rank", "node"]), ("ddptop_rank_gpu_utilization_ratio", ["job", "rank", "node"]))}
+        ("ddptop_rank_cpu_cores", ["job", "rank", "node"]),
+        ("ddptop_rank_gpu_utilization_ratio", ["job", "rank", "node"]))}
     by_rank = running_figures(snap)
     views = {v.rank: v for v in snap.ranks}
     for rank in top_ranks(by_rank, k):
@@ -256,7 +258,7 @@ class Endpoint:
         except socket.gaierror as exc:
             raise UsageError(f"--metrics-addr {addr!r} is no address of this machine ({exc.strerror})") from None
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:  # the store's port in use is exit 4 as well (docs/reference/exit-codes.md)
+            if exc.errno == errno.EADDRINUSE:  # as the store's port in use: exit 4 (docs/reference/exit-codes.md)
                 raise RendezvousError(f"{where}: the port is in use (another exporter or job); choose another "
                                       "--metrics-port") from None
             if exc.errno == errno.EACCES:

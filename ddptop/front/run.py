@@ -52,7 +52,8 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
             check_new(record)  # refused before this rank trains, like a front's recording
         return run_direct(cfg, rdv, options, log_every, record, record_required)
     state = SharedState()
-    endpoint = serve(state, *metrics) if metrics else None  # before the recording: a port in use leaves no file
+    # before the recording: a port in use leaves no file; the job's label is final once its store's port is known
+    endpoint = serve(state, *metrics, job=job_name(record, "ddptop")) if metrics else None
     try:
         code, printer, kept, record = _record_front(cfg, rdv, options, log_every, state, headless, record,
                                                     record_required, fresh_name, tune, endpoint)

@@ -355,7 +355,8 @@ class SegmentTable:
         slowest_rank = max(timed, key=lambda r: (timed[r].step_s, -r)) if timed else None
         slowest = timed[slowest_rank] if slowest_rank is not None else Figures()
         return SegmentFigures(
-            index=seg, first_step=step0, last_step=self._last[seg], config=config, warmup=self.warmup, ranks=per_rank,
+            index=seg, first_step=step0, last_step=self._last[seg], config=config, warmup=self.warmup,
+            ranks=per_rank,
             slowest_rank=slowest_rank, slowest=slowest, mean=_mean_figures(list(timed.values())),
             images_per_s=job_images_per_s(timed.values()),
             final_loss=self.final_loss(seg), sampled_left_out=left_out,
