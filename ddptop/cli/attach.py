@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from ddptop.cli.parser import Parser, add_job_flags, check_port
+from ddptop.cli.parser import Parser, add_job_flags, add_metrics_flags, check_port, metrics_flags
 from ddptop.errors import UsageError
 
 
@@ -15,6 +15,7 @@ def parser() -> argparse.ArgumentParser:
     add_job_flags(p)
     p.add_argument("--headless", action="store_true", help="progress lines instead of the screen")
     p.add_argument("--log-every", type=int, default=10, metavar="N")
+    add_metrics_flags(p)
     return p
 
 
@@ -23,13 +24,14 @@ def cmd_attach(argv: Sequence[str]) -> int:
     if args.log_every < 1:
         raise UsageError("--log-every must be at least 1")
     check_port(args.port)
+    metrics = metrics_flags(args.metrics_port, args.metrics_addr)
     from ddptop.control.client import ControlClient
     from ddptop.front.attach import watch
 
     client = ControlClient.find(args.master, args.port, args.token, role="attach", prefix=args.prefix)
     headless = args.headless or not (sys.stdin.isatty() and sys.stdout.isatty())
     try:
-        watch(client, headless, args.log_every)
+        watch(client, headless, args.log_every, metrics)
     except KeyboardInterrupt:
         print("ddptop: detached; the job goes on", file=sys.stderr)
     return 0

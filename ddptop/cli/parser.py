@@ -32,3 +32,27 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="the job's store port (default: from this machine's job file)")
     p.add_argument("--token", help="the job token (default: DDPTOP_TOKEN, then this machine's job file)")
     p.add_argument("--prefix", help="key prefix of a job under torchrun's agent store (/attempt_N)")
+
+
+METRICS_ADDR = "0.0.0.0"  # every interface, as node_exporter listens: Prometheus scrapes from another machine
+
+
+def add_metrics_flags(p: argparse.ArgumentParser) -> None:
+    """--metrics-port and --metrics-addr (run and attach say them alike)."""
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve the job's figures to Prometheus at http://HOST:PORT/metrics "
+                        "(docs/how-to/prometheus.md)")
+    p.add_argument("--metrics-addr", metavar="ADDR", help=f"the address --metrics-port listens on ({METRICS_ADDR}: "
+                   "every interface, so Prometheus on another machine can scrape it; 127.0.0.1: this machine only)")
+
+
+def metrics_flags(port: int | None, addr: str | None) -> tuple[int, str] | None:
+    """(port, address) of the Prometheus endpoint, checked; None without --metrics-port."""
+    if port is None:
+        if addr is not None:
+            raise UsageError("--metrics-addr says where --metrics-port listens: give --metrics-port too")
+        return None
+    check_port(port, "--metrics-port")
+    if addr is not None and not addr.strip():
+        raise UsageError("--metrics-addr is empty: an address of this machine, e.g. 0.0.0.0 or 127.0.0.1")
+    return port, addr or METRICS_ADDR

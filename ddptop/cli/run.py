@@ -8,7 +8,7 @@ import sys
 from typing import Sequence
 
 from ddptop import __version__
-from ddptop.cli.parser import Parser, check_port, parse_bool
+from ddptop.cli.parser import Parser, add_metrics_flags, check_port, metrics_flags, parse_bool
 from ddptop.config import (BACKENDS, DATASETS, DEVICES, LOSSES, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig,
                            SyncConfig, is_spec)
 from ddptop.errors import UsageError
@@ -122,6 +122,7 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--tune", choices=["bucket"], default=None,
                       help="bucket: once the run started, try the what-if model's best DDP bucket sizes as short "
                       "segments and keep the fastest (docs/how-to/whatif-and-tuning.md)")
+    add_metrics_flags(look)
     look.add_argument("--record-required", action="store_true",
                       help="stop the job if the recording fails (disk full); without it training goes on")
     return p
@@ -180,6 +181,7 @@ def cmd_run(argv: Sequence[str]) -> int:
     if not 0 < args.timeout <= 86400:
         raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
     check_port(args.port)
+    metrics = metrics_flags(args.metrics_port, args.metrics_addr)
     if not 1 <= args.lost_after <= 3600:
         raise UsageError(f"--lost-after must be 1 to 3600 seconds, got {args.lost_after:g}")
     if not 1 <= args.collective_timeout <= 86400:
@@ -201,6 +203,9 @@ def cmd_run(argv: Sequence[str]) -> int:
         raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
     if args.tune:
         _check_tune(cfg, rdv)
+    if metrics and rdv.source not in ("local", "flags"):
+        raise UsageError(f"--metrics-port is served by a front (--local, or --rank 0 by flags); under {rdv.source} "
+                         "run `ddptop attach --metrics-port PORT` on rank 0's machine")
     placement = devices.place(cfg.backend, cfg.device, rdv.local_world_size, gpus)  # this machine's ranks
     for sync in cfg.sweep or (cfg.sync,):
         devices.check_strategy(placement.device, placement.backend, sync.strategy)
@@ -234,7 +239,8 @@ def cmd_run(argv: Sequence[str]) -> int:
         else args.record
     return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
                headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after,
-               fresh_name=args.record is None, collective_timeout_s=args.collective_timeout, tune=bool(args.tune))
+               fresh_name=args.record is None, collective_timeout_s=args.collective_timeout, tune=bool(args.tune),
+               metrics=metrics)
 
 
 def _check_tune(cfg: RunConfig, rdv) -> None:

@@ -12,6 +12,7 @@ from ddptop.events import RunFinished
 from ddptop.front.feed import SharedState
 from ddptop.front.headless import HeadlessConsumer, HeadlessPrinter
 from ddptop.front.pipeline import compose
+from ddptop.front.prometheus import job_name, serve
 from ddptop.front.supervisor import FrontInfo
 
 
@@ -45,8 +46,9 @@ class AttachedJob:
 
 
 
-def watch(client, headless: bool, log_every: int) -> None:
-    """Watch the job `client` found until it ends or the user leaves (KeyboardInterrupt reaches the caller)."""
+def watch(client, headless: bool, log_every: int, metrics: tuple[int, str] | None = None) -> None:
+    """Watch the job `client` found until it ends or the user leaves (KeyboardInterrupt reaches the caller);
+    `metrics` (--metrics-port, --metrics-addr): serve its figures to Prometheus from this machine meanwhile."""
     world = client.status()["world_size"]  # checked: signed by rank 0, 1..65536
     job = AttachedJob(client, world)
     recording = announced(client)
@@ -55,9 +57,19 @@ def watch(client, headless: bool, log_every: int) -> None:
     print(f"ddptop: attached to {client.master}:{client.port} ({world} ranks; {said}); Ctrl-C detaches",
           file=sys.stderr)
     printer = HeadlessPrinter(every=log_every) if headless else None
+    state = printer.state if printer else SharedState()
+    endpoint = serve(state, *metrics, job=job_name(recording, f"{client.master}:{client.port}")) if metrics else None
+    try:
+        _watch(client, job, world, state, printer, endpoint, recording)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+
+
+def _watch(client, job: AttachedJob, world: int, state: SharedState, printer, endpoint, recording) -> None:
     subscriber = Subscriber(client.master, client.ports["pub"], client.session.job, world)
-    feed = compose(subscriber.source, world_size=world, liveness=subscriber.liveness, sinks=[job],
-                   state=printer.state if printer else SharedState())
+    sinks = [job] + ([endpoint.exporter] if endpoint is not None else [])
+    feed = compose(subscriber.source, world_size=world, liveness=subscriber.liveness, sinks=sinks, state=state)
     if printer is not None:
         consumer = HeadlessConsumer(printer)
     else:

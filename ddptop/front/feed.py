@@ -56,6 +56,11 @@ class SharedState:
         with self._lock:
             return self.state.snapshot()
 
+    def glance(self) -> tuple[Snapshot, float]:
+        """SessionState.glance: the "now" figures, at a cost that does not grow with the steps kept."""
+        with self._lock:
+            return self.state.glance()
+
 
 class PartlyDerived(Exception):
     """A part of the front's derived events failed (the heartbeats' store went away); `events` are what the other

@@ -12,6 +12,7 @@ from ddptop.front.feed import SharedState
 from ddptop.front.recording import RecorderAlarm, end_recording, open_recording
 from ddptop.record.paths import another, closing_lines
 from ddptop.front.headless import HeadlessConsumer, HeadlessPrinter
+from ddptop.front.prometheus import job_name, serve
 from ddptop.safe import clean
 from ddptop.rendezvous import Rendezvous
 from ddptop.train.worker import WorkerOptions
@@ -29,15 +30,19 @@ def records_here(rdv: Rendezvous) -> bool:
 def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None,
         record: str | None = None, headless: bool = True, record_required: bool = False,
         lost_after_s: float = 10.0, fresh_name: bool = False, collective_timeout_s: float = 300.0,
-        tune: bool = False) -> int:
+        tune: bool = False, metrics: tuple[int, str] | None = None) -> int:
     """`fresh_name`: `record` is a name ddptop chose (the runs folder's), so another run that took it in the same
     second moves this one to the next free name instead of failing. `collective_timeout_s`: the process groups'
-    timeout, after which a collective that waits on a peer fails (PeerLost, exit 5). `tune`: --tune bucket."""
+    timeout, after which a collective that waits on a peer fails (PeerLost, exit 5). `tune`: --tune bucket.
+    `metrics`: --metrics-port and --metrics-addr, the Prometheus endpoint this front serves (front.prometheus)."""
     if records_here(rdv):
         private_jobs_dir()  # where this process will leave the job file: refused now, before a rank or file starts
     if record and not records_here(rdv):
         say_line(f"ddptop: rank {rdv.rank} leaves the recording to rank 0, which records every rank")
         record = None
+    if metrics and not records_here(rdv):
+        say_line(f"ddptop: rank {rdv.rank} leaves --metrics-port to rank 0, whose front serves every rank's figures")
+        metrics = None
     options = rank_options(rdv, token, timeout_s, lost_after_s, collective_timeout_s)
     if not (rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)):
         from ddptop.record.paths import check_new
@@ -47,19 +52,14 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
             check_new(record)  # refused before this rank trains, like a front's recording
         return run_direct(cfg, rdv, options, log_every, record, record_required)
     state = SharedState()
-    alarm = RecorderAlarm(record or "", record_required)
-    while True:
-        try:
-            recorder = open_recording(record, cfg.to_dict(), where(rdv), alarm)
-            break
-        except RecordingExists:
-            if not fresh_name:
-                raise
-            record = alarm.path = another(record)
+    # before the recording: a port in use leaves no file; the job's label is final once its store's port is known
+    endpoint = serve(state, *metrics, job=job_name(record, "ddptop")) if metrics else None
     try:
-        code, printer = _run_front(cfg, rdv, options, log_every, state, recorder, headless, record, alarm, tune)
-    finally:  # errors and Ctrl-C too: what was received is written
-        kept = end_recording(recorder, record, record_required)
+        code, printer, kept, record = _record_front(cfg, rdv, options, log_every, state, headless, record,
+                                                    record_required, fresh_name, tune, endpoint)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     if kept:
         snap = state.snapshot()
         for line in closing_lines(record, snap.step, len(snap.ranks)):
@@ -71,6 +71,29 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
         lost = "; ".join(f"rank {e.rank} {e.reason}" for e in first)
         print(f"ddptop: the job failed{': ' + lost if lost else ''} (exit code {code})", file=sys.stderr)
     return code
+
+
+def _record_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_every: int, state: SharedState,
+                  headless: bool, record: str | None, record_required: bool, fresh_name: bool, tune: bool,
+                  endpoint) -> tuple:
+    """Open the recording (the next free name when ddptop chose it and another run took it), run the front, close
+    the recording whatever happens: (exit code, printer, whether the file is kept, its path)."""
+    alarm = RecorderAlarm(record or "", record_required)
+    while True:
+        try:
+            recorder = open_recording(record, cfg.to_dict(), where(rdv), alarm)
+            break
+        except RecordingExists:
+            if not fresh_name:
+                raise
+            record = alarm.path = another(record)
+    exporter = endpoint.exporter if endpoint is not None else None
+    try:
+        code, printer = _run_front(cfg, rdv, options, log_every, state, recorder, headless, record, alarm, tune,
+                                   exporter)
+    finally:  # errors and Ctrl-C too: what was received is written
+        kept = end_recording(recorder, record, record_required)
+    return code, printer, kept, record
 
 
 def rank_options(rdv: Rendezvous, token: str | None, timeout_s: float, lost_after_s: float,
@@ -90,7 +113,8 @@ def rank_options(rdv: Rendezvous, token: str | None, timeout_s: float, lost_afte
 
 
 def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_every: int, state: SharedState,
-               recorder, headless: bool, record: str | None, alarm: RecorderAlarm, tune: bool = False):
+               recorder, headless: bool, record: str | None, alarm: RecorderAlarm, tune: bool = False,
+               exporter=None):
     """This machine hosts the store and starts its ranks; the pipeline records and shows them (screen or lines)."""
     from ddptop.front.supervisor import run_front
 
@@ -102,8 +126,13 @@ def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_ever
         from ddptop.front.screen import ScreenConsumer
 
         consumer = ScreenConsumer(record)
-    code = run_front(cfg, rdv, options, consumer, sinks=[recorder] if recorder else [], state=state, alarm=alarm,
-                     on_start=lambda job: _started(alarm, job, record, rdv), tune=tune)
+    def started(job) -> None:
+        _started(alarm, job, record, rdv)
+        if exporter is not None:  # the store's port is known now (--local binds a free one)
+            exporter.job = job_name(record, f"{rdv.master}:{job.front.port}")
+
+    sinks = [s for s in (recorder, exporter) if s is not None]
+    code = run_front(cfg, rdv, options, consumer, sinks=sinks, state=state, alarm=alarm, on_start=started, tune=tune)
     return code, printer
 
 

@@ -321,6 +321,13 @@ class SegmentTable:
         start = self._starts.get(seg)
         return start[0] if start is not None else self._first_seen.get(seg)
 
+    def final_loss(self, seg: int) -> float:
+        """SegmentFigures.final_loss: the mean over ranks of the loss at the segment's last step (NaN before any);
+        cheap on its own, for a reader that needs no more of the table (the Prometheus endpoint at each scrape)."""
+        last = self._last.get(seg)
+        final = [loss for (s, _), (step, loss) in self._losses.items() if s == seg and step == last]
+        return statistics.fmean(final) if final else math.nan
+
     def segments(self) -> list[SegmentFigures]:
         out = []
         for seg in sorted(set(self._starts) | set(self._last)):
@@ -347,13 +354,12 @@ class SegmentTable:
         timed = {r: f for r, f in per_rank.items() if f.steps}
         slowest_rank = max(timed, key=lambda r: (timed[r].step_s, -r)) if timed else None
         slowest = timed[slowest_rank] if slowest_rank is not None else Figures()
-        last = self._last[seg]
-        final = [loss for (s, _), (step, loss) in self._losses.items() if s == seg and step == last]
         return SegmentFigures(
-            index=seg, first_step=step0, last_step=last, config=config, warmup=self.warmup, ranks=per_rank,
+            index=seg, first_step=step0, last_step=self._last[seg], config=config, warmup=self.warmup,
+            ranks=per_rank,
             slowest_rank=slowest_rank, slowest=slowest, mean=_mean_figures(list(timed.values())),
             images_per_s=job_images_per_s(timed.values()),
-            final_loss=statistics.fmean(final) if final else math.nan, sampled_left_out=left_out,
+            final_loss=self.final_loss(seg), sampled_left_out=left_out,
             switch_bytes=nbytes, switch_s=switch_s, fingerprints=dict(self._prints.get(seg, {})),
             steps_per_epoch=per_epoch)
 
