@@ -1,5 +1,8 @@
 """The one error hierarchy: every user-facing failure is a DdptopError with an exit code."""
 
+import os
+import sys
+
 
 class DdptopError(Exception):
     """A failure the user can act on: cli.main prints its message on one line and exits with `exit_code`."""
@@ -66,9 +69,6 @@ def say_line(text: str) -> None:
     "ddptop rank 1: ...ddptop rank 0: ..." on one line (a CI run, 2026-11-27). A pipe keeps a write of up to
     PIPE_BUF (4096) bytes whole, so the line is cut to fit.
     """
-    import os
-    import sys
-
     data = (text.replace("\n", " ")[:4000] + "\n").encode("utf-8", "replace")
     try:
         sys.stderr.flush()
