@@ -53,7 +53,7 @@ _joined: list["Job"] = []  # one job per process: torch has one default process 
 
 
 def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = False, record: str | None = None,
-         no_record: bool = False, log_every: int = 10, probes: str = "all", span_every: int = 10,
+         no_record: bool = False, log_every: int = 10, probes: str = "all", span_every: int = 0,
          token: str | None = None, master: str | None = None, port: int | None = None, rank: int | None = None,
          world_size: int | None = None, backend: str = "auto", device: str = "auto", timeout_s: float = 60.0,
          collective_timeout_s: float = 300.0) -> "Job":
@@ -156,7 +156,7 @@ class Job:
         self._rank = self._stack.enter_context(joined(self.cfg, self.rdv, options, model))
         self.device = self._rank.device
         self.model, self.optimizer = model.to(self.device), optimizer  # .to keeps the same Parameter objects
-        self._probe = make_probe(self.cfg, self.rank, self.device, self._rank.emit)
+        self._probe = make_probe(self.cfg, self.rank, self.rdv.world_size, self.device, self._rank.emit)
         # ranks that built their models apart start from rank 0's (DDP would; the other strategies do not)
         self._start_bytes = broadcast_state(model, optimizer) if self.world_size > 1 else 0
         self.wrapper = OwnModel(model, self._forward_done)

@@ -166,7 +166,7 @@ class RunConfig:
     device: str = "auto"  # auto: CUDA under nccl, CPU under gloo (the policy: train/devices.py)
     workers: int = -1  # loader worker processes per rank; -1: 0 on CPU, one per core up to 4 on a GPU
     probes: str = "all"
-    span_every: int = 10
+    span_every: int = 0  # 0: metrics.span_cadence picks it from the world size
     iface: str | None = None
     threads: int = 0  # 0: cores / local ranks
     synthetic_size: int = 12800  # training images of the synthetic set (test split: a fifth of that)
@@ -194,8 +194,6 @@ class RunConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be a whole number ≥ 0, got {value!r}")
         if self.epochs == 0 and self.steps == 0:
             raise UsageError("nothing to run: --epochs and --steps are both 0")
-        if self.span_every == 0:
-            raise UsageError("--span-every must be at least 1")
         if self.synthetic_size < 1:
             raise UsageError("--synthetic-size must be at least 1")
         if self.sweep and (self.sweep_measure < 1 or self.sweep_warmup < 0):

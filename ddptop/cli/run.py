@@ -109,7 +109,8 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--headless", action="store_true", help="no screen: progress lines")
     look.add_argument("--probes", choices=PROBE_LEVELS, default="all",
                       help="all: phases, collectives and per-layer spans; system: step time, CPU, NICs; off (all)")
-    look.add_argument("--span-every", type=int, default=10, metavar="N", help="record spans every Nth step (10)")
+    look.add_argument("--span-every", type=int, default=0, metavar="N",
+                      help="per-layer spans every Nth step (default: 10; ranks/16 above 160 ranks)")
     where.add_argument("--token", help="job token for control messages (default: DDPTOP_TOKEN, else generated)")
     look.add_argument("--profile", metavar="NAME|FILE.toml", help="one of ddptop's profiles (below), or a file of "
                       "your own by its path; flags you type override it")
