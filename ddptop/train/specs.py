@@ -53,7 +53,7 @@ class Parts:
 
 
 def is_builtin(cfg: RunConfig) -> bool:
-    return cfg.model in MODELS and cfg.dataset in DATASETS and not is_spec(cfg.loss)
+    return cfg.model in MODELS and cfg.dataset in DATASETS and not is_spec(cfg.loss) and not cfg.collate
 
 
 def samples_are_images(dataset: str) -> bool:

@@ -143,3 +143,10 @@ def test_the_unused_warning_names_a_few_and_counts_the_rest():
     line = specs.unused_note(tuple(f"p{i}" for i in range(7)))
     assert "7 parameters got no gradient" in line and "(p0, p1, p2, p3 and 3 more)" in line
     assert "find_unused_parameters=True" in line and "send zeros" in line and "\n" not in line
+
+
+def test_a_collate_of_yours_is_checked_with_ddptops_own_model_and_data_too(tmp_path, monkeypatch):
+    (tmp_path / "mine.py").write_text("def names(items):\n    return ['a' for _ in items]\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match="made a list of 2 \\(str, str\\)"):
+        specs.build(RunConfig(model="tiny", dataset="synthetic", collate="mine.py:names", synthetic_size=64))
