@@ -157,6 +157,7 @@ class RunConfig:
     model: str = "vgg11"
     dataset: str = "synthetic"
     loss: str = "cross-entropy"
+    collate: str = ""  # --collate SPEC: the user's collate_fn for the loaders ("": torch's default_collate)
     data_dir: str = "./data"
     sync: SyncConfig = field(default_factory=SyncConfig)
     epochs: int = 1
@@ -183,6 +184,8 @@ class RunConfig:
         _check_spec("model", self.model, MODELS, torchvision=True)
         _check_spec("dataset", self.dataset, DATASETS)
         _check_spec("loss", self.loss, LOSSES)
+        if self.collate and not is_spec(self.collate):
+            raise UsageError(f"--collate {self.collate!r}: give MODULE:CALLABLE or path/file.py:CALLABLE")
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("device", self.device, DEVICES)
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < -1:
