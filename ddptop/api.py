@@ -35,13 +35,21 @@ import torch
 from torch import nn
 
 from ddptop import metrics, rendezvous
-from ddptop.config import MAX_BATCH_SIZE, RunConfig, SyncConfig
+from ddptop.config import MAX_BATCH_SIZE, ZERO, RunConfig, SyncConfig
 from ddptop.control.agent import ControlAgent, Decision
 from ddptop.errors import DdptopError, JobStopped, UsageError, say_line
 from ddptop.events import ConfigApplied, RunFinished, RunStarted
 from ddptop.probes.own import now
 from ddptop.train.loop import build_for, exchange, model_layout, resync
 from ddptop.train.sync_state import broadcast_state, fingerprint
+
+def refuse_zero(strategy: str) -> None:
+    """zero1/2/3 build the optimizer (its state sharded) and zero2/3 replace the model's parameters by shards: an
+    own loop keeps its own model and optimizer, so ddptop cannot run them there."""
+    if strategy in ZERO:
+        raise UsageError(f"{strategy} shards the optimizer state ddptop builds; an own loop keeps its own optimizer "
+                         "and model, so it takes single, gather-scatter, allreduce or ddp (ddptop run trains zero1-3)")
+
 
 # what `ctl set` may change in a job whose loop is the user's: the strategy ddptop builds around the model applies
 # these; every other setting ddptop's own loop applies is the script's (OWNED_BY_LOOP), refused by rank 0
@@ -69,6 +77,7 @@ def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = Fal
                          "world_size=")
     cfg = RunConfig(sync=SyncConfig(strategy=strategy, bucket_mb=bucket_mb, async_op=async_op), backend=backend,
                     device=device, probes=probes, span_every=span_every, eval=False)
+    refuse_zero(cfg.sync.strategy)
     if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
         raise UsageError(f"log_every must be a whole number ≥ 1, got {log_every!r}")
     from ddptop.front.run import records_here
@@ -276,6 +285,7 @@ class Job:
     def _check(self, sync: SyncConfig) -> None:
         """Rank 0 refuses what the user's loop owns before any rank sees it: a segment that said accum=4 or a
         warm-up would record a run that never happened (the script's loop steps and schedules on its own)."""
+        refuse_zero(sync.strategy)
         for name, owner in OWNED_BY_LOOP.items():
             if getattr(sync, name) != getattr(self._owned, name):
                 raise UsageError(f"{name} belongs to this loop's own {owner}: ddptop cannot change it "

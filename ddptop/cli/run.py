@@ -9,8 +9,8 @@ from typing import Sequence
 
 from ddptop import __version__
 from ddptop.cli.parser import Parser, add_metrics_flags, check_port, metrics_flags, parse_bool
-from ddptop.config import (BACKENDS, DATASETS, DEVICES, LOSSES, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig,
-                           SyncConfig, is_spec)
+from ddptop.config import (BACKENDS, BUCKETED, DATASETS, DEVICES, LOSSES, MODELS, PROBE_LEVELS, SHARDED,
+                           STRATEGIES, RunConfig, SyncConfig, is_spec)
 from ddptop.errors import UsageError
 
 
@@ -94,8 +94,12 @@ def run_parser() -> argparse.ArgumentParser:
     sync = p.add_argument_group("gradient synchronization")
     sync.add_argument("--strategy", choices=STRATEGIES, default="ddp",
                       help="how gradients are synchronized: none, gather+scatter at rank 0, per-parameter "
-                           "all_reduce, or DistributedDataParallel (ddp)")
-    sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb (25)")
+                           "all_reduce, DistributedDataParallel (ddp), or ZeRO stage 1 (ddp + "
+                           "ZeroRedundancyOptimizer), 2 or 3 (FSDP2's fully_shard)")
+    sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb, ddp and zero1 (25)")
+    sync.add_argument("--shard-unit", default="", metavar="NAME[,NAME]",
+                      help="zero2/zero3: the modules fully_shard makes units of, by class or qualified name "
+                           "(default: each top-level block that holds parameters, and the root)")
     sync.add_argument("--async-op", type=parse_bool, nargs="?", const=True, default=False,
                       help="allreduce: launch every collective with async_op=True")
     sync.add_argument("--accum", type=int, default=1, metavar="K",
@@ -147,10 +151,12 @@ def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> R
     bucket_given = args.bucket_mb is not None
     sync = SyncConfig(strategy=args.strategy, bucket_mb=args.bucket_mb if bucket_given else 25.0, async_op=args.async_op,
                       batch_size=args.batch_size, lr=args.lr, accum=args.accum, compress=args.compress,
-                      lr_warmup_steps=args.lr_warmup_steps)
+                      lr_warmup_steps=args.lr_warmup_steps, shard_unit=args.shard_unit)
     sweep = tuple(sync.changed(changes) for changes in profile["sweep"]) if profile else ()
-    if bucket_given and args.strategy != "ddp" and not any(s.strategy == "ddp" for s in sweep):
-        raise UsageError(f"--bucket-mb applies only to ddp, not to {args.strategy}")
+    if bucket_given and args.strategy not in BUCKETED and not any(s.strategy in BUCKETED for s in sweep):
+        raise UsageError(f"--bucket-mb applies only to ddp and zero1, not to {args.strategy}")
+    if args.shard_unit and args.strategy not in SHARDED and not any(s.strategy in SHARDED for s in sweep):
+        raise UsageError(f"--shard-unit applies only to zero2 and zero3, not to {args.strategy}")
     sync = sweep[0] if sweep else sync  # what runs first is what every report of the start says
     dataset = args.dataset or ("tokens" if args.model == "bert-mini" else "synthetic")
     if args.data_dir is not None and dataset in ("synthetic", "tokens"):

@@ -11,7 +11,7 @@ from ddptop.errors import UsageError
 
 # gloo moves CUDA tensors only for these collectives (torch.distributed's backend table): gather and scatter
 # would fail in the middle of a step, so a strategy that needs them is refused up front
-GLOO_CUDA_STRATEGIES = ("single", "allreduce", "ddp")
+GLOO_CUDA_STRATEGIES = ("single", "allreduce", "ddp", "zero1")
 MAX_AUTO_WORKERS = 4  # loader processes per rank on a GPU when --workers is not given
 
 
@@ -88,7 +88,8 @@ def default_local(backend: str, device: str, gpus: int) -> int:
 def check_strategy(placement_device: str, backend: str, strategy: str) -> None:
     """A strategy the backend cannot run on this device is refused before any rank sees it."""
     if placement_device == "cuda" and backend == "gloo" and strategy not in GLOO_CUDA_STRATEGIES:
-        raise UsageError(f"{strategy} needs gather and scatter, which gloo does not run on CUDA tensors: use "
+        raise UsageError(f"{strategy} needs collectives gloo does not run on CUDA tensors (gather, scatter, "
+                         f"reduce-scatter): use "
                          f"--backend nccl, --device cpu, or one of {', '.join(GLOO_CUDA_STRATEGIES)}")
 
 

@@ -1,0 +1,123 @@
+"""ZeRO stages switched live on real gloo ranks (issue 43): ddp → zero3 → zero1 → single trains what one process
+trains on the same global batches, momentum carried over every switch, and every rank's fingerprint (taken on the
+full, gathered parameters) is equal after each switch.
+
+Three gloo ranks train the BatchNorm-free tiny CNN (SGD momentum 0.9, weight decay 1e-4) while `ddptop ctl`
+switches ddp → zero3 (units: every Conv2d and Linear, FSDP2 reshard_after_forward=True) → zero1
+(ZeroRedundancyOptimizer) → single. One process then replays the same steps: each step the mean of the ranks' mean
+gradients (single: rank 0's alone), with one SGD whose momentum never restarts. Had a switch dropped or mixed up the
+momentum (a new optimizer starting at zero), or a rank kept a stale shard, rank 0's saved parameters would differ.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from ddptop.config import RunConfig, SyncConfig
+from ddptop.events import ConfigApplied, RunFinished
+from ddptop.train.data import build_datasets, make_loader
+from ddptop.train.models import build_model
+from jobs import connect, run_job, steps_of
+import ports
+
+TOKEN = "zero-switch-token"
+WORLD = 3
+STEPS = 32
+SWITCHES = [{"strategy": "zero3", "shard_unit": "Conv2d,Linear"}, {"strategy": "zero1"}, {"strategy": "single"}]
+TOLERANCE = 1e-6  # measured 3.0e-08: FSDP2 reduce-scatters (sum, then divide by N) in its own order
+
+
+@pytest.fixture(scope="module")
+def switched(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DDPTOP_TEST_MODEL", "no-batch-norm,sleep-ms=25")  # slow enough to switch three times
+    saved = tmp_path_factory.mktemp("save") / "model.pt"
+    port = ports.port()
+    cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="ddp", batch_size=8, lr=0.05), steps=STEPS,
+                    synthetic_size=480, span_every=4, eval=False, save=str(saved), seed=5, threads=1)
+
+    def script(collected):
+        client = connect(port, TOKEN, 60)
+        for changes in SWITCHES:
+            reached = max((d.step for d in steps_of(collected)), default=0) + 4
+            while max((d.step for d in steps_of(collected)), default=0) < reached:
+                time.sleep(0.02)
+            client.send("set", changes, timeout_s=30)
+
+    try:
+        code, events = run_job(cfg, world_size=WORLD, port=port, token=TOKEN, script=script, timeout_s=90)
+    finally:
+        mp.undo()
+    assert code == 0
+    return cfg, events, torch.load(saved, map_location="cpu", weights_only=True)
+
+
+def _replay(cfg: RunConfig, configs: dict[int, dict]) -> nn.Module:
+    torch.manual_seed(cfg.seed)
+    model = build_model("tiny", batch_norm=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.sync.lr, momentum=0.9, weight_decay=1e-4)
+    train, _ = build_datasets(cfg)
+    loaders = [make_loader(train, cfg.sync.batch_size, r, WORLD, cfg.seed, train=True) for r in range(WORLD)]
+    epochs, iterators = [0] * WORLD, [None] * WORLD
+    criterion = nn.CrossEntropyLoss()
+
+    def batch(rank: int):
+        while True:
+            if iterators[rank] is None:
+                loaders[rank][1].set_epoch(epochs[rank])
+                iterators[rank] = iter(loaders[rank][0])
+            try:
+                return next(iterators[rank])
+            except StopIteration:
+                epochs[rank], iterators[rank] = epochs[rank] + 1, None
+
+    for step in range(STEPS):
+        config = configs[max(s for s in configs if s <= step)]
+        grads = []
+        for rank in range(WORLD):  # every rank draws its batch, also under single (its data order goes on)
+            optimizer.zero_grad(set_to_none=True)
+            inputs, labels = batch(rank)
+            criterion(model(inputs), labels).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for index, param in enumerate(model.parameters()):
+            param.grad = grads[0][index] if config["strategy"] == "single" else \
+                sum(g[index] for g in grads) / WORLD
+        optimizer.step()
+    return model
+
+
+def test_ddp_zero3_zero1_single_train_what_one_process_trains(switched):
+    cfg, events, saved = switched
+    applied = [e for e in events if isinstance(e, ConfigApplied) and e.rank == 0]
+    assert [e.config["strategy"] for e in applied] == ["ddp", "zero3", "zero1", "single"]
+    assert all(0 < a.step < b.step < STEPS for a, b in zip(applied[1:], applied[2:]))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        reference = _replay(cfg, {e.step: e.config for e in applied})
+    finally:
+        torch.set_num_threads(threads)
+    ours = list(saved.values())
+    theirs = [p.detach() for p in reference.parameters()]
+    assert len(ours) == len(theirs)
+    worst = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
+    assert worst < TOLERANCE, f"largest parameter difference {worst:.2e} after {STEPS} steps"
+
+
+def test_every_rank_has_one_fingerprint_after_each_switch(switched):
+    _, events, _ = switched
+    applied = [e for e in events if isinstance(e, ConfigApplied)]
+    by_segment: dict[int, dict[int, tuple[int, str]]] = {}
+    for e in applied:
+        by_segment.setdefault(e.segment, {})[e.rank] = (e.step, e.fingerprint)
+    assert sorted(by_segment) == [0, 1, 2, 3]
+    for segment, ranks in by_segment.items():
+        assert sorted(ranks) == list(range(WORLD)), segment
+        assert len(set(ranks.values())) == 1, (segment, ranks)  # the same step, the same parameters
+    assert len({ranks[0][1] for ranks in by_segment.values()}) == 4  # training moved the model between switches
+    finished = {e.rank: e.fingerprint for e in events if isinstance(e, RunFinished)}
+    assert len(finished) == WORLD and len(set(finished.values())) == WORLD  # single: the ranks drifted apart
