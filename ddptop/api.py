@@ -70,6 +70,7 @@ def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = Fal
     _one_line_errors()
     if _joined:
         raise UsageError("ddptop.api.join() was called twice in one process: keep the job it returned")
+    refuse_zero(strategy)
     rdv = rendezvous.resolve(master, port, rank, world_size, None)
     if rdv.source == "local":
         raise UsageError("ddptop.api.join() is one rank of a job: run the script under torchrun "
@@ -77,7 +78,6 @@ def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = Fal
                          "world_size=")
     cfg = RunConfig(sync=SyncConfig(strategy=strategy, bucket_mb=bucket_mb, async_op=async_op), backend=backend,
                     device=device, probes=probes, span_every=span_every, eval=False)
-    refuse_zero(cfg.sync.strategy)
     if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
         raise UsageError(f"log_every must be a whole number ≥ 1, got {log_every!r}")
     from ddptop.front.run import records_here

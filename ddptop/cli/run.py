@@ -147,6 +147,20 @@ def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None
     return parser.parse_args(argv), profile
 
 
+def check_shard_units(cfg: RunConfig, parts=None) -> None:
+    """A shard unit that names no module of the model is one line before any rank starts (the model is built here
+    only then: the user's, already built for its sample batch, or the built-in one)."""
+    wanted = {s.shard_unit for s in (cfg.first_sync, *cfg.sweep) if s.strategy in SHARDED and s.shard_unit}
+    if not wanted:
+        return
+    from ddptop.train.models import build_model
+    from ddptop.train.strategies.fsdp import shard_units
+
+    model = parts.model if parts is not None else build_model(cfg.model)
+    for spec in sorted(wanted):
+        shard_units(model, spec)
+
+
 def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> RunConfig:
     bucket_given = args.bucket_mb is not None
     sync = SyncConfig(strategy=args.strategy, bucket_mb=args.bucket_mb if bucket_given else 25.0, async_op=args.async_op,
@@ -227,10 +241,12 @@ def cmd_run(argv: Sequence[str]) -> int:
         forks.start()  # before the user's code below and the front start any thread
     elif threads_set:
         os.environ.pop("OMP_NUM_THREADS")
+    parts = None
     if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss)):
         from ddptop.train import specs
 
-        specs.build(cfg)  # the user's code on one sample batch, before any rank starts: one line for what is wrong
+        # the user's code on one sample batch, before any rank starts: one line for what is wrong
+        parts = specs.build(cfg)
         if profile:  # the code ran its check: now say whose it is, when a profile of the user's named it
             from ddptop.profiles import code_note
 
@@ -238,6 +254,7 @@ def cmd_run(argv: Sequence[str]) -> int:
                                                                 "loss": cfg.loss})
             if note:
                 print(note, file=sys.stderr)
+    check_shard_units(cfg, parts)
     from ddptop.record.paths import choose
     from ddptop.front.run import records_here, run
 

@@ -7,6 +7,7 @@ switches ddp → zero3 (units: every Conv2d and Linear, FSDP2 reshard_after_forw
 (ZeroRedundancyOptimizer) → single. One process then replays the same steps: each step the mean of the ranks' mean
 gradients (single: rank 0's alone), with one SGD whose momentum never restarts. Had a switch dropped or mixed up the
 momentum (a new optimizer starting at zero), or a rank kept a stale shard, rank 0's saved parameters would differ.
+A request for a shard unit that names no module is refused in one line, the job unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from ddptop.config import RunConfig, SyncConfig
+from ddptop.errors import DdptopError
 from ddptop.events import ConfigApplied, RunFinished
 from ddptop.train.data import build_datasets, make_loader
 from ddptop.train.models import build_model
@@ -40,8 +42,14 @@ def switched(tmp_path_factory):
     cfg = RunConfig(model="tiny", sync=SyncConfig(strategy="ddp", batch_size=8, lr=0.05), steps=STEPS,
                     synthetic_size=480, span_every=4, eval=False, save=str(saved), seed=5, threads=1)
 
+    refusals = []
+
     def script(collected):
         client = connect(port, TOKEN, 60)
+        try:  # a unit that names no module of the model: refused by rank 0 before any rank sees it
+            client.send("set", {"strategy": "zero3", "shard_unit": "NoSuchBlock"}, timeout_s=30)
+        except DdptopError as exc:
+            refusals.append(str(exc))
         for changes in SWITCHES:
             reached = max((d.step for d in steps_of(collected)), default=0) + 4
             while max((d.step for d in steps_of(collected)), default=0) < reached:
@@ -53,7 +61,7 @@ def switched(tmp_path_factory):
     finally:
         mp.undo()
     assert code == 0
-    return cfg, events, torch.load(saved, map_location="cpu", weights_only=True)
+    return cfg, events, torch.load(saved, map_location="cpu", weights_only=True), refusals
 
 
 def _replay(cfg: RunConfig, configs: dict[int, dict]) -> nn.Module:
@@ -91,7 +99,7 @@ def _replay(cfg: RunConfig, configs: dict[int, dict]) -> nn.Module:
 
 
 def test_ddp_zero3_zero1_single_train_what_one_process_trains(switched):
-    cfg, events, saved = switched
+    cfg, events, saved, _ = switched
     applied = [e for e in events if isinstance(e, ConfigApplied) and e.rank == 0]
     assert [e.config["strategy"] for e in applied] == ["ddp", "zero3", "zero1", "single"]
     assert all(0 < a.step < b.step < STEPS for a, b in zip(applied[1:], applied[2:]))
@@ -109,7 +117,7 @@ def test_ddp_zero3_zero1_single_train_what_one_process_trains(switched):
 
 
 def test_every_rank_has_one_fingerprint_after_each_switch(switched):
-    _, events, _ = switched
+    _, events, _, _ = switched
     applied = [e for e in events if isinstance(e, ConfigApplied)]
     by_segment: dict[int, dict[int, tuple[int, str]]] = {}
     for e in applied:
@@ -121,3 +129,11 @@ def test_every_rank_has_one_fingerprint_after_each_switch(switched):
     assert len({ranks[0][1] for ranks in by_segment.values()}) == 4  # training moved the model between switches
     finished = {e.rank: e.fingerprint for e in events if isinstance(e, RunFinished)}
     assert len(finished) == WORLD and len(set(finished.values())) == WORLD  # single: the ranks drifted apart
+
+
+def test_a_shard_unit_that_names_no_module_is_refused_and_the_job_goes_on(switched):
+    _, events, _, refusals = switched
+    assert len(refusals) == 1 and "refused" in refusals[0] and "'NoSuchBlock' names no module" in refusals[0], refusals
+    assert "\n" not in refusals[0]
+    applied = [e.config["strategy"] for e in events if isinstance(e, ConfigApplied) and e.rank == 0]
+    assert applied == ["ddp", "zero3", "zero1", "single"]  # nothing applied for the refused request

@@ -65,11 +65,11 @@ class Sharded(Strategy):
         fully_shard(self.sharded, mesh=mesh, reshard_after_forward=self.reshard)
         self.sharded.set_requires_gradient_sync(True)
         self.shards = dict(self.sharded.named_parameters())
+        self._formula = self._unit_bytes()
         with torch.no_grad():
             for param in model.parameters():  # the home copy keeps its tensors, not their storage
                 param.grad = None
                 param.data = torch.empty(0, dtype=param.dtype, device=param.device)
-        self._formula = self._unit_bytes()
         self.optimizer = None
         return self.sharded
 
