@@ -55,7 +55,8 @@ def refuse_zero(strategy: str) -> None:
 # these; every other setting ddptop's own loop applies is the script's (OWNED_BY_LOOP), refused by rank 0
 OWN_SETTINGS = ("strategy", "bucket_mb", "async_op", "compress")
 OWNED_BY_LOOP = {"batch_size": "DataLoader", "lr": "optimizer and scheduler",
-                 "accum": "steps (one job.step is one optimizer step)", "lr_warmup_steps": "optimizer and scheduler"}
+                 "accum": "steps (one job.step is one optimizer step)", "lr_warmup_steps": "optimizer and scheduler",
+                 "shard_unit": "model (zero2 and zero3, which shard it, are refused here)"}
 LOST_AFTER_S = 10.0  # the front marks a rank lost after this long without a heartbeat (ddptop's own default)
 _joined: list["Job"] = []  # one job per process: torch has one default process group
 
