@@ -94,3 +94,13 @@ def _run(world: int, param_bytes: int) -> RunStarted:
 ])
 def test_expected_bytes_of_the_zero_stages(strategy, accum, expected):
     assert expected_bytes(_run(4, 1000), {"strategy": strategy, "accum": accum}, 1) == (expected, expected)
+
+
+def test_gloo_on_cuda_takes_zero1_and_refuses_fsdp2_untried():
+    from ddptop.train import devices
+
+    devices.check_strategy("cuda", "gloo", "zero1")  # DDP's all-reduce and broadcasts: gloo moves CUDA tensors
+    devices.check_strategy("cuda", "nccl", "zero3")
+    for name in ("zero2", "zero3"):
+        with pytest.raises(UsageError, match=f"{name} needs FSDP2's all-gather and reduce-scatter, not tried"):
+            devices.check_strategy("cuda", "gloo", name)
