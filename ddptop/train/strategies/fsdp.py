@@ -29,6 +29,7 @@ from ddptop.errors import UsageError
 from ddptop.metrics import wire
 from ddptop.train.strategies.base import MOMENTUM, WEIGHT_DECAY, Strategy, momentum_of
 
+
 def shard_units(model: nn.Module, spec: str) -> list[str]:
     """The qualified names of the modules fully_shard makes units of besides the root, deepest first (a unit inside
     another is sharded first, as fully_shard needs). `spec` "": each top-level block that holds parameters; else
@@ -38,7 +39,8 @@ def shard_units(model: nn.Module, spec: str) -> list[str]:
         return [name for name, child in model.named_children() if any(True for _ in child.parameters())]
     chosen: set[str] = set()
     for name in spec.split(","):
-        hits = {qualified for qualified, module in modules.items() if qualified == name or type(module).__name__ == name}
+        hits = {qualified for qualified, module in modules.items()
+                if qualified == name or type(module).__name__ == name}
         if not hits:
             blocks = ", ".join(n for n, _ in model.named_children())[:200] or "none"
             classes = ", ".join(sorted({type(m).__name__ for m in modules.values()}))[:200]
@@ -47,6 +49,7 @@ def shard_units(model: nn.Module, spec: str) -> list[str]:
         chosen |= hits
     chosen.discard("")  # the root is a unit anyway, the last one
     return sorted(chosen, key=lambda qualified: -qualified.count("."))
+
 
 class Sharded(Strategy):
     """FSDP2 around a copy of the model; the strategy builds the optimizer over the shards."""
@@ -151,6 +154,7 @@ class Sharded(Strategy):
                 home[name].copy_(buffer)
         self.sharded = self.shards = self.optimizer = None
 
+
 @contextlib.contextmanager
 def _no_gradient_sync(module):
     module.set_requires_gradient_sync(False)
@@ -159,9 +163,11 @@ def _no_gradient_sync(module):
     finally:
         module.set_requires_gradient_sync(True)
 
+
 class Zero2(Sharded):
     name = "zero2"
     reshard = False
+
 
 class Zero3(Sharded):
     name = "zero3"
