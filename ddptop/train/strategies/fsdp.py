@@ -48,7 +48,9 @@ def shard_units(model: nn.Module, spec: str) -> list[str]:
                              f"classes: {classes})")
         chosen |= hits
     chosen.discard("")  # the root is a unit anyway, the last one
-    return sorted(chosen, key=lambda qualified: -qualified.count("."))
+    order = {qualified: index for index, qualified in enumerate(modules)}  # the model's order, not a set's: the
+    # same on every rank (str hashes differ between processes)
+    return sorted(chosen, key=lambda qualified: (-qualified.count("."), order[qualified]))
 
 
 class Sharded(Strategy):
