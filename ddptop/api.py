@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from ddptop import metrics, rendezvous
-from ddptop.config import MAX_BATCH_SIZE, RunConfig, SyncConfig
+from ddptop.config import MAX_BATCH_SIZE, ZERO, RunConfig, SyncConfig
 from ddptop.control.agent import ControlAgent, Decision
 from ddptop.errors import DdptopError, JobStopped, UsageError, say_line
 from ddptop.events import ConfigApplied, RunFinished, RunStarted
@@ -51,11 +51,20 @@ from ddptop.train import batches
 from ddptop.train.loop import build_for, exchange, model_layout, resync
 from ddptop.train.sync_state import broadcast_state, fingerprint
 
+def refuse_zero(strategy: str) -> None:
+    """zero1/2/3 build the optimizer (its state sharded) and zero2/3 replace the model's parameters by shards: an
+    own loop keeps its own model and optimizer, so ddptop cannot run them there."""
+    if strategy in ZERO:
+        raise UsageError(f"{strategy} shards the optimizer state ddptop builds; an own loop keeps its own optimizer "
+                         "and model, so it takes single, gather-scatter, allreduce or ddp (ddptop run trains zero1-3)")
+
+
 # what `ctl set` may change in a job whose loop is the user's: the strategy ddptop builds around the model applies
 # these; every other setting ddptop's own loop applies is the script's (OWNED_BY_LOOP), refused by rank 0
 OWN_SETTINGS = ("strategy", "bucket_mb", "async_op", "compress")
 OWNED_BY_LOOP = {"batch_size": "DataLoader", "lr": "optimizer and scheduler",
-                 "accum": "steps (one job.step is one optimizer step)", "lr_warmup_steps": "optimizer and scheduler"}
+                 "accum": "steps (one job.step is one optimizer step)", "lr_warmup_steps": "optimizer and scheduler",
+                 "shard_unit": "model (zero2 and zero3, which shard it, are refused here)"}
 LOST_AFTER_S = 10.0  # the front marks a rank lost after this long without a heartbeat (ddptop's own default)
 _joined: list["Job"] = []  # one job per process: torch has one default process group
 
@@ -72,6 +81,7 @@ def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = Fal
     _one_line_errors()
     if _joined:
         raise UsageError("ddptop.api.join() was called twice in one process: keep the job it returned")
+    refuse_zero(strategy)
     rdv = rendezvous.resolve(master, port, rank, world_size, None)
     if rdv.source == "local":
         raise UsageError("ddptop.api.join() is one rank of a job: run the script under torchrun "
@@ -320,6 +330,7 @@ class Job:
     def _check(self, sync: SyncConfig) -> None:
         """Rank 0 refuses what the user's loop owns before any rank sees it: a segment that said accum=4 or a
         warm-up would record a run that never happened (the script's loop steps and schedules on its own)."""
+        refuse_zero(sync.strategy)
         for name, owner in OWNED_BY_LOOP.items():
             if getattr(sync, name) != getattr(self._owned, name):
                 raise UsageError(f"{name} belongs to this loop's own {owner}: ddptop cannot change it "
