@@ -85,6 +85,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks += hints.blocks(runs, shown)
     blocks += versus_blocks(runs)
     blocks += straggler_blocks(runs)
+    blocks += memory_blocks(runs)
     gpu = markdown.gpu_table(stats)
     if gpu:
         blocks += [("h2", "GPU memory and utilization per configuration"), gpu,
@@ -106,6 +107,26 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks += [("h2", "Glossary"), ("table", ["term", "unit", "meaning"],
                                     [[k, u or "–", d] for k, (u, d) in metrics.GLOSSARY.items()])]
     return blocks
+
+
+MEMORY_NOTE = ("What each rank held in its own storage (a sharded strategy's shard, each storage once) at the end "
+               "of its latest sampled step of the segment: parameters, gradients and optimizer state; peak: on a GPU "
+               "the CUDA allocator's largest allocation over the segment (reserved: what the allocator held), on a "
+               "CPU the largest of the process's unique memory (USS, /proc/self/smaps_rollup) read at a sampled "
+               "step's end. Sampled at each segment's first step, then at most every 5 s (see the glossary). The "
+               "recording's `memory` table holds every sample.")
+
+
+def memory_blocks(runs: list[RunData]) -> list[tuple]:
+    """Each rank's memory by kind per segment (metrics.memory; the recording's `memory` table)."""
+    rows = [[markdown.untrusted(run.name), str(m.segment), str(m.rank), str(m.param_bytes), str(m.grad_bytes),
+             str(m.optim_bytes), str(m.peak_bytes), str(m.reserved_bytes) if m.by == "cuda allocator" else "–",
+             str(m.samples)] for run in runs for m in run.memory]
+    if not rows:
+        return []
+    return [("h2", "Memory per rank"),
+            ("table", ["run", "segment", "rank", "parameters B", "gradients B", "optimizer state B", "peak B",
+                       "reserved B", "samples"], rows), ("p", MEMORY_NOTE)]
 
 
 def straggler_blocks(runs: list[RunData]) -> list[tuple]:

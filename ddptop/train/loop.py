@@ -23,7 +23,9 @@ from ddptop.errors import UsageError
 from ddptop.events import ClockSync, EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
 from ddptop.metrics.buckets import same_layout
 from ddptop.probes.clocksync import ping_pong
+from ddptop.probes.memory import MemoryProbe
 from ddptop.probes.own import now
+from ddptop.sources.memory import UniqueMemory
 from ddptop.train import specs
 from ddptop.train.data import make_loader
 from ddptop.train.devices import check_strategy, loader_workers
@@ -65,6 +67,9 @@ class Trainer:
         self._trial: Decision | None = None  # the configuration to go back to if the next step does not fit
         self._rolled_back_at = -1  # the step a roll-back happened at: a sweep does not retry its switch there
         self._lr_from = 0  # the step lr or lr_warmup_steps was last set at: the warm-up counts from here
+        # each rank's memory by kind (issue 43), on a cadence; `--probes off` measures nothing of ddptop's own
+        self.memory = MemoryProbe(rank, device, emit, probe.own, None if device.type == "cuda" else UniqueMemory()) \
+            if cfg.probes != "off" else None
 
     # -- segments ---------------------------------------------------------------------------------------
     def start_segment(self, decision: Decision, agent=None) -> None:
@@ -97,6 +102,9 @@ class Trainer:
                                                     self.cfg.seed, train=True, workers=self.workers, pin=self.pin)
             self._iterator = None
         self._set_lr()
+        if self.memory is not None:  # every segment is measured at its first step, the strategy's state then built
+            self.memory.watch(self.model)
+            self.memory.due_now()
         print_ = fingerprint(self.model)
         if agent is not None:  # a trial's `set` is answered once every rank knows whether the batch fits
             agent.applied(decision, self.step, self.segment, answer=not trial)
@@ -157,6 +165,8 @@ class Trainer:
             if not self._boundary(agent):
                 break
             probe.ready(self.step, self.segment, self.segment_start)
+            if self.memory is not None:
+                self.memory.begin()
             inputs, labels = self._next_batch(criterion)
             if self._trial is None:
                 self._train_step(inputs, labels, criterion)
@@ -223,7 +233,14 @@ class Trainer:
         self.optimizer.step()
         probe.mark("opt")
         probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        self._measure_memory()
         self.step += 1
+
+    def _measure_memory(self) -> None:
+        """A sampled step's memory by kind (probes.memory): at its end, the gradients still held, before the next
+        step's zero_grad."""
+        if self.memory is not None:
+            self.memory.finish(self.optimizer, self.step, self.segment)
 
     def _micro_steps(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, module: nn.Module,
                      context: Callable[[bool], Any]) -> tuple[torch.Tensor, int]:
@@ -279,6 +296,7 @@ class Trainer:
         self.optimizer.step()
         probe.mark("opt")
         probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        self._measure_memory()
         self.step += 1
         if agent is not None:
             agent.answer(trial.request_id, self.step - 1, self.segment)
