@@ -120,7 +120,8 @@ class MemoryProbe:
         if self.cuda:
             index = self.device.index
             peak = torch.cuda.max_memory_allocated(index)
-            current, reserved, by = torch.cuda.memory_allocated(index), torch.cuda.memory_reserved(index), "cuda allocator"
+            current, reserved = torch.cuda.memory_allocated(index), torch.cuda.memory_reserved(index)
+            by = "cuda allocator"
             torch.cuda.reset_peak_memory_stats(index)
         else:
             current, reserved, by = self.uss.read(), 0, self.uss.by

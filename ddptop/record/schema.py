@@ -284,7 +284,8 @@ def select_for(columns: dict[str, set[str]]) -> dict[str, str]:
     out = dict(SELECT)
     for table in LATER_TABLES:
         if not columns.get(table, True):  # a file from before the table: no rows, from a subquery that names none
-            out[table] = f"SELECT * FROM (SELECT {', '.join(f'NULL AS {n}' for n in NO_ROWS[table])} WHERE 0) AS {table}"
+            nulls = ", ".join(f"NULL AS {name}" for name in NO_ROWS[table])
+            out[table] = f"SELECT * FROM (SELECT {nulls} WHERE 0) AS {table}"
     for table, cls, fields in (("steps", StepDone, STEP_FIELDS), ("system", SystemSample, SYSTEM_FIELDS)):
         have = columns.get(table, set(fields))
         if not set(fields) <= have:

@@ -9,8 +9,8 @@ from typing import Iterable, Mapping
 
 from ddptop import metrics
 from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine,
-                           MemorySample, ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted,
-                           RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap, TuneNote)
+                           MemorySample, ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed,
+                           RunFinished, RunStarted, RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap, TuneNote)
 from ddptop.metrics.expected import expected_bytes
 from ddptop.metrics.memory import MemoryTable
 from ddptop.metrics.learning import RECENT_STEPS as LOSS_RECENT, START_STEPS as LOSS_START, loss_flag

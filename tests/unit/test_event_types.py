@@ -10,8 +10,8 @@ import typing
 
 import pytest
 
-from ddptop.events import (EVENT_TYPES, FRONT, MAX_TEXT, MEMORY_BY, SIGNED, ConfigApplied, EventDecodeError, LogLine, NicStat,
-                           Span, StepDone, StepSpans, decode_batch, event_from_dict)
+from ddptop.events import (EVENT_TYPES, FRONT, MAX_TEXT, MEMORY_BY, SIGNED, ConfigApplied, EventDecodeError,
+                           LogLine, NicStat, Span, StepDone, StepSpans, decode_batch, event_from_dict)
 
 T0 = 1.7e9
 TEXT_TOO_LONG = "x" * (MAX_TEXT + 1)

@@ -194,7 +194,7 @@ def node_memory_line(snap: Snapshot) -> Text:
     return out
 
 
-MEMORY_BY = {"cuda allocator": "CUDA allocator", "process USS": "unique memory (USS)",
+MEASURED_BY = {"cuda allocator": "CUDA allocator", "process USS": "unique memory (USS)",
              "process statm": "anonymous memory (statm)"}
 
 
@@ -218,6 +218,6 @@ def memory_table(snap: Snapshot, width: int = 160) -> Table | None:
                  "optimizer": fmt_bytes(m.optim_bytes), "held": fmt_bytes(m.held_bytes),
                  "peak": fmt_bytes(m.peak_bytes), "now": fmt_bytes(m.now_bytes),
                  "reserved": fmt_bytes(m.reserved_bytes), "step": str(m.step),
-                 "measured by": MEMORY_BY.get(m.by, clean(m.by))}
+                 "measured by": MEASURED_BY.get(m.by, clean(m.by))}
         table.add_row(*[cells[name] for name in columns])
     return table
