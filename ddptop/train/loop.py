@@ -68,8 +68,7 @@ class Trainer:
         self._rolled_back_at = -1  # the step a roll-back happened at: a sweep does not retry its switch there
         self._lr_from = 0  # the step lr or lr_warmup_steps was last set at: the warm-up counts from here
         # each rank's memory by kind (issue 43), on a cadence; `--probes off` measures nothing of ddptop's own
-        self.memory = MemoryProbe(rank, device, emit, probe.own, None if device.type == "cuda" else UniqueMemory()) \
-            if cfg.probes != "off" else None
+        self.memory = memory_probe(cfg, rank, device, emit, probe.own)
 
     # -- segments ---------------------------------------------------------------------------------------
     def start_segment(self, decision: Decision, agent=None) -> None:
@@ -386,6 +385,15 @@ def resync(model: nn.Module, optimizer: torch.optim.Optimizer, previous: SyncCon
     if sync.strategy == "ddp" and world_size > 1:
         sync_bytes += model_bytes(model)  # DDP broadcasts rank 0's parameters and buffers when built
     return sync_bytes
+
+
+def memory_probe(cfg: RunConfig, rank: int, device: torch.device, emit: Callable[[Any], None],
+                 own: Any) -> MemoryProbe | None:
+    """Each rank's memory by kind (issue 43), sampled on a cadence; None under `--probes off`, which measures nothing
+    of ddptop's own."""
+    if cfg.probes == "off":
+        return None
+    return MemoryProbe(rank, device, emit, own, None if device.type == "cuda" else UniqueMemory())
 
 
 def exchange(agent, probe: Any, step: int):
