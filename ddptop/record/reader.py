@@ -256,10 +256,19 @@ class Recording:
             "spans": (f"{self.select['spans']} WHERE at <= ? ORDER BY at DESC LIMIT ?",
                       (at, spans_per_rank * self.world_size)),
             "system": (f"{self.select['system']} WHERE at > ? AND at <= ?", (at - seconds, at)),
-            # the memory samples of the segment in force there: its peak is the largest over all of them
-            "memory": (f"{self.select['memory']} WHERE at <= ? AND segment = (SELECT max(segment) FROM "
-                       f"({self.select['memory']}) WHERE at <= ?)", (at, at)),
+            "memory": self._memory_history(at),
         })
+
+    def _memory_history(self, at: float) -> tuple[str, tuple]:
+        """Each rank's newest memory sample of the segment in force at `at` and its largest peak's (metrics.memory
+        needs no other: the kinds are the newest's, the peak the largest), not every sample of a long segment."""
+        sel = self.select["memory"]
+        seg = f"(SELECT max(segment) FROM ({sel}) WHERE at <= ?)"
+        # SQLite gives a bare column of a max() aggregate from the row holding that max
+        sql = (f"{sel} WHERE seq IN (SELECT max(seq) FROM ({sel}) WHERE at <= ? AND segment = {seg} GROUP BY rank "
+               f"UNION SELECT seq FROM (SELECT seq, max(peak_bytes) FROM ({sel}) WHERE at <= ? AND segment = {seg} "
+               f"GROUP BY rank))")
+        return sql, (at, at, at, at)
 
     def step_at_time(self, at: float) -> int | None:
         """The newest step any rank had finished by playback time `at`."""
