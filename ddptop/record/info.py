@@ -229,7 +229,9 @@ def memory_lines(rows: list[dict[str, Any]]) -> list[str]:
     table has them in bytes."""
     if not rows:
         return []
-    lines = ["memory     held in each rank's own storage at a sampled step's end, MB (peak: the largest sample)"]
+    cost = max(r["cost_s"] for r in rows)  # part of ddptop's own time: the training thread measured it
+    lines = [f"memory     held in each rank's own storage at a sampled step's end, MB (peak: the largest sample; "
+             f"a sample took the training thread up to {cost * 1e3:.1f} ms)"]
     by_segment: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         by_segment.setdefault(row["segment"], []).append(row)

@@ -146,8 +146,9 @@ def test_the_reports_memory_table_and_info_say_what_sql_says(job, tmp_path):
     for segment, rank, params, grads, optim, peak, _ in expected:
         assert (f"segment {segment} rank {rank}: params {params / 1e6:.1f}, grads {grads / 1e6:.1f}, optimizer "
                 f"{optim / 1e6:.1f}, peak {peak / 1e6:.1f} (process USS)") in lines
-    count = _query(record, "SELECT count(*) FROM memory")[0][0]
+    count, cost = _query(record, "SELECT count(*), max(cost_s) FROM memory")[0]
     assert re.search(rf"\b{count} memory samples\b", lines)
+    assert f"a sample took the training thread up to {cost * 1e3:.1f} ms" in lines  # ddptop's own cost, said
 
 
 # -- sharded storage: what zero1/2/3 are built from, counted by ddptop's probe on real gloo ranks ----------------------
