@@ -117,16 +117,35 @@ MEMORY_NOTE = ("What each rank held in its own storage (a sharded strategy's sha
                "recording's `memory` table holds every sample.")
 
 
+MEMORY_RANKS = 16  # ranks listed per segment; the others in one row of their largest figures
+
+
 def memory_blocks(runs: list[RunData]) -> list[tuple]:
     """Each rank's memory by kind per segment (metrics.memory; the recording's `memory` table)."""
-    rows = [[markdown.untrusted(run.name), str(m.segment), str(m.rank), str(m.param_bytes), str(m.grad_bytes),
-             str(m.optim_bytes), str(m.peak_bytes), str(m.reserved_bytes) if m.by == "cuda allocator" else "–",
-             str(m.samples)] for run in runs for m in run.memory]
+    rows = []
+    for run in runs:
+        by_segment: dict[int, list] = {}
+        for m in run.memory:
+            by_segment.setdefault(m.segment, []).append(m)
+        for segment, ranks in by_segment.items():
+            rows += [_memory_row(run.name, segment, str(m.rank), [m]) for m in ranks[:MEMORY_RANKS]]
+            if len(ranks) > MEMORY_RANKS:
+                rest = ranks[MEMORY_RANKS:]
+                rows.append(_memory_row(run.name, segment, f"{len(rest)} more (largest)", rest))
     if not rows:
         return []
     return [("h2", "Memory per rank"),
             ("table", ["run", "segment", "rank", "parameters B", "gradients B", "optimizer state B", "peak B",
                        "reserved B", "samples"], rows), ("p", MEMORY_NOTE)]
+
+
+def _memory_row(run: str, segment: int, who: str, ranks: list) -> list[str]:
+    """One row: a rank's figures, or the largest of each over several ranks."""
+    def most(name: str) -> str:
+        return str(max(getattr(m, name) for m in ranks))
+    cuda = any(m.by == "cuda allocator" for m in ranks)
+    return [markdown.untrusted(run), str(segment), who, most("param_bytes"), most("grad_bytes"), most("optim_bytes"),
+            most("peak_bytes"), most("reserved_bytes") if cuda else "–", str(sum(m.samples for m in ranks))]
 
 
 def straggler_blocks(runs: list[RunData]) -> list[tuple]:
