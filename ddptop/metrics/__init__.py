@@ -14,7 +14,6 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from ddptop.config import IMAGE_DATASETS
 from ddptop.events import ConfigApplied, Event, StepDone
-from ddptop.metrics.memory import GLOSSARY as MEMORY_GLOSSARY
 
 # name → (unit, definition). docs/reference/glossary.md is this table in prose.
 GLOSSARY: dict[str, tuple[str, str]] = {
@@ -54,8 +53,6 @@ GLOSSARY: dict[str, tuple[str, str]] = {
     "time per epoch": ("s", "the slowest rank's mean step time × the steps of one epoch at the segment's batch "
                             "size (HPML Lab 4 Q1): projected from the measured steps, not a timed epoch"),
 }
-
-GLOSSARY.update(MEMORY_GLOSSARY)  # each rank's memory by kind (metrics.memory)
 
 DEFAULT_WARMUP = 1
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.metrics import stragglers
+from ddptop.metrics.memory import GLOSSARY as MEMORY_GLOSSARY
 from ddptop.record import whatif
 from ddptop.report import handin, hints, markdown, reference, settings
 from ddptop.report.analysis import Scaling, SegmentStats
@@ -104,8 +105,10 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks.append(("h2", "Figures"))
     for m in made:
         blocks += [("h3", m.title), ("figure", m)]
+    # each rank's memory (metrics.memory) where a run has it: reports of older recordings stay as they were
+    terms = {**metrics.GLOSSARY, **(MEMORY_GLOSSARY if any(run.memory for run in runs) else {})}
     blocks += [("h2", "Glossary"), ("table", ["term", "unit", "meaning"],
-                                    [[k, u or "–", d] for k, (u, d) in metrics.GLOSSARY.items()])]
+                                    [[k, u or "–", d] for k, (u, d) in terms.items()])]
     return blocks
 
 

@@ -137,6 +137,9 @@ def test_the_reports_memory_table_and_info_say_what_sql_says(job, tmp_path):
                            "reserved B"]
     got = [(int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6]), int(r[8])) for r in rows[1:]]
     assert got == expected
+    glossary = text.split("## Glossary", 1)[1]
+    assert all(f"| {term} |" in glossary for term in ("parameters held", "gradients held", "optimizer state held",
+                                                        "peak memory")), glossary
     info = subprocess.run(DDPTOP + ["info", "--json", str(record)], capture_output=True, text=True, timeout=120)
     assert info.returncode == 0, info.stderr
     held = json.loads(info.stdout)["memory"]

@@ -118,3 +118,12 @@ def test_a_view_of_a_parameter_counts_its_whole_storage_once():
     optimizer = torch.optim.SGD([flat], lr=0.1)
     optimizer.state[flat] = {"a": flat.detach()[:10], "b": flat.detach()[500:]}  # views of the parameter: held once
     assert held_bytes(module, optimizer) == (4000, 0, 0)
+
+
+def test_every_memory_term_is_in_the_documentations_glossary():
+    from pathlib import Path
+
+    from ddptop.metrics.memory import GLOSSARY
+
+    glossary = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "glossary.md").read_text().lower()
+    assert [term for term in GLOSSARY if f"| {term.lower()} |" not in glossary] == []
