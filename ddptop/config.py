@@ -157,6 +157,7 @@ class RunConfig:
     model: str = "vgg11"
     dataset: str = "synthetic"
     loss: str = "cross-entropy"
+    collate: str = ""  # --collate SPEC: the user's collate_fn for the loaders ("": torch's default_collate)
     data_dir: str = "./data"
     sync: SyncConfig = field(default_factory=SyncConfig)
     epochs: int = 1
@@ -166,7 +167,7 @@ class RunConfig:
     device: str = "auto"  # auto: CUDA under nccl, CPU under gloo (the policy: train/devices.py)
     workers: int = -1  # loader worker processes per rank; -1: 0 on CPU, one per core up to 4 on a GPU
     probes: str = "all"
-    span_every: int = 10
+    span_every: int = 0  # 0: metrics.span_cadence picks it from the world size
     iface: str | None = None
     threads: int = 0  # 0: cores / local ranks
     synthetic_size: int = 12800  # training images of the synthetic set (test split: a fifth of that)
@@ -183,6 +184,8 @@ class RunConfig:
         _check_spec("model", self.model, MODELS, torchvision=True)
         _check_spec("dataset", self.dataset, DATASETS)
         _check_spec("loss", self.loss, LOSSES)
+        if self.collate and not is_spec(self.collate):
+            raise UsageError(f"--collate {self.collate!r}: give MODULE:CALLABLE or path/file.py:CALLABLE")
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("device", self.device, DEVICES)
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < -1:
@@ -194,8 +197,6 @@ class RunConfig:
                 raise UsageError(f"--{name.replace('_', '-')} must be a whole number ≥ 0, got {value!r}")
         if self.epochs == 0 and self.steps == 0:
             raise UsageError("nothing to run: --epochs and --steps are both 0")
-        if self.span_every == 0:
-            raise UsageError("--span-every must be at least 1")
         if self.synthetic_size < 1:
             raise UsageError("--synthetic-size must be at least 1")
         if self.sweep and (self.sweep_measure < 1 or self.sweep_warmup < 0):

@@ -40,6 +40,12 @@ class Event:
             out[f.name] = _plain(getattr(self, f.name))
         return out
 
+    def to_wire(self) -> list[Any]:
+        """The event as a rank sends it: [kind, schema, each field's value in field order]. No key names: a front
+        that decodes 1,024 ranks' telemetry spent a third of its parse on them (issue 41). Fields are only ever
+        added at the end, so an older front reads a newer rank's list as far as it knows the fields."""
+        return [*self.to_dict().values()]
+
 
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value):
@@ -575,6 +581,8 @@ class EventDecodeError(ValueError):
 def event_from_dict(data: Any) -> Event:
     """Build an event from decoded JSON, every field checked against its annotation (see `_check`); unknown
     fields are ignored, unknown kinds and newer versions refused."""
+    if type(data) is list:  # Event.to_wire's form
+        return _from_wire(data)
     if not isinstance(data, dict):
         raise EventDecodeError("event is not an object")
     kind, version = data.get("kind"), data.get("v")
@@ -585,6 +593,27 @@ def event_from_dict(data: Any) -> Event:
         raise EventDecodeError(f"event schema {version!r} is newer than this ddptop's ({SCHEMA_VERSION})")
     try:
         return _record(cls, data, "")
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise EventDecodeError(f"bad {kind} event: {exc}") from None
+
+
+def _from_wire(data: list) -> Event:
+    """An event in Event.to_wire's form, every field checked as event_from_dict checks it; items past the fields
+    this ddptop knows (a newer rank's) are ignored, as unknown keys are."""
+    kind, version = (data[0], data[1]) if len(data) >= 2 else (None, None)
+    cls = EVENT_TYPES.get(kind) if type(kind) is str else None
+    if cls is None:
+        raise EventDecodeError(f"unknown event kind {kind!r}")
+    if type(version) is not int or version > SCHEMA_VERSION:
+        raise EventDecodeError(f"event schema {version!r} is newer than this ddptop's ({SCHEMA_VERSION})")
+    plan = _plan(cls)
+    try:
+        if cls is LogLine:  # its rank may be FRONT's, as in an object (_record)
+            return _record(cls, dict(zip((name for name, _, _ in plan), data[2:])), "")
+        kwargs = {name: check(value, name) for (name, _, check), value in zip(plan, data[2:])}
+        if len(kwargs) == len(plan) and _plain_init(cls):
+            return _build(cls, kwargs)
+        return cls(**kwargs)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise EventDecodeError(f"bad {kind} event: {exc}") from None
 

@@ -25,7 +25,7 @@ else:  # pragma: no cover - Python 3.10
 
 OWN_DIR = Path(str(resources.files("ddptop").joinpath("own_profiles")))  # ddptop's own: what a plain name means
 SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr", "accum", "compress", "lr_warmup_steps"}
-CODE_KEYS = ("model", "dataset", "loss")  # settings whose value may name code (config.is_spec)
+CODE_KEYS = ("model", "dataset", "loss", "collate")  # settings whose value may name code (config.is_spec)
 
 
 def find_profile(name: str) -> Path:
@@ -87,7 +87,7 @@ def check_code(path: Path, values: list[tuple[str, Any]]) -> None:
 
 def code_note(path: Path, run: dict[str, Any], used: dict[str, Any]) -> str:
     """One line naming the code a profile of the user's makes ddptop run, and whose it is (issue 46): each of its
-    model, dataset and loss specs that the run still uses (`used`: a typed flag may have replaced it), with the file
+    model, dataset, loss and collate specs that the run still uses (`used`: a typed flag may have replaced it), with the file
     it names. '' for ddptop's own profiles (their code is ddptop's) and for a profile that names no code."""
     if is_own(path):
         return ""

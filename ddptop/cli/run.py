@@ -79,6 +79,10 @@ def run_parser() -> argparse.ArgumentParser:
     what.add_argument("--loss", default="cross-entropy", metavar="|".join(LOSSES) + "|SPEC",
                       help="the training loss; accuracy and the test-set line only with cross-entropy "
                            "(cross-entropy)")
+    what.add_argument("--collate", default="", metavar="SPEC",
+                      help="your collate_fn for the loaders: MODULE:CALLABLE or path/file.py:CALLABLE; a batch that "
+                           "is not an (inputs, target) pair goes to the model whole and the loss gets (output, batch) "
+                           "(docs/how-to/own-model.md) (torch's default_collate)")
     what.add_argument("--data-dir", help="the existing folder that holds the cifar10 / mnist files (./data); "
                                          "refused with the synthetic set, which reads no files")
     what.add_argument("--batch-size", type=int, default=64, help="per rank (64)")
@@ -109,7 +113,8 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--headless", action="store_true", help="no screen: progress lines")
     look.add_argument("--probes", choices=PROBE_LEVELS, default="all",
                       help="all: phases, collectives and per-layer spans; system: step time, CPU, NICs; off (all)")
-    look.add_argument("--span-every", type=int, default=10, metavar="N", help="record spans every Nth step (10)")
+    look.add_argument("--span-every", type=int, default=0, metavar="N",
+                      help="per-layer spans every Nth step (default: 10; ranks/16 above 160 ranks)")
     where.add_argument("--token", help="job token for control messages (default: DDPTOP_TOKEN, else generated)")
     look.add_argument("--profile", metavar="NAME|FILE.toml", help="one of ddptop's profiles (below), or a file of "
                       "your own by its path; flags you type override it")
@@ -161,7 +166,7 @@ def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> R
     extra = {"sweep": sweep, "sweep_warmup": profile["warmup"], "sweep_measure": profile["measure"],
              "sweep_until_oom": profile["until_oom"], "profile": profile["name"]} if profile else {}
     data_dir = os.path.abspath(args.data_dir or "./data")
-    return RunConfig(**extra, model=args.model, dataset=dataset, loss=args.loss, data_dir=data_dir, sync=sync,
+    return RunConfig(**extra, model=args.model, dataset=dataset, loss=args.loss, collate=args.collate, data_dir=data_dir, sync=sync,
                      epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend,
                      device=args.device, workers=args.workers, probes=args.probes,
                      span_every=args.span_every, iface=args.iface, threads=args.threads,
@@ -221,7 +226,7 @@ def cmd_run(argv: Sequence[str]) -> int:
         forks.start()  # before the user's code below and the front start any thread
     elif threads_set:
         os.environ.pop("OMP_NUM_THREADS")
-    if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss)):
+    if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)):
         from ddptop.train import specs
 
         specs.build(cfg)  # the user's code on one sample batch, before any rank starts: one line for what is wrong
@@ -229,7 +234,7 @@ def cmd_run(argv: Sequence[str]) -> int:
             from ddptop.profiles import code_note
 
             note = code_note(profile["path"], profile["run"], {"model": cfg.model, "dataset": cfg.dataset,
-                                                                "loss": cfg.loss})
+                                                                "loss": cfg.loss, "collate": cfg.collate})
             if note:
                 print(note, file=sys.stderr)
     from ddptop.record.paths import choose

@@ -26,7 +26,7 @@ from ddptop.probes.clocksync import ping_pong
 from ddptop.probes.memory import MemoryProbe
 from ddptop.probes.own import now
 from ddptop.sources.memory import UniqueMemory
-from ddptop.train import specs
+from ddptop.train import batches, specs
 from ddptop.train.data import make_loader
 from ddptop.train.devices import check_strategy, loader_workers
 from ddptop.train.models import layer_param_counts
@@ -51,7 +51,7 @@ class Trainer:
         parts = parts or specs.build(cfg, model_tweaks(rank))  # seeded: the same initial weights on every rank
         self.model = (model or parts.model).to(device)
         self.train_set, self.test_set = parts.train, parts.test
-        self.criterion, self.unused = parts.loss, parts.unused
+        self.criterion, self.unused, self.collate = parts.loss, parts.unused, parts.collate
         self.evaluates = cfg.eval and parts.classification and parts.test is not None  # accuracy means something
         self.workers = loader_workers(cfg.workers, device.type, local_ranks)
         self.pin = device.type == "cuda"  # page-locked batches: the copy to the GPU really is asynchronous
@@ -98,7 +98,8 @@ class Trainer:
         if previous is None or previous.batch_size != sync.batch_size:
             # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)
             self.loader, self.sampler = make_loader(self.train_set, sync.batch_size, self.rank, self.world_size,
-                                                    self.cfg.seed, train=True, workers=self.workers, pin=self.pin)
+                                                    self.cfg.seed, train=True, workers=self.workers, pin=self.pin,
+                                                    collate=self.collate)
             self._iterator = None
         self._set_lr()
         if self.memory is not None:  # every segment is measured at its first step, the strategy's state then built
@@ -153,6 +154,8 @@ class Trainer:
             started = self._run_started()
             self.emit(started)
             self._sweep_warning(started)
+            if self.unused:
+                self.emit(LogLine(self.rank, "warning", specs.unused_note(self.unused), time.time()))
         self._sync_clocks("start", agent)
         time.sleep(rank_hooks(self.rank).start_s)  # test-only (testhooks: start=RANK:MS): 0 otherwise
         criterion = self.criterion
@@ -166,10 +169,10 @@ class Trainer:
             probe.ready(self.step, self.segment, self.segment_start)
             if self.memory is not None:
                 self.memory.begin()
-            inputs, labels = self._next_batch(criterion)
+            batch = self._next_batch(criterion)
             if self._trial is None:
-                self._train_step(inputs, labels, criterion)
-            elif not self._trial_step(inputs, labels, criterion, agent):
+                self._train_step(batch, criterion)
+            elif not self._trial_step(batch, criterion, agent):
                 break
         probe.close()  # waits for the device once, so the last step's marks can be read
         self._sync_clocks("end", agent)  # every rank leaves the loop at the same step (a stop is broadcast)
@@ -204,8 +207,9 @@ class Trainer:
             self.start_segment(boundary.decision, agent)
         return True
 
-    def _next_batch(self, criterion: nn.Module):
-        """The next batch; at an epoch's end, the test pass (set aside: not part of any step) and a new epoch."""
+    def _next_batch(self, criterion: nn.Module) -> Any:
+        """The next batch, as the loader and the user's collate_fn made it; at an epoch's end, the test pass (set
+        aside: not part of any step) and a new epoch."""
         while True:
             if self._iterator is None:
                 self.sampler.set_epoch(self.epoch)
@@ -221,10 +225,10 @@ class Trainer:
                 self._iterator = None
                 self.probe.aside(now() - began)
 
-    def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module) -> None:
+    def _train_step(self, batch: Any, criterion: nn.Module) -> None:
         probe = self.probe
         self.optimizer.zero_grad(set_to_none=True)
-        loss, samples = self._micro_steps(inputs, labels, criterion, self.forward_module, self.strategy.micro_step)
+        loss, samples = self._micro_steps(batch, criterion, self.forward_module, self.strategy.micro_step)
         self.strategy.after_backward()
         self.strategy.before_step()
         probe.mark("sync")
@@ -241,9 +245,13 @@ class Trainer:
         if self.memory is not None:
             self.memory.finish(self.optimizer, self.step, self.segment)
 
-    def _micro_steps(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, module: nn.Module,
+    def _micro_steps(self, batch: Any, criterion: nn.Module, module: nn.Module,
                      context: Callable[[bool], Any]) -> tuple[torch.Tensor, int]:
         """The step's accum micro-steps, gradients summed in place; (the mean loss, samples trained).
+
+        A batch is called as train/batches.py's rule says (a pair: loss(model(inputs), target); else
+        loss(model(batch), batch)), every tensor in it moved to the device; its samples are its first tensor's
+        first dimension, so variable batches are counted as they come.
 
         Each micro-step's loss is divided by accum, so the summed gradient is the mean over all accum·b samples;
         `context(last)` wraps each (DDP: no_sync() for all but the last). The phase marks belong to the last,
@@ -254,21 +262,22 @@ class Trainer:
         for index in range(accum):
             last = index == accum - 1
             if index:
-                inputs, labels = self._next_batch(criterion)
-            inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+                batch = self._next_batch(criterion)
+            batch = batches.to_device(batch, self.device)
+            inputs, targets = batches.split(batch)
             probe.mark("data") if index == 0 else probe.micro("data", last)
             with context(last):
-                loss = criterion(module(inputs), labels)
+                loss = criterion(module(inputs), targets)
                 probe.mark("fwd") if last else probe.micro("fwd")
                 (loss / accum if accum > 1 else loss).backward()
             if not last:
                 probe.micro("bwd")
             losses.append(loss.detach())
-            samples += int(labels.shape[0])
+            samples += batches.size(batch) or 0
         probe.mark("bwd")
         return (losses[0] if accum == 1 else torch.stack(losses).mean()), samples
 
-    def _trial_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, agent) -> bool:
+    def _trial_step(self, batch: Any, criterion: nn.Module, agent) -> bool:
         """The first step after the batch grew. Forward and backward run without any collective (DDP's plain
         module), so a rank that runs out of GPU memory leaves no peer waiting inside one; one all-reduce over
         the control group then tells every rank which ranks ran out. If none did, the step ends as the strategy
@@ -277,11 +286,11 @@ class Trainer:
         probe, loss = self.probe, None
         try:
             self.optimizer.zero_grad(set_to_none=True)
-            loss, samples = self._micro_steps(inputs, labels, criterion, self.strategy.trial_module(),
+            loss, samples = self._micro_steps(batch, criterion, self.strategy.trial_module(),
                                               lambda last: contextlib.nullcontext())
         except torch.cuda.OutOfMemoryError:  # leaving this block drops the traceback and the tensors it held
             loss = None
-        del inputs, labels
+        del batch
         began = now()
         failed = agent.out_of_memory(loss is None) if agent is not None else ([] if loss is not None else [self.rank])
         probe.own.add(now() - began)  # 8 bytes per rank over gloo, once per batch increase
@@ -335,12 +344,13 @@ class Trainer:
 
     def _evaluate(self, criterion: nn.Module) -> None:
         """Test loss and accuracy over the whole test set: each rank scores its shard, sums are all-reduced."""
-        loader, _ = make_loader(self.test_set, 256, self.rank, self.world_size, self.cfg.seed, train=False)
+        loader, _ = make_loader(self.test_set, 256, self.rank, self.world_size, self.cfg.seed, train=False,
+                                collate=self.collate)
         self.model.eval()
         sums = torch.zeros(3, dtype=torch.float64)
         with torch.no_grad():
-            for inputs, labels in loader:
-                inputs, labels = inputs.to(self.device), labels.to(self.device)
+            for batch in loader:  # cross-entropy only (Trainer.evaluates): pairs, specs.try_batch saw to it
+                inputs, labels = batches.split(batches.to_device(batch, self.device))
                 out = self.model(inputs)
                 sums += torch.tensor([criterion(out, labels).item() * len(labels),
                                       (out.argmax(1) == labels).sum().item(), len(labels)], dtype=torch.float64)
