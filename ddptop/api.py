@@ -48,7 +48,7 @@ from ddptop.errors import DdptopError, JobStopped, UsageError, say_line
 from ddptop.events import ConfigApplied, RunFinished, RunStarted
 from ddptop.probes.own import now
 from ddptop.train import batches
-from ddptop.train.loop import build_for, exchange, model_layout, resync
+from ddptop.train.loop import build_for, exchange, memory_probe, model_layout, resync
 from ddptop.train.sync_state import broadcast_state, fingerprint
 
 def refuse_zero(strategy: str) -> None:
@@ -148,7 +148,7 @@ class Job:
         self.step_count = 0
         self.find_unused = False  # join(find_unused_parameters=...): passed to every strategy ddptop builds
         self._stack: ExitStack | None = None
-        self._rank = self._probe = self._agent = self.strategy = self.sync = None
+        self._rank = self._probe = self._agent = self.strategy = self.sync = self._memory = None
         self._segment, self._segment_start, self._in_step = -1, 0, False
         self._loss: Any = None
         self._synced = self._closed = False
@@ -181,6 +181,7 @@ class Job:
         self.device = self._rank.device
         self.model, self.optimizer = model.to(self.device), optimizer  # .to keeps the same Parameter objects
         self._probe = make_probe(self.cfg, self.rank, self.rdv.world_size, self.device, self._rank.emit)
+        self._memory = memory_probe(self.cfg, self.rank, self.device, self._rank.emit, self._probe.own)
         # ranks that built their models apart start from rank 0's (DDP would; the other strategies do not)
         self._start_bytes = broadcast_state(model, optimizer) if self.world_size > 1 else 0
         self.wrapper = OwnModel(model, self._forward_done)
@@ -270,6 +271,8 @@ class Job:
         self._mark("opt")
         loss = self._loss if self._loss is not None else torch.tensor(math.nan)  # no job.log: shown as nan
         self._probe.finish(loss, epoch=self._epoch, batch_size=self._batch)
+        if self._memory is not None:  # what the rank holds as the step ends (zero_grad inside the step: no grads)
+            self._memory.finish(self.optimizer, self.step_count, self._segment)
         self.step_count += 1
         self._boundary()  # the next step's start: a switch or a stop lands before the user's next batch
 
@@ -289,6 +292,8 @@ class Job:
         if boundary.decision is not None:
             self._start_segment(boundary.decision)
         self._probe.ready(self.step_count, self._segment, self._segment_start)
+        if self._memory is not None:
+            self._memory.begin()
 
     def _first_segment(self, batch_size: int) -> None:
         """Segment 0 at the first step, which gives the batch size; lr is what the optimizer holds now."""
@@ -319,6 +324,9 @@ class Job:
         self.sync, self._segment, self._segment_start = sync, self._segment + 1, self.step_count
         self.strategy, self.wrapper.inner = build_for(self.model, sync, self.rank, self.world_size, self.device,
                                                       self._probe, find_unused=self.find_unused)
+        if self._memory is not None:  # each segment sampled at its first step, as ddptop's own loop does
+            self._memory.watch(self.model)
+            self._memory.due_now()
         print_ = fingerprint(self.model)
         self._agent.applied(decision, self.step_count, self._segment)
         switch_s = now() - began

@@ -23,7 +23,9 @@ from ddptop.errors import UsageError
 from ddptop.events import ClockSync, EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
 from ddptop.metrics.buckets import same_layout
 from ddptop.probes.clocksync import ping_pong
+from ddptop.probes.memory import MemoryProbe
 from ddptop.probes.own import now
+from ddptop.sources.memory import UniqueMemory
 from ddptop.train import batches, specs
 from ddptop.train.data import make_loader
 from ddptop.train.devices import check_strategy, loader_workers
@@ -68,6 +70,8 @@ class Trainer:
         self._trial: Decision | None = None  # the configuration to go back to if the next step does not fit
         self._rolled_back_at = -1  # the step a roll-back happened at: a sweep does not retry its switch there
         self._lr_from = 0  # the step lr or lr_warmup_steps was last set at: the warm-up counts from here
+        # each rank's memory by kind (issue 43), on a cadence; `--probes off` measures nothing of ddptop's own
+        self.memory = memory_probe(cfg, rank, device, emit, probe.own)
 
     # -- segments ---------------------------------------------------------------------------------------
     def start_segment(self, decision: Decision, agent=None) -> None:
@@ -100,6 +104,9 @@ class Trainer:
                                                     collate=self.collate)
             self._iterator = None
         self._set_lr()
+        if self.memory is not None:  # every segment is measured at its first step, the strategy's state then built
+            self.memory.watch(self.strategy.module())  # zero2/3: the shards' module (the plain one is released)
+            self.memory.due_now()
         print_ = fingerprint(self.strategy.full_parameters())
         if agent is not None:  # a trial's `set` is answered once every rank knows whether the batch fits
             agent.applied(decision, self.step, self.segment, answer=not trial)
@@ -177,6 +184,8 @@ class Trainer:
             if not self._boundary(agent):
                 break
             probe.ready(self.step, self.segment, self.segment_start)
+            if self.memory is not None:
+                self.memory.begin()
             batch = self._next_batch(criterion)
             if self._trial is None:
                 self._train_step(batch, criterion)
@@ -244,7 +253,14 @@ class Trainer:
         self.optimizer.step()
         probe.mark("opt")
         probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        self._measure_memory()
         self.step += 1
+
+    def _measure_memory(self) -> None:
+        """A sampled step's memory by kind (probes.memory): at its end, the gradients still held, before the next
+        step's zero_grad."""
+        if self.memory is not None:
+            self.memory.finish(self.optimizer, self.step, self.segment)
 
     def _micro_steps(self, batch: Any, criterion: nn.Module, module: nn.Module,
                      context: Callable[[bool], Any]) -> tuple[torch.Tensor, int]:
@@ -305,6 +321,7 @@ class Trainer:
         self.optimizer.step()
         probe.mark("opt")
         probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        self._measure_memory()
         self.step += 1
         if agent is not None:
             agent.answer(trial.request_id, self.step - 1, self.segment)
@@ -400,6 +417,15 @@ def resync(model: nn.Module, optimizer: torch.optim.Optimizer, previous: SyncCon
     if sync.strategy in BUCKETED and world_size > 1:
         sync_bytes += model_bytes(model)  # DDP broadcasts rank 0's parameters and buffers when built
     return sync_bytes
+
+
+def memory_probe(cfg: RunConfig, rank: int, device: torch.device, emit: Callable[[Any], None],
+                 own: Any) -> MemoryProbe | None:
+    """Each rank's memory by kind (issue 43), sampled on a cadence; None under `--probes off`, which measures nothing
+    of ddptop's own."""
+    if cfg.probes == "off":
+        return None
+    return MemoryProbe(rank, device, emit, own, None if device.type == "cuda" else UniqueMemory())
 
 
 def exchange(agent, probe: Any, step: int):
