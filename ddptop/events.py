@@ -99,6 +99,7 @@ class RunStarted(Event):
     warmup: int = 1  # steps at each segment's start left out of its figures (metrics.warmup_for)
     accum: int = 1  # segment 0's micro-steps per step (older files: 1); steps_per_epoch counts steps
     param_shapes: tuple[tuple[int, ...], ...] = ()  # each gradient's shape (PowerSGD's bytes; older files: ())
+    backend: str = ""  # torch.distributed's backend, "gloo" or "nccl" (their collectives move different bytes; older: "")
 
 
 @dataclass(frozen=True)

@@ -76,3 +76,37 @@ def ring_all_gather(nbytes: int, world_size: int) -> tuple[int, int]:
         return 0, 0
     each = (world_size - 1) * nbytes // world_size
     return each, each
+
+
+def reduce_scatter(nbytes: int, world_size: int, backend: str) -> tuple[int, int]:
+    """(sent, received) by one rank in a reduce-scatter of an `nbytes` tensor. NCCL runs a ring: (N−1)/N·S each way.
+    gloo has no reduce-scatter of its own and torch runs it as an all-reduce of the whole tensor: 2(N−1)/N·S each way
+    (the lab's NIC counters: zero3 moved 4(N−1)/N·S a step on 3 gloo hosts, not 3; tests/lab/test_zero_lab.py)."""
+    return ring_allreduce(nbytes, world_size) if backend == "gloo" else ring_all_gather(nbytes, world_size)
+
+
+def zero1_owners(numels: list[int], world_size: int) -> list[int]:
+    """The rank that owns each parameter under torch's ZeroRedundancyOptimizer (its `_partition_parameters`, one
+    parameter group): the largest first, each to the rank holding the fewest elements so far (the lowest such rank).
+    tests/unit/test_zero_wire.py holds it against the partition torch itself makes."""
+    sizes, owners = [0] * max(1, world_size), [0] * len(numels)
+    for index in sorted(range(len(numels)), key=lambda i: numels[i], reverse=True):  # stable, as torch's sort
+        rank = sizes.index(min(sizes))
+        owners[index] = rank
+        sizes[rank] += numels[index]
+    return owners
+
+
+def broadcast_shares(shares: list[int], rank: int, backend: str) -> tuple[int, int]:
+    """(sent, received) by `rank` when every rank broadcasts its share (`shares[r]` bytes) to the others, as
+    ZeroRedundancyOptimizer does after each step. gloo's broadcast sends from the root to every other rank: the root
+    sends (N−1)·S_r, receives the others' S − S_r (the lab's NIC counters: the rank owning the MLP's 6.3 MB matrix
+    sent 12.6 MB more a step than the others). NCCL pipelines a ring (not measured here): a rank forwards every
+    share but the one whose ring ends at it, S − S_(r+1)."""
+    n = len(shares)
+    if n <= 1:
+        return 0, 0
+    received = sum(shares) - shares[rank]
+    if backend == "gloo":
+        return (n - 1) * shares[rank], received
+    return sum(shares) - shares[(rank + 1) % n], received

@@ -401,6 +401,7 @@ class Trainer:
             **self._layout, steps_per_epoch=self.steps_per_epoch(), t=time.time(),
             total_steps=self.total_steps(), sweep_segments=len(self.cfg.sweep),
             warmup=metrics.warmup_for(self.cfg.to_dict()), accum=sync.accum,
+            backend=dist.get_backend() if dist.is_initialized() else "",
         )
 
 

@@ -3,6 +3,7 @@ the sharding units fully_shard gets; the wire formulas per step, each checked ag
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,17 @@ def _run(world: int, param_bytes: int) -> RunStarted:
 ])
 def test_expected_bytes_of_the_zero_stages(strategy, accum, expected):
     assert expected_bytes(_run(4, 1000), {"strategy": strategy, "accum": accum}, 1) == (expected, expected)
+
+
+def test_under_gloo_a_reduce_scatter_is_an_all_reduce_and_a_share_goes_from_its_owner_to_each_rank():
+    """The lab's NICs (tests/lab/test_zero_lab.py): zero3 moved 4(N−1)/N·S a step on 3 gloo hosts, and the rank owning
+    the largest parameter sent it to each other rank."""
+    shapes = ((30, 20), (20,), (10, 10), (10,))  # 600, 20, 100, 10 values: torch's partition on 2 ranks: 600 | rest
+    run = replace(_run(2, 4 * 730), param_shapes=shapes, backend="gloo")
+    assert expected_bytes(run, {"strategy": "zero3", "accum": 1}, 0) == (2 * 1460 + 2920, 2 * 1460 + 2920)
+    assert expected_bytes(run, {"strategy": "zero2", "accum": 2}, 1) == (2 * 1460 + 2920, 2 * 1460 + 2920)
+    assert expected_bytes(run, {"strategy": "zero1", "accum": 1}, 0) == (2920 + 2400, 2920 + 520)
+    assert expected_bytes(run, {"strategy": "zero1", "accum": 1}, 1) == (2920 + 520, 2920 + 2400)
 
 
 def test_gloo_on_cuda_takes_zero1_and_refuses_fsdp2_untried():

@@ -20,6 +20,7 @@ import contextlib
 import copy
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -113,10 +114,12 @@ class Sharded(Strategy):
         at = self.comm.now()
         # every micro-step's forward gathers (zero3: its backward again); one reduce-scatter, after the last
         gathers = (2 if self.reshard else 1) * self.sync.accum
+        backend = dist.get_backend()
         for unit, size in self._formula:
             sent, received = wire.ring_all_gather(size, self.world_size)
+            rs_sent, rs_received = wire.reduce_scatter(size, self.world_size, backend)  # gloo: an all-reduce
             self.comm.add(f"all-gather ×{gathers} + reduce-scatter {unit} (formula)", at, at, size * (gathers + 1),
-                          sent * (gathers + 1), received * (gathers + 1))
+                          sent * gathers + rs_sent, received * gathers + rs_received)
 
     def full_parameters(self):
         return ((name, self.shards[name].full_tensor()) for name, _ in self.model.named_parameters())

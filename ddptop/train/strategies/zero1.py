@@ -2,8 +2,10 @@
 
 Gradients travel as under `ddp` (DistributedDataParallel, bucket_mb buckets, ring all-reduce 2(N−1)/N·S per rank);
 the optimizer is torch.distributed.optim.ZeroRedundancyOptimizer around SGD: each rank keeps the momentum of its
-share of the parameters only, steps that share, and broadcasts the updated share to the others (about
-(N−1)/N·S received per rank per step, counted by that formula and labelled so: torch exposes no hook on it).
+share of the parameters only, steps that share, and broadcasts the updated share to the others. Its shares are whole
+parameters (torch's partition), so they can be far from S/N: the broadcasts' bytes per rank come from the partition
+torch made (wire.broadcast_shares; gloo: the owner of a share sends it to every other rank), counted at each step
+and labelled "(formula)": torch exposes no hook on them.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ class Zero1(DDP):
                 if names[param] in momentum:
                     zero.optim.state[param]["momentum_buffer"] = momentum[names[param]].clone()
         size = sum(p.numel() * p.element_size() for p in params)
-        sent, received = wire.ring_all_gather(size, self.world_size)
+        mine = sum(p.numel() * p.element_size() for group in zero.optim.param_groups for p in group["params"])
+        shares = [mine] * self.world_size  # each rank's share as torch partitioned them: every rank says its own
+        if self.world_size > 1:
+            told = [torch.zeros(1, dtype=torch.int64, device=params[0].device) for _ in range(self.world_size)]
+            dist.all_gather(told, torch.tensor([mine], dtype=torch.int64, device=params[0].device))
+            shares = [int(t.item()) for t in told]
+        sent, received = wire.broadcast_shares(shares, self.rank, dist.get_backend())
         comm = self.comm
 
         def counted(optimizer, args, kwargs):  # the step's broadcast of every share: bytes by formula, no time
