@@ -149,7 +149,8 @@ class Job:
         self._stack = ExitStack()
         atexit.register(self.finish)
         token, timeout_s, collective_timeout_s = self._options
-        options = rank_options(self.rdv, token, timeout_s, LOST_AFTER_S, collective_timeout_s)
+        options = rank_options(self.rdv, token, timeout_s, LOST_AFTER_S, collective_timeout_s,
+                               token_by="join(token=...)")  # an API user has no --token to pass
         config = {**self.cfg.to_dict(), "model": f"own:{type(model).__name__}", "dataset": "own"}
         options = self._stack.enter_context(hosting(config, self.rdv, options, self.log_every, self.record,
                                                      own_store=True))
