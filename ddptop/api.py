@@ -252,7 +252,8 @@ class Job:
                                  world_size=self.world_size, strategy=first.strategy, bucket_mb=first.bucket_mb,
                                  async_op=first.async_op, batch_size=first.batch_size, lr=first.lr,
                                  **model_layout(self.model), steps_per_epoch=0, t=time.time(),
-                                 warmup=metrics.warmup_for(self.cfg.to_dict())))
+                                 warmup=metrics.warmup_for(self.cfg.to_dict()),
+                                 no_eval="the loop is the user's own: ddptop runs no evaluation in it"))
 
     def _start_segment(self, decision: Decision) -> None:
         """As Trainer.start_segment, for the user's loop: same resync, strategy, fingerprint and event."""

@@ -93,6 +93,7 @@ class RunStarted(Event):
     warmup: int = 1  # steps at each segment's start left out of its figures (metrics.warmup_for)
     accum: int = 1  # segment 0's micro-steps per step (older files: 1); steps_per_epoch counts steps
     param_shapes: tuple[tuple[int, ...], ...] = ()  # each gradient's shape (PowerSGD's bytes; older files: ())
+    no_eval: str = ""  # why the run evaluates no test accuracy ("": it does, at each epoch's end; older files: "")
 
 
 @dataclass(frozen=True)
