@@ -180,19 +180,19 @@ def system(run: RunData, stats: list[SegmentStats], names: list[str], positions:
         return None
     odd = [(s, why) for s in run.samples for why in (implausible(s, run.threads.get(s.rank)),) if why]
     dropped = {id(s) for s, _ in odd}
-    samples = [s for s in run.samples if id(s) not in dropped]  # neither drawn nor stated
-    if not samples:
+    kept = [s for s in run.samples if id(s) not in dropped]  # neither drawn nor stated
+    if not kept:
         return None
     by_rank: dict[int, list] = {}
-    for s in samples:
+    for s in kept:
         by_rank.setdefault(s.rank, []).append(s)
     hosts: dict[str, list] = {}
     for rank in sorted(by_rank):
         hosts.setdefault(by_rank[rank][0].host, by_rank[rank])
-    gpu = any(s.gpus for s in samples)
+    gpu = any(s.gpus for s in kept)
     by_rank = dict(sorted(by_rank.items()))
     panels = [("process CPU, % of one core", by_rank, lambda s: [s.proc_cpu_percent], "rank {}"),
-              (_node_cpu_label(samples), hosts, lambda s: [s.node_cpu_percent], "{}"),
+              (_node_cpu_label(kept), hosts, lambda s: [s.node_cpu_percent], "{}"),
               ("process resident memory, MB", by_rank, lambda s: [s.proc_rss_bytes / 1e6], "rank {}")]
     if gpu:
         panels.append(("GPU utilization, %", by_rank, lambda s: [g.util_percent for g in s.gpus], "rank {} GPU"))
@@ -221,10 +221,10 @@ def system(run: RunData, stats: list[SegmentStats], names: list[str], positions:
     name = f"system{_suffix(run, several)}"
     title = f"CPU and memory over time{f' ({run.name})' if several else ''}"
     data = plot.save(fig, out, name, title)
-    cpu = max(samples, key=lambda s: s.proc_cpu_percent)
+    cpu = max(kept, key=lambda s: s.proc_cpu_percent)
     finding = (f"The busiest rank process reached {cpu.proc_cpu_percent:.0f}% of a core (rank {cpu.rank}, "
                f"{cpu.t - run.start:.0f} s in); the most resident memory was "
-               f"{max(s.proc_rss_bytes for s in samples) / 1e6:.0f} MB.")
+               f"{max(s.proc_rss_bytes for s in kept) / 1e6:.0f} MB.")
     if odd:
         finding += (f" {len(odd)} sample{'s' if len(odd) != 1 else ''} whose numbers contradict the process or its "
                     f"node {'were' if len(odd) != 1 else 'was'} left out of the figure and these numbers: "

@@ -43,10 +43,11 @@ def glitched(tmp_path_factory):
 def test_the_system_figure_and_its_caption_leave_the_two_glitches_out_and_say_so(glitched):
     report, hot, idle = glitched
     with sqlite3.connect(SOURCE) as con:  # the original's busiest reading, none of them a glitch
-        most = con.execute("SELECT max(proc_cpu_percent) FROM system").fetchone()[0]
+        most, rss = con.execute("SELECT max(proc_cpu_percent), max(proc_rss_bytes) FROM system").fetchone()
     figure = json.loads((report / "figures.json").read_text())["system"]
     finding = figure["finding"]
     assert f"The busiest rank process reached {most:.0f}% of a core" in finding, finding
+    assert f"the most resident memory was {rss / 1e6:.0f} MB" in finding, finding  # every rank's samples
     assert "1176%" not in finding.split(" left out")[0]
     assert "2 samples whose numbers contradict the process or its node were left out" in finding, finding
     assert f"rank {hot.rank}'s process at 1176% with 1 torch thread" in finding
