@@ -15,7 +15,8 @@ def parser() -> Parser:
                "strategy, DDP bucket size, async_op, world size and link from one segment of a recording.")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--segment", type=int, metavar="N", help="the segment to fit on (default: the first DDP one)")
-    p.add_argument("--json", action="store_true", help='one JSON object: {"from_segment": N, "predictions": [...], "best": {...}}')
+    p.add_argument("--json", action="store_true",
+                   help='one JSON object: {"from_segment": N, "predictions": [...], "best": {...}}')
     p.add_argument("--buckets", metavar="MB,...", default="1,5,10,25,50,100",
                    help="DDP bucket sizes (1,5,10,25,50,100)")
     p.add_argument("--world-sizes", metavar="N,...",

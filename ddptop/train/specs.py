@@ -88,7 +88,8 @@ def load(flag: str, spec: str) -> Callable:
     for part in name.split("."):
         if not hasattr(value, part):
             near = difflib.get_close_matches(part, [n for n in dir(value) if not n.startswith("__")], n=1)
-            raise UsageError(f"{flag} {spec}: {where} has no {part!r}" + (f": did you mean {near[0]!r}?" if near else ""))
+            raise UsageError(f"{flag} {spec}: {where} has no {part!r}"
+                             + (f": did you mean {near[0]!r}?" if near else ""))
         value = getattr(value, part)
     if not callable(value):
         raise UsageError(f"{flag} {spec}: {name} is a {type(value).__name__}, not something to call")

@@ -28,7 +28,8 @@ RANK, STEP = 0, 1072
 def hidden_share() -> float:
     """Communication time during which a layer or the optimizer ran, over the communication time (SQL's spans)."""
     with sqlite3.connect(REC) as con:
-        rows = json.loads(con.execute("SELECT spans FROM spans WHERE rank = ? AND step = ?", (RANK, STEP)).fetchone()[0])
+        row = con.execute("SELECT spans FROM spans WHERE rank = ? AND step = ?", (RANK, STEP)).fetchone()
+    rows = json.loads(row[0])
     compute = [(start, start + dur) for kind, _, start, dur, *_ in rows if kind in ("fwd", "bwd", "opt")]
     comm = [(start, start + dur) for kind, _, start, dur, *_ in rows if kind == "comm"]
     hidden = sum(max(0.0, min(b, d) - max(a, c)) for a, b in comm for c, d in compute)  # layers never overlap
