@@ -19,9 +19,11 @@ RULES: dict[str, str] = {
     "hot spot": "the strategy communicates and rank 0 moves (sent + received per step) at least 1.5× the mean of the "
                 "other ranks, and more than ddptop's own telemetry could explain (64 KB/step per other rank)",
     "one bucket": "DDP holds every gradient in one bucket at the segment's bucket size",
-    "exposed communication": "exposed communication is at least 20% of the mean step time; it names the "
-                             "configuration the what-if model (`ddptop advise --segment N`, fitted on this DDP or "
-                             "allreduce segment) predicts fastest when its saving is at least 10% of the step",
+    "exposed communication": "exposed communication is at least 20% of the mean step time; it names the fastest "
+                             "configuration as `ddptop advise --segment N` ranks them (fitted on this DDP or "
+                             "allreduce segment; one the recording ran by its measurement, else by its prediction) "
+                             "when a predicted saving is at least 10% of the step, a measured one more than its "
+                             "standard error",
     "data loading": "data loading is at least 20% of the mean step time",
     "link at its rate": "the busiest rank's bytes each way by the wire formulas, over the least communication time "
                         "of any rank, are at least 85% of the link's known rate (silent when the rate is unknown)",
