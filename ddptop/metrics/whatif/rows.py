@@ -129,8 +129,10 @@ def best_row(rows: list[dict[str, Any]], seg: SegmentData) -> dict[str, Any]:
     own = [r for r in rows if r["world_size"] == seg.world_size and same_step(r, seg)] or rows
     top = min(own, key=ranked_s)
     fitted = row_for(own, seg.config, seg)
-    if fitted is not None and ranked_s(fitted) <= ranked_s(top) * (1 + 1e-6):  # a tie (a model smaller than every
-        top = fitted  # bucket: 1 MB and 25 MB alike) names the configuration in force, not the first row
+    # a tie (a model smaller than every bucket: 1 MB and 25 MB alike), or none faster than the segment's measured
+    # step, names the configuration in force, not the first row
+    if fitted is not None and (ranked_s(fitted) <= ranked_s(top) * (1 + 1e-6) or ranked_s(top) >= seg.step_s):
+        top = fitted
     measured = top.get("measured_step_s") is not None
     saving = seg.step_s - ranked_s(top)
     noise = math.hypot(seg.step_se_s, top.get("measured_step_se_s") or 0.0) if measured else seg.step_se_s
