@@ -2,7 +2,8 @@
 
 Simulated ranks send what a real rank's Publisher sends, through the real transport (each rank its own PUSH socket
 with the rank's CURVE key, to the front's hub), a batch every 0.25 s: a StepDone every step (10 steps/s), a StepSpans
-of 100 spans every 10th step (VGG-11 has ~100 per sampled step) and a SystemSample every 0.5 s, plus a heartbeat a
+of 100 spans on each sampled step (VGG-11 has ~100; a rank samples every 10th step, every (ranks / 16)th above 160
+ranks: metrics.span_cadence, or `--span-every N` as a user would set it) and a SystemSample every 0.5 s, plus a heartbeat a
 second on a socket of its own, as a rank's control thread sends it. The batches are filled from JSON templates (the
 Publisher's own encoding for 1,024 ranks would take more than this machine's two cores); they run in two other
 processes; this process hosts
@@ -10,7 +11,7 @@ the hub (control/hub.py: receive, check each rank's order, decode, republish for
 the front's pipeline does. Prints the front's CPU use (% of one core), its memory (RSS), and whether every step of
 every rank arrived once and in order.
 
-    .venv/bin/python benchmarks/collector_throughput.py [--ranks 16 64 256 1024] [--seconds 10]
+    .venv/bin/python benchmarks/collector_throughput.py [--ranks 16 64 256 1024] [--seconds 10] [--span-every N]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ddptop import metrics  # noqa: E402
 from ddptop.control import transport  # noqa: E402
 from ddptop.control.auth import JobKeys  # noqa: E402
 from ddptop.control.bus import BEAT, TEL  # noqa: E402
@@ -56,12 +58,12 @@ def templates(rank: int) -> tuple[str, str, str]:
     now = time.time()
     step = StepDone(rank, 777777, 0, 0, now, 0.1, 0.001, 0.08, 0.03, 0.01, 0.6, 64, 2.3, 36924456, 36924456, 36924456,
                     False)
-    fill = lambda event: json.dumps(event.to_dict()).replace("%", "%%").replace("777777", "%d")  # noqa: E731
+    fill = lambda event: json.dumps(event.to_wire()).replace("%", "%%").replace("777777", "%d")  # noqa: E731
     return (fill(step), fill(StepSpans(rank, 777777, 0, now, spans)),
             fill(SystemSample(rank, "node", now, 90.0, 95.0, 1 << 30, 1 << 33, 1 << 34, "eth0", (nic,))).replace("%d", "0"))
 
 
-def rank_group(ranks: list[int], ports: dict, seconds: float, ready, go) -> None:
+def rank_group(ranks: list[int], ports: dict, seconds: float, every: int, ready, go) -> None:
     """Every 0.25 s each rank sends one batch of what it did since (a Publisher's interval), on its own PUSH socket
     with the rank's key; once a second a heartbeat on a second socket, as its control thread does."""
     more_files()
@@ -83,7 +85,7 @@ def rank_group(ranks: list[int], ports: dict, seconds: float, ready, go) -> None
                 parts = []
                 for n in range(sent, due):
                     parts.append(step % n)
-                    if n % 10 == 0:
+                    if n % every == 0:
                         parts.append(spans % n)
                     if n % 5 == 0:
                         parts.append(sample)
@@ -96,13 +98,13 @@ def rank_group(ranks: list[int], ports: dict, seconds: float, ready, go) -> None
         sock.close(linger=10000)
 
 
-def measure(n_ranks: int, seconds: float) -> tuple[float, float, float, str, float]:
+def measure(n_ranks: int, seconds: float, every: int) -> tuple[float, float, float, str, float]:
     more_files()
     hub = Hub("127.0.0.1", BENCH_KEYS, n_ranks)
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
     readies = [ctx.Event() for _ in range(2)]
-    groups = [ctx.Process(target=rank_group, args=(list(range(g, n_ranks, 2)), hub.endpoints(), seconds, ready, go))
+    groups = [ctx.Process(target=rank_group, args=(list(range(g, n_ranks, 2)), hub.endpoints(), seconds, every, ready, go))
               for g, ready in enumerate(readies)]
     for g in groups:
         g.start()
@@ -156,15 +158,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, nargs="+", default=[16, 64, 256, 1024])
     ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--span-every", type=int, default=0, help="as ddptop's flag (0: its default for the world size)")
     args = ap.parse_args()
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; simulated ranks at {STEP_HZ} steps/s for "
           f"{args.seconds:g} s each\n")
-    print("| ranks | steps/s sent | front CPU (% of a core) | front RSS (peak) | last step received after | every step "
-          "once, in order |")
-    print("|---|---|---|---|---|---|")
+    print("| ranks | spans every | steps/s sent | front CPU (% of a core) | front RSS (peak) | last step received "
+          "after | every step once, in order |")
+    print("|---|---|---|---|---|---|---|")
     for n in args.ranks:
-        busy, rate, rss, ok, late = measure(n, args.seconds)
-        print(f"| {n} | {rate:.0f} | {busy:.1%} | {rss:.0f} MiB | {max(0.0, late):.1f} s | {ok} |",
+        every = metrics.span_cadence(args.span_every, n)
+        busy, rate, rss, ok, late = measure(n, args.seconds, every)
+        print(f"| {n} | {every} | {rate:.0f} | {busy:.1%} | {rss:.0f} MiB | {max(0.0, late):.1f} s | {ok} |",
               flush=True)
 
 

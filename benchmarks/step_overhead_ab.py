@@ -80,8 +80,7 @@ def ddptop_iteration(trainer: Trainer, agent: ControlAgent, criterion) -> None:
     trainer.probe.begin()
     trainer._boundary(agent)
     trainer.probe.ready(trainer.step, trainer.segment, trainer.segment_start)
-    inputs, labels = trainer._next_batch(criterion)
-    trainer._train_step(inputs, labels, criterion)
+    trainer._train_step(trainer._next_batch(criterion), criterion)
 
 
 def _rank(rank, world, port, hub_ports, args, out_path):

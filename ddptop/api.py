@@ -8,6 +8,12 @@
             loss = loss_fn(model(inputs), targets); loss.backward(); optimizer.step(); optimizer.zero_grad()
             job.log(loss=loss)
 
+A batch of any structure your collate_fn makes (a dict, nested tuples): `job.step(batch=batch)` reads its size
+(the first dimension of its first tensor) and `job.to_device(batch)` moves every tensor in it.
+An exception the loop does not catch (torch's "Expected to have finished reduction" when a parameter gets no
+gradient under ddp: join(find_unused_parameters=True)) ends the job cleanly: every rank's last word is recorded,
+the recording is closed, one line says what happened and the process exits 1 (DDPTOP_DEBUG=1: the traceback).
+
 The loop, data, optimizer, scheduler and mixed precision stay the user's. `prepare` returns the user's optimizer
 and a thin module (OwnModel) whose `inner` is the strategy's module (the plain model, or DDP around it): a switch
 replaces `inner` between two steps, and the parameters stay the same tensors, so the optimizer never notices.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -35,33 +42,46 @@ import torch
 from torch import nn
 
 from ddptop import metrics, rendezvous
-from ddptop.config import MAX_BATCH_SIZE, RunConfig, SyncConfig
+from ddptop.config import MAX_BATCH_SIZE, ZERO, RunConfig, SyncConfig
 from ddptop.control.agent import ControlAgent, Decision
 from ddptop.errors import DdptopError, JobStopped, UsageError, say_line
 from ddptop.events import ConfigApplied, RunFinished, RunStarted
 from ddptop.probes.own import now
-from ddptop.train.loop import build_for, exchange, model_layout, resync
+from ddptop.train import batches
+from ddptop.train.loop import build_for, exchange, memory_probe, model_layout, resync
 from ddptop.train.sync_state import broadcast_state, fingerprint
+
+def refuse_zero(strategy: str) -> None:
+    """zero1/2/3 build the optimizer (its state sharded) and zero2/3 replace the model's parameters by shards: an
+    own loop keeps its own model and optimizer, so ddptop cannot run them there."""
+    if strategy in ZERO:
+        raise UsageError(f"{strategy} shards the optimizer state ddptop builds; an own loop keeps its own optimizer "
+                         "and model, so it takes single, gather-scatter, allreduce or ddp (ddptop run trains zero1-3)")
+
 
 # what `ctl set` may change in a job whose loop is the user's: the strategy ddptop builds around the model applies
 # these; every other setting ddptop's own loop applies is the script's (OWNED_BY_LOOP), refused by rank 0
 OWN_SETTINGS = ("strategy", "bucket_mb", "async_op", "compress")
 OWNED_BY_LOOP = {"batch_size": "DataLoader", "lr": "optimizer and scheduler",
-                 "accum": "steps (one job.step is one optimizer step)", "lr_warmup_steps": "optimizer and scheduler"}
+                 "accum": "steps (one job.step is one optimizer step)", "lr_warmup_steps": "optimizer and scheduler",
+                 "shard_unit": "model (zero2 and zero3, which shard it, are refused here)"}
 LOST_AFTER_S = 10.0  # the front marks a rank lost after this long without a heartbeat (ddptop's own default)
 _joined: list["Job"] = []  # one job per process: torch has one default process group
 
 
 def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = False, record: str | None = None,
-         no_record: bool = False, log_every: int = 10, probes: str = "all", span_every: int = 10,
+         no_record: bool = False, log_every: int = 10, probes: str = "all", span_every: int = 0,
          token: str | None = None, master: str | None = None, port: int | None = None, rank: int | None = None,
          world_size: int | None = None, backend: str = "auto", device: str = "auto", timeout_s: float = 60.0,
-         collective_timeout_s: float = 300.0) -> "Job":
+         collective_timeout_s: float = 300.0, find_unused_parameters: bool = False) -> "Job":
     """This process's rank of a job: from torchrun's or Slurm's environment, else master/rank/world_size. Nothing
-    starts until `prepare`; flags are checked now (a bad one: UsageError, exit 2)."""
+    starts until `prepare`; flags are checked now (a bad one: UsageError, exit 2). `find_unused_parameters`: the
+    model has parameters that get no gradient in some steps (DDP's flag of that name, which walks the autograd graph
+    after every forward; the other strategies send zeros for them whatever it says)."""
     _one_line_errors()
     if _joined:
         raise UsageError("ddptop.api.join() was called twice in one process: keep the job it returned")
+    refuse_zero(strategy)
     rdv = rendezvous.resolve(master, port, rank, world_size, None)
     if rdv.source == "local":
         raise UsageError("ddptop.api.join() is one rank of a job: run the script under torchrun "
@@ -71,6 +91,8 @@ def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = Fal
                     device=device, probes=probes, span_every=span_every, eval=False)
     if not isinstance(log_every, int) or isinstance(log_every, bool) or log_every < 1:
         raise UsageError(f"log_every must be a whole number ≥ 1, got {log_every!r}")
+    if not isinstance(find_unused_parameters, bool):
+        raise UsageError(f"find_unused_parameters must be True or False, got {find_unused_parameters!r}")
     from ddptop.front.run import records_here
 
     if record and not records_here(rdv):
@@ -82,6 +104,7 @@ def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = Fal
         if record:
             check_new(record)
     job = Job(cfg, rdv, (token, timeout_s, collective_timeout_s), log_every, record)
+    job.find_unused = find_unused_parameters
     _joined.append(job)
     return job
 
@@ -123,8 +146,9 @@ class Job:
         self.model: nn.Module | None = None  # the plain model
         self.stopped = False  # `ctl stop` arrived: end the loop (the next `step` raises JobStopped, exit 0)
         self.step_count = 0
+        self.find_unused = False  # join(find_unused_parameters=...): passed to every strategy ddptop builds
         self._stack: ExitStack | None = None
-        self._rank = self._probe = self._agent = self.strategy = self.sync = None
+        self._rank = self._probe = self._agent = self.strategy = self.sync = self._memory = None
         self._segment, self._segment_start, self._in_step = -1, 0, False
         self._loss: Any = None
         self._synced = self._closed = False
@@ -157,7 +181,8 @@ class Job:
         self._rank = self._stack.enter_context(joined(self.cfg, self.rdv, options, model))
         self.device = self._rank.device
         self.model, self.optimizer = model.to(self.device), optimizer  # .to keeps the same Parameter objects
-        self._probe = make_probe(self.cfg, self.rank, self.device, self._rank.emit)
+        self._probe = make_probe(self.cfg, self.rank, self.rdv.world_size, self.device, self._rank.emit)
+        self._memory = memory_probe(self.cfg, self.rank, self.device, self._rank.emit, self._probe.own)
         # ranks that built their models apart start from rank 0's (DDP would; the other strategies do not)
         self._start_bytes = broadcast_state(model, optimizer) if self.world_size > 1 else 0
         self.wrapper = OwnModel(model, self._forward_done)
@@ -165,13 +190,27 @@ class Job:
         optimizer.register_step_post_hook(self._after_optimizer)
         return self.wrapper, optimizer
 
-    def step(self, batch_size: int, epoch: int = 0) -> "_Step":
-        """`with job.step(batch_size=len(inputs)):` around one training step (forward, backward, optimizer)."""
+    def step(self, batch_size: int | None = None, epoch: int = 0, *, batch: Any = None) -> "_Step":
+        """`with job.step(batch_size=len(inputs)):` around one training step (forward, backward, optimizer); or
+        `job.step(batch=batch)`: the size is the first dimension of the batch's first tensor (any structure)."""
         if self._stack is None:
             raise UsageError("job.step before job.prepare: prepare the model and optimizer first")
+        if (batch_size is None) == (batch is None):
+            raise UsageError("job.step takes batch_size= or batch= (one of them)")
+        if batch is not None:
+            batch_size = batches.size(batch)
+            if batch_size is None:
+                raise UsageError(f"job.step(batch=...) found no tensor with a first dimension in "
+                                 f"{batches.describe(batch)}: give batch_size= instead")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"job.step's batch_size must be a whole number ≥ 1, got {batch_size!r}")
         return _Step(self, batch_size, epoch)
+
+    def to_device(self, batch: Any) -> Any:
+        """The batch with every tensor in it on this rank's device (non_blocking), its structure kept."""
+        if self.device is None:
+            raise UsageError("job.to_device before job.prepare: the device is chosen there")
+        return batches.to_device(batch, self.device)
 
     def log(self, loss: Any) -> None:
         """The step's loss (a number or a 0-d tensor: read off the training thread, never synchronizing)."""
@@ -189,6 +228,22 @@ class Job:
                                         fingerprint=fingerprint(self.model)))
         self._stack.close()
         say_line(f"ddptop: rank {self.rank} finished {self.step_count} steps")
+
+    def _crash(self, exc: BaseException, tb, own: bool) -> None:
+        """The loop ended with an exception: this rank's last record says so (`own`: the loop's, not ddptop's), then
+        the job closes as at a normal end. torchrun ends every rank's process group (SIGTERM) as soon as one
+        rank exits non-zero: a rank sending its last events, or rank 0 closing the recording (its collector), must
+        not be cut off by that (torchrun's SIGKILL follows 30 s later)."""
+        self._closed = True
+        with ExitStack() as later:
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                later.callback(signal.signal, signal.SIGTERM, signal.SIG_DFL)
+            if own and self._probe is not None and self._rank is not None:
+                text = (str(exc).strip().splitlines() or [""])[0].split(". ")[0][:200]
+                self._rank.emit(RunFinished(self.rank, self.step_count, f"error: {type(exc).__name__}: {text}",
+                                            time.time(), fingerprint=fingerprint(self.model)))
+            self._stack.__exit__(type(exc), exc, tb)
 
     def __enter__(self) -> "Job":
         return self
@@ -217,6 +272,8 @@ class Job:
         self._mark("opt")
         loss = self._loss if self._loss is not None else torch.tensor(math.nan)  # no job.log: shown as nan
         self._probe.finish(loss, epoch=self._epoch, batch_size=self._batch)
+        if self._memory is not None:  # what the rank holds as the step ends (zero_grad inside the step: no grads)
+            self._memory.finish(self.optimizer, self.step_count, self._segment)
         self.step_count += 1
         self._boundary()  # the next step's start: a switch or a stop lands before the user's next batch
 
@@ -236,6 +293,8 @@ class Job:
         if boundary.decision is not None:
             self._start_segment(boundary.decision)
         self._probe.ready(self.step_count, self._segment, self._segment_start)
+        if self._memory is not None:
+            self._memory.begin()
 
     def _first_segment(self, batch_size: int) -> None:
         """Segment 0 at the first step, which gives the batch size; lr is what the optimizer holds now."""
@@ -266,7 +325,10 @@ class Job:
             sync_bytes += self._start_bytes
         self.sync, self._segment, self._segment_start = sync, self._segment + 1, self.step_count
         self.strategy, self.wrapper.inner = build_for(self.model, sync, self.rank, self.world_size, self.device,
-                                                      self._probe)
+                                                      self._probe, find_unused=self.find_unused)
+        if self._memory is not None:  # each segment sampled at its first step, as ddptop's own loop does
+            self._memory.watch(self.model)
+            self._memory.due_now()
         print_ = fingerprint(self.model)
         self._agent.applied(decision, self.step_count, self._segment)
         switch_s = now() - began
@@ -278,6 +340,7 @@ class Job:
     def _check(self, sync: SyncConfig) -> None:
         """Rank 0 refuses what the user's loop owns before any rank sees it: a segment that said accum=4 or a
         warm-up would record a run that never happened (the script's loop steps and schedules on its own)."""
+        refuse_zero(sync.strategy)
         for name, owner in OWNED_BY_LOOP.items():
             if getattr(sync, name) != getattr(self._owned, name):
                 raise UsageError(f"{name} belongs to this loop's own {owner}: ddptop cannot change it "
@@ -339,6 +402,17 @@ def _first_tensor(out: Any) -> torch.Tensor | None:
     return next((t for t in map(_first_tensor, items) if t is not None), None)
 
 
+def crash_line(exc: BaseException, step: int) -> str:
+    """One line for an exception that ended the user's loop: its first sentence, what to do when it is DDP's
+    unused-parameter error, and that the recording is whole."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    text = text.split(". ")[0].rstrip(".")[:200]
+    hint = "; a parameter got no gradient: join(find_unused_parameters=True)" \
+        if "find_unused_parameters" in str(exc) else ""
+    return (f"the loop raised {type(exc).__name__}{': ' + text if text else ''} in step {step}{hint}; the job is "
+            "closed and recorded up to there (DDPTOP_DEBUG=1 shows the traceback)")
+
+
 def _engine():
     from torch.autograd import Variable
 
@@ -358,13 +432,17 @@ def _one_line_errors() -> None:
         if job is not None and isinstance(value, JobStopped):
             job.finish()  # a stop is a clean end: the run's last record says "stopped"
         elif job is not None and not job._closed and job._stack is not None:
-            job._closed = True
+            crashed = not isinstance(value, (DdptopError, KeyboardInterrupt))
             try:
-                job._stack.__exit__(kind, value, tb)
+                job._crash(value, tb, crashed)
             except DdptopError as exc:
                 kind, value = type(exc), exc
             except Exception:
                 pass
+            if crashed and not isinstance(value, DdptopError) and not os.environ.get("DDPTOP_DEBUG"):
+                say_line(f"ddptop rank {job.rank}: {crash_line(value, job.step_count)}")
+                sys.stdout.flush()
+                os._exit(1)
         if not isinstance(value, DdptopError) or os.environ.get("DDPTOP_DEBUG"):
             return previous(kind, value, tb)
         where = f"ddptop rank {job.rank}" if job is not None else "ddptop"

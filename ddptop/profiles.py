@@ -24,8 +24,9 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 OWN_DIR = Path(str(resources.files("ddptop").joinpath("own_profiles")))  # ddptop's own: what a plain name means
-SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr", "accum", "compress", "lr_warmup_steps"}
-CODE_KEYS = ("model", "dataset", "loss")  # settings whose value may name code (config.is_spec)
+SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr", "accum", "compress", "lr_warmup_steps",
+              "shard_unit"}
+CODE_KEYS = ("model", "dataset", "loss", "collate")  # settings whose value may name code (config.is_spec)
 
 
 def find_profile(name: str) -> Path:
@@ -87,7 +88,7 @@ def check_code(path: Path, values: list[tuple[str, Any]]) -> None:
 
 def code_note(path: Path, run: dict[str, Any], used: dict[str, Any]) -> str:
     """One line naming the code a profile of the user's makes ddptop run, and whose it is (issue 46): each of its
-    model, dataset and loss specs that the run still uses (`used`: a typed flag may have replaced it), with the file
+    model, dataset, loss and collate specs that the run still uses (`used`: a typed flag may have replaced it), with the file
     it names. '' for ddptop's own profiles (their code is ddptop's) and for a profile that names no code."""
     if is_own(path):
         return ""
@@ -113,7 +114,8 @@ def read_profile(path: Path) -> dict[str, Any]:
 
 MAX_SWEEP_STEPS = 1_000_000  # warm-up or measured steps per configuration: more is a typo, not a plan
 SWEEP_TYPES = {"strategy": (str,), "bucket_mb": (int, float), "async_op": (bool,), "batch_size": (int,),
-               "lr": (int, float), "accum": (int,), "compress": (str,), "lr_warmup_steps": (int,)}
+               "lr": (int, float), "accum": (int,), "compress": (str,), "lr_warmup_steps": (int,),
+               "shard_unit": (str,)}
 NOT_IN_PROFILES = {"help", "version", "profile"}
 
 

@@ -9,8 +9,8 @@ from typing import Sequence
 
 from ddptop import __version__
 from ddptop.cli.parser import Parser, add_metrics_flags, check_port, metrics_flags, parse_bool
-from ddptop.config import (BACKENDS, DATASETS, DEVICES, LOSSES, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig,
-                           SyncConfig, is_spec)
+from ddptop.config import (BACKENDS, BUCKETED, DATASETS, DEVICES, LOSSES, MODELS, PROBE_LEVELS, SHARDED,
+                           STRATEGIES, RunConfig, SyncConfig, is_spec)
 from ddptop.errors import UsageError
 
 
@@ -79,6 +79,10 @@ def run_parser() -> argparse.ArgumentParser:
     what.add_argument("--loss", default="cross-entropy", metavar="|".join(LOSSES) + "|SPEC",
                       help="the training loss; accuracy and the test-set line only with cross-entropy "
                            "(cross-entropy)")
+    what.add_argument("--collate", default="", metavar="SPEC",
+                      help="your collate_fn for the loaders: MODULE:CALLABLE or path/file.py:CALLABLE; a batch that "
+                           "is not an (inputs, target) pair goes to the model whole and the loss gets (output, batch) "
+                           "(docs/how-to/own-model.md) (torch's default_collate)")
     what.add_argument("--data-dir", help="the existing folder that holds the cifar10 / mnist files (./data); "
                                          "refused with the synthetic set, which reads no files")
     what.add_argument("--batch-size", type=int, default=64, help="per rank (64)")
@@ -94,8 +98,12 @@ def run_parser() -> argparse.ArgumentParser:
     sync = p.add_argument_group("gradient synchronization")
     sync.add_argument("--strategy", choices=STRATEGIES, default="ddp",
                       help="how gradients are synchronized: none, gather+scatter at rank 0, per-parameter "
-                           "all_reduce, or DistributedDataParallel (ddp)")
-    sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb (25)")
+                           "all_reduce, DistributedDataParallel (ddp), or ZeRO stage 1 (ddp + "
+                           "ZeroRedundancyOptimizer), 2 or 3 (FSDP2's fully_shard)")
+    sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb, ddp and zero1 (25)")
+    sync.add_argument("--shard-unit", default="", metavar="NAME[,NAME]",
+                      help="zero2/zero3: the modules fully_shard makes units of, by class or qualified name "
+                           "(default: each top-level block that holds parameters, and the root)")
     sync.add_argument("--async-op", type=parse_bool, nargs="?", const=True, default=False,
                       help="allreduce: launch every collective with async_op=True")
     sync.add_argument("--accum", type=int, default=1, metavar="K",
@@ -109,7 +117,8 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--headless", action="store_true", help="no screen: progress lines")
     look.add_argument("--probes", choices=PROBE_LEVELS, default="all",
                       help="all: phases, collectives and per-layer spans; system: step time, CPU, NICs; off (all)")
-    look.add_argument("--span-every", type=int, default=10, metavar="N", help="record spans every Nth step (10)")
+    look.add_argument("--span-every", type=int, default=0, metavar="N",
+                      help="per-layer spans every Nth step (default: 10; ranks/16 above 160 ranks)")
     where.add_argument("--token", help="job token for control messages (default: DDPTOP_TOKEN, else generated)")
     look.add_argument("--profile", metavar="NAME|FILE.toml", help="one of ddptop's profiles (below), or a file of "
                       "your own by its path; flags you type override it")
@@ -143,14 +152,30 @@ def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None
     return parser.parse_args(argv), profile
 
 
+def check_shard_units(cfg: RunConfig, parts=None) -> None:
+    """A shard unit that names no module of the model is one line before any rank starts (the model is built here
+    only then: the user's, already built for its sample batch, or the built-in one)."""
+    wanted = {s.shard_unit for s in (cfg.first_sync, *cfg.sweep) if s.strategy in SHARDED and s.shard_unit}
+    if not wanted:
+        return
+    from ddptop.train.models import build_model
+    from ddptop.train.strategies.fsdp import shard_units
+
+    model = parts.model if parts is not None else build_model(cfg.model)
+    for spec in sorted(wanted):
+        shard_units(model, spec)
+
+
 def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> RunConfig:
     bucket_given = args.bucket_mb is not None
     sync = SyncConfig(strategy=args.strategy, bucket_mb=args.bucket_mb if bucket_given else 25.0, async_op=args.async_op,
                       batch_size=args.batch_size, lr=args.lr, accum=args.accum, compress=args.compress,
-                      lr_warmup_steps=args.lr_warmup_steps)
+                      lr_warmup_steps=args.lr_warmup_steps, shard_unit=args.shard_unit)
     sweep = tuple(sync.changed(changes) for changes in profile["sweep"]) if profile else ()
-    if bucket_given and args.strategy != "ddp" and not any(s.strategy == "ddp" for s in sweep):
-        raise UsageError(f"--bucket-mb applies only to ddp, not to {args.strategy}")
+    if bucket_given and args.strategy not in BUCKETED and not any(s.strategy in BUCKETED for s in sweep):
+        raise UsageError(f"--bucket-mb applies only to ddp and zero1, not to {args.strategy}")
+    if args.shard_unit and args.strategy not in SHARDED and not any(s.strategy in SHARDED for s in sweep):
+        raise UsageError(f"--shard-unit applies only to zero2 and zero3, not to {args.strategy}")
     sync = sweep[0] if sweep else sync  # what runs first is what every report of the start says
     dataset = args.dataset or ("tokens" if args.model == "bert-mini" else "synthetic")
     if args.data_dir is not None and dataset in ("synthetic", "tokens"):
@@ -161,7 +186,7 @@ def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> R
     extra = {"sweep": sweep, "sweep_warmup": profile["warmup"], "sweep_measure": profile["measure"],
              "sweep_until_oom": profile["until_oom"], "profile": profile["name"]} if profile else {}
     data_dir = os.path.abspath(args.data_dir or "./data")
-    return RunConfig(**extra, model=args.model, dataset=dataset, loss=args.loss, data_dir=data_dir, sync=sync,
+    return RunConfig(**extra, model=args.model, dataset=dataset, loss=args.loss, collate=args.collate, data_dir=data_dir, sync=sync,
                      epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend,
                      device=args.device, workers=args.workers, probes=args.probes,
                      span_every=args.span_every, iface=args.iface, threads=args.threads,
@@ -221,17 +246,20 @@ def cmd_run(argv: Sequence[str]) -> int:
         forks.start()  # before the user's code below and the front start any thread
     elif threads_set:
         os.environ.pop("OMP_NUM_THREADS")
-    if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss)):
+    parts = None
+    if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)):
         from ddptop.train import specs
 
-        specs.build(cfg)  # the user's code on one sample batch, before any rank starts: one line for what is wrong
+        # the user's code on one sample batch, before any rank starts: one line for what is wrong
+        parts = specs.build(cfg)
         if profile:  # the code ran its check: now say whose it is, when a profile of the user's named it
             from ddptop.profiles import code_note
 
             note = code_note(profile["path"], profile["run"], {"model": cfg.model, "dataset": cfg.dataset,
-                                                                "loss": cfg.loss})
+                                                                "loss": cfg.loss, "collate": cfg.collate})
             if note:
                 print(note, file=sys.stderr)
+    check_shard_units(cfg, parts)
     from ddptop.record.paths import choose
     from ddptop.front.run import records_here, run
 

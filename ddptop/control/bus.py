@@ -95,13 +95,13 @@ class Publisher:
                     break
                 self._ready.extend(_events(item, self.rank))  # a finished step: resolved here, off the training thread
                 continue
-            part = json.dumps(self._ready[0].to_dict(), separators=(",", ":")).encode()
+            part = json.dumps(self._ready[0].to_wire(), separators=(",", ":")).encode()
             if parts and size + len(part) + 1 > keys.MAX_BATCH_BYTES:
                 break
             self._ready.popleft()
             if len(part) > MAX_EVENT_BYTES:  # never happens with ddptop's own events (a VGG step's spans: ~10 KB)
                 part = json.dumps(LogLine(self.rank, "error", f"dropped a {len(part)}-byte event",
-                                          time.time()).to_dict()).encode()
+                                          time.time()).to_wire()).encode()
             parts.append(part)
             size += len(part) + 1
         return b"[" + b",".join(parts) + b"]"

@@ -21,8 +21,11 @@ GRACE_S = 10.0  # after rank 0 is done, the other ranks' last events get this lo
 def main() -> int:
     """The collector process: feed the job's events into the recording and the printer until rank 0 is done."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
-    spec = json.loads(sys.stdin.readline())
     done = threading.Event()
+    # torchrun ends a failed job with SIGTERM to each rank's process group, this process included: that is rank 0
+    # being done too, and the recording is closed as at any end (without this it was left open, -wal and all)
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    spec = json.loads(sys.stdin.readline())
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
     from ddptop.errors import DdptopError
     from ddptop.front.feed import SharedState
@@ -47,7 +50,8 @@ def main() -> int:
         from ddptop.control.announce import announce
 
         announce(spec["hub"], spec.get("record"))
-    done.wait()
+    while not done.wait(0.5):  # a timed wait: the SIGTERM handler runs between two
+        pass
     deadline = time.monotonic() + GRACE_S
     world = spec["world_size"]
     while len(printer.finished) + len(printer.lost) < world and time.monotonic() < deadline and source is not None:

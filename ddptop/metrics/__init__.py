@@ -15,6 +15,21 @@ from typing import Any, Iterable, Iterator, Mapping
 from ddptop.config import IMAGE_DATASETS
 from ddptop.events import ConfigApplied, Event, StepDone
 
+SPAN_EVERY = 10  # a sampled step (per-layer spans) every 10th step by default
+SPAN_RANKS = 160  # above this many ranks the default samples less often, so that the front decodes and records the
+#                   spans of at most ~160 ranks' steps per 10 steps: at 1,024 ranks, 100 spans on every 10th step
+#                   were half of what the front spent (benchmarks/collector_throughput.py, issue 41)
+
+
+def span_cadence(span_every: int, world_size: int) -> int:
+    """Every how many steps a rank records per-layer spans: `--span-every` when given (≥ 1), else every 10th step,
+    or every (world size / 16)th above 160 ranks (every 64th at 1,024 ranks). The same on every rank: the ranks'
+    sampled steps stay the same steps (the straggler analysis lines them up)."""
+    if span_every:
+        return span_every
+    return max(SPAN_EVERY, -(-SPAN_EVERY * max(1, world_size) // SPAN_RANKS))
+
+
 # name → (unit, definition). docs/reference/glossary.md is this table in prose.
 GLOSSARY: dict[str, tuple[str, str]] = {
     "step time": ("s", "wall clock from one step boundary to the next on one rank: everything the training thread "
@@ -47,7 +62,7 @@ GLOSSARY: dict[str, tuple[str, str]] = {
                              "the steps that ended between them (ddptop.metrics.traffic)"),
     "warm-up": ("steps", "the first steps of each segment, left out of its figures (a sweep's warm-up, else 1: "
                          "the first step after a switch builds DDP buckets and caches)"),
-    "sampled step": ("", "a step with per-layer spans (every --span-every steps, never a segment's first); its "
+    "sampled step": ("", "a step with per-layer spans (every --span-every steps: by default every 10th, or every (world size / 16)th above 160 ranks; never a segment's first); its "
                          "hooks slow it, so it is left out of time figures"),
     "slowest rank": ("", "the rank with the largest mean step time over the segment's measured steps"),
     "time per epoch": ("s", "the slowest rank's mean step time × the steps of one epoch at the segment's batch "

@@ -182,9 +182,10 @@ def build_datasets(cfg: RunConfig) -> tuple[Dataset, Dataset]:
 
 def make_loader(
     dataset: Dataset, batch_size: int, rank: int, world_size: int, seed: int, train: bool, workers: int = 0,
-    pin: bool = False,
+    pin: bool = False, collate: Callable | None = None,
 ) -> tuple[DataLoader, DistributedSampler]:
-    """A loader over this rank's shard; the caller calls sampler.set_epoch(epoch) every epoch.
+    """A loader over this rank's shard; the caller calls sampler.set_epoch(epoch) every epoch. `collate`: the user's
+    collate_fn (--collate; None: torch's default_collate).
 
     `workers` loader processes (kept for the loader's life) build batches beside the training thread; `pin`
     (CUDA) puts batches in page-locked memory, without which a `non_blocking=True` copy to the GPU is
@@ -195,7 +196,7 @@ def make_loader(
         dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed, drop_last=train
     )
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, drop_last=train,
-                        pin_memory=pin, persistent_workers=workers > 0)
+                        pin_memory=pin, persistent_workers=workers > 0, collate_fn=collate)
     if len(loader) == 0:
         raise DataError(
             f"{len(dataset)} samples give no full batch of {batch_size} to each of {world_size} rank(s): "

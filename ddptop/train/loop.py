@@ -16,20 +16,24 @@ import torch.distributed as dist
 from torch import nn
 
 from ddptop import metrics
-from ddptop.config import RunConfig, SyncConfig
+from ddptop.config import BUCKETED, SHARDED, RunConfig, SyncConfig
 from ddptop.control.agent import Decision
 from ddptop.events import ConfigApplied
 from ddptop.errors import UsageError
 from ddptop.events import ClockSync, EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
 from ddptop.metrics.buckets import same_layout
 from ddptop.probes.clocksync import ping_pong
+from ddptop.probes.memory import MemoryProbe
 from ddptop.probes.own import now
-from ddptop.train import specs
+from ddptop.sources.memory import UniqueMemory
+from ddptop.train import batches, specs
 from ddptop.train.data import make_loader
 from ddptop.train.devices import check_strategy, loader_workers
 from ddptop.train.models import layer_param_counts
 from ddptop.train.save import SaveFailed, save
 from ddptop.train.strategies import Strategy, build_strategy
+from ddptop.train.strategies.base import momentum_by_name, plain_optimizer
+from ddptop.train.strategies.fsdp import shard_units
 from ddptop.train.sync_state import broadcast_state, fingerprint, model_bytes
 from ddptop.testhooks import model_tweaks, rank_hooks
 
@@ -48,8 +52,9 @@ class Trainer:
         self.probe = probe
         parts = parts or specs.build(cfg, model_tweaks(rank))  # seeded: the same initial weights on every rank
         self.model = (model or parts.model).to(device)
+        self._layout = model_layout(self.model)  # before a sharded strategy releases the plain model's storage
         self.train_set, self.test_set = parts.train, parts.test
-        self.criterion, self.unused = parts.loss, parts.unused
+        self.criterion, self.unused, self.collate = parts.loss, parts.unused, parts.collate
         self.evaluates = cfg.eval and parts.classification and parts.test is not None  # accuracy means something
         self.no_eval = ("" if self.evaluates else "--no-eval" if not cfg.eval else
                         f"the loss is {cfg.loss}, not cross-entropy: accuracy is measured for a classifier under "
@@ -68,6 +73,8 @@ class Trainer:
         self._trial: Decision | None = None  # the configuration to go back to if the next step does not fit
         self._rolled_back_at = -1  # the step a roll-back happened at: a sweep does not retry its switch there
         self._lr_from = 0  # the step lr or lr_warmup_steps was last set at: the warm-up counts from here
+        # each rank's memory by kind (issue 43), on a cadence; `--probes off` measures nothing of ddptop's own
+        self.memory = memory_probe(cfg, rank, device, emit, probe.own)
 
     # -- segments ---------------------------------------------------------------------------------------
     def start_segment(self, decision: Decision, agent=None) -> None:
@@ -82,25 +89,28 @@ class Trainer:
         # a larger batch is tried first: its first step runs without collectives (_trial_step)
         trial = previous is not None and sync.batch_size > previous.batch_size
         self._trial = Decision(decision.request_id, previous, decision.who) if trial else None
-        if self.strategy is not None:
-            self.strategy.teardown()
-        if previous is None:
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=sync.lr, momentum=0.9, weight_decay=1e-4)
+        self._leave(sync)
         sync_bytes = resync(self.model, self.optimizer, previous, sync, self.world_size)
         self.sync = sync
         self.segment += 1
         self.segment_start = self.step
         self.strategy, self.forward_module = build_for(self.model, sync, self.rank, self.world_size, self.device,
                                                        self.probe, find_unused=bool(self.unused))
+        if self.strategy.owns_optimizer:  # zero1/2/3: their optimizer, holding the plain one's momentum
+            self.optimizer = self.strategy.build_optimizer(sync.lr, momentum_by_name(self.model, self.optimizer))
         if previous is None or (previous.lr, previous.lr_warmup_steps) != (sync.lr, sync.lr_warmup_steps):
             self._lr_from = self.step
         if previous is None or previous.batch_size != sync.batch_size:
             # a new batch size restarts the epoch's shard with the new loader (the sampler's order is the same)
             self.loader, self.sampler = make_loader(self.train_set, sync.batch_size, self.rank, self.world_size,
-                                                    self.cfg.seed, train=True, workers=self.workers, pin=self.pin)
+                                                    self.cfg.seed, train=True, workers=self.workers, pin=self.pin,
+                                                    collate=self.collate)
             self._iterator = None
         self._set_lr()
-        print_ = fingerprint(self.model)
+        if self.memory is not None:  # every segment is measured at its first step, the strategy's state then built
+            self.memory.watch(self.strategy.module())  # zero2/3: the shards' module (the plain one is released)
+            self.memory.due_now()
+        print_ = fingerprint(self.strategy.full_parameters())
         if agent is not None:  # a trial's `set` is answered once every rank knows whether the batch fits
             agent.applied(decision, self.step, self.segment, answer=not trial)
         switch_s = now() - began
@@ -108,6 +118,19 @@ class Trainer:
         self.emit(ConfigApplied(self.rank, self.step, self.segment, sync.to_dict(), decision.request_id,
                                 decision.who, time.time(), fingerprint=print_, sync_bytes=sync_bytes,
                                 switch_s=switch_s, steps_per_epoch=self.steps_per_epoch()))
+
+    def _leave(self, sync: SyncConfig) -> None:
+        """Tear the segment's strategy down; the plain model then holds the full parameters again. A strategy that
+        owned the optimizer hands its momentum over (full tensors by name, on every rank) to the loop's plain SGD,
+        the home of the optimizer state between segments (resync broadcasts it after `single`; a zero strategy
+        takes it from there)."""
+        leaving, carried = self.strategy, None
+        if leaving is not None and leaving.owns_optimizer:
+            carried = leaving.export_momentum()
+        if leaving is not None:
+            leaving.teardown()
+        if self.optimizer is None or carried is not None:
+            self.optimizer = plain_optimizer(self.model, sync.lr, carried)
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps per epoch: the shard's micro-batches over accum (a step may span two epochs)."""
@@ -125,6 +148,8 @@ class Trainer:
         """Rank 0 refuses a configuration this data cannot train before any rank sees it."""
         if self.device.type == "cuda" and dist.is_initialized():  # gloo moves CUDA tensors for some collectives only
             check_strategy("cuda", dist.get_backend(), sync.strategy)
+        if sync.strategy in SHARDED:
+            shard_units(self.model, sync.shard_unit)  # a unit that names no module: one line, the job unchanged
         if sync.batch_size * self.world_size > len(self.train_set):
             raise UsageError(f"batch size {sync.batch_size} x {self.world_size} ranks is more than the "
                              f"{len(self.train_set)} training {'images' if specs.samples_are_images(self.cfg.dataset) else 'samples'}")
@@ -149,6 +174,8 @@ class Trainer:
             started = self._run_started()
             self.emit(started)
             self._sweep_warning(started)
+            if self.unused:
+                self.emit(LogLine(self.rank, "warning", specs.unused_note(self.unused), time.time()))
         self._sync_clocks("start", agent)
         time.sleep(rank_hooks(self.rank).start_s)  # test-only (testhooks: start=RANK:MS): 0 otherwise
         criterion = self.criterion
@@ -160,10 +187,12 @@ class Trainer:
             if not self._boundary(agent):
                 break
             probe.ready(self.step, self.segment, self.segment_start)
-            inputs, labels = self._next_batch(criterion)
+            if self.memory is not None:
+                self.memory.begin()
+            batch = self._next_batch(criterion)
             if self._trial is None:
-                self._train_step(inputs, labels, criterion)
-            elif not self._trial_step(inputs, labels, criterion, agent):
+                self._train_step(batch, criterion)
+            elif not self._trial_step(batch, criterion, agent):
                 break
         probe.close()  # waits for the device once, so the last step's marks can be read
         self._sync_clocks("end", agent)  # every rank leaves the loop at the same step (a stop is broadcast)
@@ -198,8 +227,9 @@ class Trainer:
             self.start_segment(boundary.decision, agent)
         return True
 
-    def _next_batch(self, criterion: nn.Module):
-        """The next batch; at an epoch's end, the test pass (set aside: not part of any step) and a new epoch."""
+    def _next_batch(self, criterion: nn.Module) -> Any:
+        """The next batch, as the loader and the user's collate_fn made it; at an epoch's end, the test pass (set
+        aside: not part of any step) and a new epoch."""
         while True:
             if self._iterator is None:
                 self.sampler.set_epoch(self.epoch)
@@ -215,10 +245,10 @@ class Trainer:
                 self._iterator = None
                 self.probe.aside(now() - began)
 
-    def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module) -> None:
+    def _train_step(self, batch: Any, criterion: nn.Module) -> None:
         probe = self.probe
         self.optimizer.zero_grad(set_to_none=True)
-        loss, samples = self._micro_steps(inputs, labels, criterion, self.forward_module, self.strategy.micro_step)
+        loss, samples = self._micro_steps(batch, criterion, self.forward_module, self.strategy.micro_step)
         self.strategy.after_backward()
         self.strategy.before_step()
         probe.mark("sync")
@@ -226,11 +256,22 @@ class Trainer:
         self.optimizer.step()
         probe.mark("opt")
         probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        self._measure_memory()
         self.step += 1
 
-    def _micro_steps(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, module: nn.Module,
+    def _measure_memory(self) -> None:
+        """A sampled step's memory by kind (probes.memory): at its end, the gradients still held, before the next
+        step's zero_grad."""
+        if self.memory is not None:
+            self.memory.finish(self.optimizer, self.step, self.segment)
+
+    def _micro_steps(self, batch: Any, criterion: nn.Module, module: nn.Module,
                      context: Callable[[bool], Any]) -> tuple[torch.Tensor, int]:
         """The step's accum micro-steps, gradients summed in place; (the mean loss, samples trained).
+
+        A batch is called as train/batches.py's rule says (a pair: loss(model(inputs), target); else
+        loss(model(batch), batch)), every tensor in it moved to the device; its samples are its first tensor's
+        first dimension, so variable batches are counted as they come.
 
         Each micro-step's loss is divided by accum, so the summed gradient is the mean over all accum·b samples;
         `context(last)` wraps each (DDP: no_sync() for all but the last). The phase marks belong to the last,
@@ -241,21 +282,22 @@ class Trainer:
         for index in range(accum):
             last = index == accum - 1
             if index:
-                inputs, labels = self._next_batch(criterion)
-            inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+                batch = self._next_batch(criterion)
+            batch = batches.to_device(batch, self.device)
+            inputs, targets = batches.split(batch)
             probe.mark("data") if index == 0 else probe.micro("data", last)
             with context(last):
-                loss = criterion(module(inputs), labels)
+                loss = criterion(module(inputs), targets)
                 probe.mark("fwd") if last else probe.micro("fwd")
                 (loss / accum if accum > 1 else loss).backward()
             if not last:
                 probe.micro("bwd")
             losses.append(loss.detach())
-            samples += int(labels.shape[0])
+            samples += batches.size(batch) or 0
         probe.mark("bwd")
         return (losses[0] if accum == 1 else torch.stack(losses).mean()), samples
 
-    def _trial_step(self, inputs: torch.Tensor, labels: torch.Tensor, criterion: nn.Module, agent) -> bool:
+    def _trial_step(self, batch: Any, criterion: nn.Module, agent) -> bool:
         """The first step after the batch grew. Forward and backward run without any collective (DDP's plain
         module), so a rank that runs out of GPU memory leaves no peer waiting inside one; one all-reduce over
         the control group then tells every rank which ranks ran out. If none did, the step ends as the strategy
@@ -264,11 +306,11 @@ class Trainer:
         probe, loss = self.probe, None
         try:
             self.optimizer.zero_grad(set_to_none=True)
-            loss, samples = self._micro_steps(inputs, labels, criterion, self.strategy.trial_module(),
+            loss, samples = self._micro_steps(batch, criterion, self.strategy.trial_module(),
                                               lambda last: contextlib.nullcontext())
         except torch.cuda.OutOfMemoryError:  # leaving this block drops the traceback and the tensors it held
             loss = None
-        del inputs, labels
+        del batch
         began = now()
         failed = agent.out_of_memory(loss is None) if agent is not None else ([] if loss is not None else [self.rank])
         probe.own.add(now() - began)  # 8 bytes per rank over gloo, once per batch increase
@@ -282,6 +324,7 @@ class Trainer:
         self.optimizer.step()
         probe.mark("opt")
         probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        self._measure_memory()
         self.step += 1
         if agent is not None:
             agent.answer(trial.request_id, self.step - 1, self.segment)
@@ -308,7 +351,11 @@ class Trainer:
         return True
 
     def _finish(self) -> None:
-        """The run's last word: the final fingerprint, and (`--save`) rank 0's model on disk."""
+        """The run's last word: the final fingerprint, and (`--save`) rank 0's model on disk (a sharded
+        strategy gives the plain model its full parameters back first)."""
+        if self.strategy is not None and self.strategy.owns_optimizer:
+            self.strategy.teardown()
+            self.strategy = None
         print_ = fingerprint(self.model)
         if self.rank == 0 and self.cfg.save:
             try:
@@ -321,16 +368,18 @@ class Trainer:
 
     def _evaluate(self, criterion: nn.Module) -> None:
         """Test loss and accuracy over the whole test set: each rank scores its shard, sums are all-reduced."""
-        loader, _ = make_loader(self.test_set, 256, self.rank, self.world_size, self.cfg.seed, train=False)
-        self.model.eval()
+        loader, _ = make_loader(self.test_set, 256, self.rank, self.world_size, self.cfg.seed, train=False,
+                                collate=self.collate)
+        model = self.strategy.module() if self.strategy is not None else self.model  # zero2/3: the shards' module
+        model.eval()
         sums = torch.zeros(3, dtype=torch.float64)
         with torch.no_grad():
-            for inputs, labels in loader:
-                inputs, labels = inputs.to(self.device), labels.to(self.device)
-                out = self.model(inputs)
+            for batch in loader:  # cross-entropy only (Trainer.evaluates): pairs, specs.try_batch saw to it
+                inputs, labels = batches.split(batches.to_device(batch, self.device))
+                out = model(inputs)
                 sums += torch.tensor([criterion(out, labels).item() * len(labels),
                                       (out.argmax(1) == labels).sum().item(), len(labels)], dtype=torch.float64)
-        self.model.train()
+        model.train()
         if self.world_size > 1:
             sums = sums.to(self.device)
             dist.all_reduce(sums)
@@ -352,7 +401,7 @@ class Trainer:
         return RunStarted(
             model=self.cfg.model, dataset=self.cfg.dataset, world_size=self.world_size, strategy=sync.strategy,
             bucket_mb=sync.bucket_mb, async_op=sync.async_op, batch_size=sync.batch_size, lr=sync.lr,
-            **model_layout(self.model), steps_per_epoch=self.steps_per_epoch(), t=time.time(),
+            **self._layout, steps_per_epoch=self.steps_per_epoch(), t=time.time(),
             total_steps=self.total_steps(), sweep_segments=len(self.cfg.sweep),
             warmup=metrics.warmup_for(self.cfg.to_dict()), accum=sync.accum, no_eval=self.no_eval,
         )
@@ -367,10 +416,19 @@ def resync(model: nn.Module, optimizer: torch.optim.Optimizer, previous: SyncCon
     (DDP broadcasts parameters and buffers itself when built, so only the optimizer state then)."""
     sync_bytes = 0
     if previous is not None and previous.strategy == "single" and sync.strategy != "single" and world_size > 1:
-        sync_bytes += broadcast_state(model, optimizer, with_model=sync.strategy != "ddp")
-    if sync.strategy == "ddp" and world_size > 1:
+        sync_bytes += broadcast_state(model, optimizer, with_model=sync.strategy not in BUCKETED)
+    if sync.strategy in BUCKETED and world_size > 1:
         sync_bytes += model_bytes(model)  # DDP broadcasts rank 0's parameters and buffers when built
     return sync_bytes
+
+
+def memory_probe(cfg: RunConfig, rank: int, device: torch.device, emit: Callable[[Any], None],
+                 own: Any) -> MemoryProbe | None:
+    """Each rank's memory by kind (issue 43), sampled on a cadence; None under `--probes off`, which measures nothing
+    of ddptop's own."""
+    if cfg.probes == "off":
+        return None
+    return MemoryProbe(rank, device, emit, own, None if device.type == "cuda" else UniqueMemory())
 
 
 def exchange(agent, probe: Any, step: int):
@@ -391,7 +449,7 @@ def build_for(model: nn.Module, sync: SyncConfig, rank: int, world_size: int, de
     strategy = build_strategy(sync, rank, world_size, probe.comm, device_ids)
     strategy.find_unused = find_unused
     forward_module = strategy.prepare(model)
-    probe.watch(model, overlapped_backward=sync.strategy == "ddp")
+    probe.watch(strategy.module(), overlapped_backward=sync.strategy in BUCKETED)
     return strategy, forward_module
 
 

@@ -6,10 +6,12 @@ carry it as text and nothing here is called from replay or report. Callables get
 their signature takes it (or **kwargs):
   model:   num_classes (the data set's num_classes or len(classes); with cross-entropy else its largest target + 1)
   dataset: seed (--seed), size (--synthetic-size), data_dir (--data-dir)
-  loss:    called as loss(outputs, targets) → scalar tensor; a class (an nn.Module such as nn.L1Loss) is
-           instantiated with no arguments first.
+  loss:    returns a scalar tensor; a class (an nn.Module such as nn.L1Loss) is instantiated with no arguments first.
+  collate: the loaders' collate_fn (--collate; torch's default_collate without it), called with a list of items.
+How the model and loss are called on a batch (train/batches.py, one rule): a pair (inputs, target) as
+loss(model(inputs), target); any other batch (a dict, nested structures) as loss(model(batch), batch).
 Exit codes: 2 for a spec that cannot be imported or called, or whose model or loss fails on a sample batch; 3 for
-a data set that raises, returns something that is not a data set, is empty or whose items are not (input, target).
+a data set that raises, returns something that is not a data set or is empty, or whose items make no batch.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from torch.utils.data import Dataset, default_collate
 
 from ddptop.config import DATASETS, IMAGE_DATASETS, MODELS, RunConfig, is_spec
 from ddptop.errors import DataError, DdptopError, UsageError
-from ddptop.train import data, models
+from ddptop.train import batches, data, models
 
 SAMPLE_ITEMS = 2  # the sample batch a spec is checked on (2: BatchNorm in training mode needs more than one value)
 CLASS_SCAN = 10000  # items read to count classes when the data set has no num_classes (or classes) attribute
@@ -48,10 +50,11 @@ class Parts:
     classification: bool  # cross-entropy: accuracy and the test-set line mean something
     num_classes: int | None
     unused: tuple[str, ...] = ()  # parameters that got no gradient on the sample batch
+    collate: Callable[[list], Any] | None = None  # the loaders' collate_fn (None: torch's default_collate)
 
 
 def is_builtin(cfg: RunConfig) -> bool:
-    return cfg.model in MODELS and cfg.dataset in DATASETS and not is_spec(cfg.loss)
+    return cfg.model in MODELS and cfg.dataset in DATASETS and not is_spec(cfg.loss) and not cfg.collate
 
 
 def samples_are_images(dataset: str) -> bool:
@@ -71,7 +74,8 @@ def build(cfg: RunConfig, tweaks: dict | None = None, probe: bool | None = None)
         train = data.SlowItems(train, slow_data)
     torch.manual_seed(cfg.seed)
     model = _model(cfg.model, classes, tweaks)
-    parts = Parts(model, train, test, _loss(cfg.loss), classification, classes)
+    parts = Parts(model, train, test, _loss(cfg.loss), classification, classes,
+                  collate=load("--collate", cfg.collate) if cfg.collate else None)
     if probe if probe is not None else not is_builtin(cfg):
         parts.unused = try_batch(parts, cfg)
     return parts
@@ -168,9 +172,7 @@ def _datasets(cfg: RunConfig) -> tuple[Dataset, Dataset | None]:
     if size == 0:
         raise DataError(f"{flag} {spec} returned an empty training set")
     with _user_code(DataError, f"{flag} {spec}: its item 0 raised"):
-        item = train[0]
-    if not isinstance(item, (tuple, list)) or len(item) != 2:
-        raise DataError(f"{flag} {spec}: items must be (input, target) pairs; item 0 is a {_kind(item)}")
+        train[0]  # what the items are is the collate function's and the model's to say (sample_batch)
     return train, test
 
 
@@ -252,11 +254,15 @@ def _loss(spec: str) -> Callable:
 def try_batch(parts: Parts, cfg: RunConfig) -> tuple[str, ...]:
     """One sample batch forward, through the loss and backward, leaving the model as it was (weights, buffers, the
     random state): one line for what does not fit together; returns the parameters that got no gradient."""
-    inputs, targets = sample_batch(parts.train, cfg.dataset)
+    batch = sample_batch(parts.train, cfg.dataset, parts.collate)
+    inputs, targets = batches.split(batch)
+    if inputs is batch and not is_spec(cfg.loss):
+        raise DataError(f"--loss {cfg.loss} takes (output, target) from an (inputs, target) batch; this batch is "
+                         f"{batches.describe(batch)}: give a loss of yours that takes (output, batch)")
     model, state = parts.model, {k: v.clone() for k, v in parts.model.state_dict().items()}
     rng = torch.random.get_rng_state()
     try:
-        with _user_code(UsageError, f"--model {cfg.model} raised in forward on a batch of {SAMPLE_ITEMS} "
+        with _user_code(UsageError, f"--model {cfg.model} raised in forward on a batch of {SAMPLE_ITEMS}, "
                                     f"{_shape(inputs)}"):
             outputs = model(inputs)
         loss = _apply_loss(parts, cfg, outputs, targets)
@@ -269,19 +275,31 @@ def try_batch(parts: Parts, cfg: RunConfig) -> tuple[str, ...]:
         torch.random.set_rng_state(rng)
 
 
-def sample_batch(train: Dataset, name: str) -> tuple[torch.Tensor, Any]:
-    """The first SAMPLE_ITEMS items collated as the loader will, or one DataError line."""
+UNUSED_NAMED = 4  # parameters named in the warning; the rest are counted
+
+
+def unused_note(names: tuple[str, ...], ddp_flag: str = "find_unused_parameters=True") -> str:
+    """The one warning line naming the parameters that got no gradient, and what ddptop does about them."""
+    shown = ", ".join(names[:UNUSED_NAMED]) + (f" and {len(names) - UNUSED_NAMED} more" if len(names) > UNUSED_NAMED
+                                                 else "")
+    return (f"{len(names)} parameter{'s' if len(names) != 1 else ''} got no gradient on the sample batch ({shown}): "
+            f"ddp runs with {ddp_flag} (a walk of the autograd graph every step), the other strategies send zeros "
+            "for them")
+
+
+def sample_batch(train: Dataset, name: str, collate: Callable | None = None) -> Any:
+    """The first SAMPLE_ITEMS items collated as the loader will (the user's collate_fn, else torch's
+    default_collate), or one DataError line: a batch must hold a tensor whose first dimension is its size."""
     flag = f"--dataset {name}"
     with _user_code(DataError, f"{flag}: its first items raised"):
         items = [train[i] for i in range(min(SAMPLE_ITEMS, len(train)))]
-    bad = next((item for item in items if not isinstance(item, (tuple, list)) or len(item) != 2), None)
-    if bad is not None:
-        raise DataError(f"{flag}: items must be (input, target) pairs; one is a {_kind(bad)}")
-    with _user_code(DataError, f"{flag}: its items do not make a batch (torch's default_collate)"):
-        inputs, targets = default_collate(items)
-    if not isinstance(inputs, torch.Tensor):
-        raise DataError(f"{flag}: inputs must be tensors (or numbers), got a batch of {_kind(inputs)}")
-    return inputs, targets
+    how = "--collate " + getattr(collate, "__name__", "") if collate else "torch's default_collate"
+    with _user_code(DataError, f"{flag}: its items ({batches.describe(items[0])}) do not make a batch ({how})"):
+        batch = (collate or default_collate)(items)
+    if batches.size(batch) is None:
+        raise DataError(f"{flag}: a batch must hold a tensor whose first dimension counts the samples; {how} made "
+                        f"{batches.describe(batch)}")
+    return batch
 
 
 def _apply_loss(parts: Parts, cfg: RunConfig, outputs: Any, targets: Any) -> torch.Tensor:
@@ -302,4 +320,4 @@ def _apply_loss(parts: Parts, cfg: RunConfig, outputs: Any, targets: Any) -> tor
 def _shape(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"of shape {tuple(value.shape)} ({str(value.dtype).removeprefix('torch.')})"
-    return f"a {_kind(value)}"
+    return batches.describe(value)

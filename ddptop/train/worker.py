@@ -20,6 +20,7 @@ import torch.distributed as dist
 import zmq
 
 import ddptop
+from ddptop import metrics
 from ddptop.config import RunConfig
 from ddptop.control import handshake, keys, session, transport
 from ddptop.control.agent import ControlAgent, Link
@@ -84,7 +85,7 @@ def run_rank(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> int:
     """Train as one rank. Raises DdptopError for anything the user can act on."""
     with joined(cfg, rdv, options) as rank:
         trainer = Trainer(cfg, rdv.rank, rdv.world_size, rank.device, rank.emit,
-                          make_probe(cfg, rdv.rank, rank.device, rank.emit), local_ranks=rdv.local_world_size,
+                          make_probe(cfg, rdv.rank, rdv.world_size, rank.device, rank.emit), local_ranks=rdv.local_world_size,
                           parts=rank.parts)
         rank.agent = ControlAgent(rdv.rank, rdv.world_size, rank.job, rank.connect, rank.emit, trainer.check,
                                   cfg.first_sync, group=rank.group, sweep_segments=len(cfg.sweep))
@@ -232,9 +233,10 @@ def share_job_keys(rank: int, options: WorkerOptions, group, control: bytes = b"
     return JobKeys.from_control(control, got.job_id) if options.check_token else got
 
 
-def make_probe(cfg: RunConfig, rank: int, device: torch.device, emit):
+def make_probe(cfg: RunConfig, rank: int, world_size: int, device: torch.device, emit):
     """`--probes all`: phases, collectives and per-layer spans; `system`/`off`: step time, ddptop's cost, loss."""
-    return StepProbe(rank, clock_for(device.type), emit, cfg.span_every, spans=True, detail=cfg.probes == "all")
+    return StepProbe(rank, clock_for(device.type), emit, metrics.span_cadence(cfg.span_every, world_size),
+                     spans=True, detail=cfg.probes == "all")
 
 
 PEER_FAILURES = ("connection closed by peer", "connection reset by peer", "timed out", "broken pipe",

@@ -238,6 +238,9 @@ BAD = textwrap.dedent("""
 
     def five():
         return 5
+
+    def names(items):
+        return [f"item {i}" for i, _ in enumerate(items)]
 """)
 
 
@@ -251,8 +254,12 @@ BAD = textwrap.dedent("""
     (["--model", "bad.py:scalar", "--dataset", "bad.py:regression", "--loss", "mse"], 2,
      ["cannot take the model's output of shape (2, 1)", "targets of shape (2,)", "one shape"]),
     (["--model", "bad.py:scalar", "--dataset", "bad.py:classes"], 2, ["cross-entropy needs (batch, classes ≥ 3)"]),
-    (["--model", "bad.py:mlp", "--dataset", "bad.py:lone_tensors"], 3, ["items must be (input, target) pairs",
-                                                                         "item 0 is a Tensor"]),
+    (["--model", "bad.py:mlp", "--dataset", "bad.py:lone_tensors"], 3, [  # a batch that is no (inputs, target) pair
+        "--loss cross-entropy takes (output, target) from an (inputs, target) batch",
+        "this batch is a tensor of shape (2, 8)", "takes (output, batch)"]),
+    (["--model", "bad.py:mlp", "--dataset", "bad.py:classes", "--collate", "bad.py:names"], 3, [
+        "a batch must hold a tensor whose first dimension counts the samples", "made a list of 2 (str, str)"]),
+    (["--model", "bad.py:mlp", "--dataset", "bad.py:classes", "--collate", "bad.py:nope"], 2, ["has no 'nope'"]),
     (["--model", "bad.py:mlp", "--dataset", "bad.py:empty"], 3, ["empty training set"]),
     (["--model", "bad.py:mlp", "--dataset", "bad.py:data_boom"], 3, ["raised OSError: no such shard"]),
     (["--model", "bad.py:mlp", "--dataset", "bad.py:five"], 3, ["returned a int", "map-style Dataset"]),

@@ -70,16 +70,28 @@ def test_each_built_in_models_counts_add_up_to_its_parameters(name):
                                                                if p.requires_grad)
 
 
-def _reducer_buckets(rank: int, port: int, sizes: list, out) -> None:
+def _example():
+    """ddptop/examples/transformer.py's model and a padded dict batch of its own items (issue 44's Transformer)."""
+    from ddptop.examples import transformer
+
+    train, _ = transformer.data(size=8)
+    return transformer.model(), transformer.collate([train[i] for i in range(4)])
+
+
+MODELS = {"tied": lambda: (Transformer(), torch.randint(0, 500, (2, 16))), "example": _example}
+
+
+def _reducer_buckets(rank: int, port: int, sizes: list, out, which: str = "tied") -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         for mb in sizes:
             torch.manual_seed(0)
-            ddp = nn.parallel.DistributedDataParallel(Transformer(), bucket_cap_mb=mb)
+            model, batch = MODELS[which]()
+            ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=mb)
             for _ in range(3):  # DDP rebuilds its buckets in the order gradients became ready, after step 1
-                ddp(torch.randint(0, 500, (2, 16))).sum().backward()
+                ddp(batch).sum().backward()
             data = ddp._get_ddp_logging_data()
             if rank == 0:
                 out.put((mb, data.get("has_rebuilt_buckets"), str(data.get("rebuilt_bucket_sizes", ""))))
@@ -87,11 +99,12 @@ def _reducer_buckets(rank: int, port: int, sizes: list, out) -> None:
         dist.destroy_process_group()
 
 
-def test_the_bucket_layout_is_ddps_own_at_0_05_and_1_mb():
+@pytest.mark.parametrize("which", ["tied", "example"])
+def test_the_bucket_layout_is_ddps_own_at_0_05_and_1_mb(which):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = ports.port()
-    procs = [ctx.Process(target=_reducer_buckets, args=(r, port, [0.05, 1.0], out)) for r in range(2)]
+    procs = [ctx.Process(target=_reducer_buckets, args=(r, port, [0.05, 1.0], out, which)) for r in range(2)]
     for p in procs:
         p.start()
     got = {}
@@ -104,10 +117,13 @@ def test_the_bucket_layout_is_ddps_own_at_0_05_and_1_mb():
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
-    layers = layer_param_counts(Transformer())
+    model = MODELS[which]()[0]
+    layers = layer_param_counts(model)
+    total = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    assert which != "tied" or total == TOTAL
     for mb in (0.05, 1.0):
         rebuilt, sizes = got[mb]
         predicted = [b.nbytes for b in ddp_buckets(layers, 4, mb)]
-        assert rebuilt == 1 and sum(sizes) == sum(predicted) == TOTAL, (mb, sizes, predicted)
+        assert rebuilt == 1 and sum(sizes) == sum(predicted) == total, (mb, sizes, predicted)
         assert len(predicted) == len(sizes), (mb, predicted, sizes)  # the count, as the reducer made it
     assert len(got[1.0][1]) == 1 and len(got[0.05][1]) >= 5

@@ -10,8 +10,8 @@ import typing
 
 import pytest
 
-from ddptop.events import (EVENT_TYPES, FRONT, MAX_TEXT, SIGNED, ConfigApplied, EventDecodeError, LogLine, NicStat,
-                           Span, StepDone, StepSpans, decode_batch, event_from_dict)
+from ddptop.events import (EVENT_TYPES, FRONT, MAX_TEXT, MEMORY_BY, SIGNED, ConfigApplied, EventDecodeError,
+                           LogLine, NicStat, Span, StepDone, StepSpans, decode_batch, event_from_dict)
 
 T0 = 1.7e9
 TEXT_TOO_LONG = "x" * (MAX_TEXT + 1)
@@ -26,7 +26,7 @@ def good(tp, name: str):
     if tp is float:
         return T0 if name in ("t", "t0") else 0.25
     if tp is str:
-        return "ok"
+        return MEMORY_BY[1] if name == "by" else "ok"  # a memory sample says which of its measures it took
     if dataclasses.is_dataclass(tp):
         record = {f.name: good(typing.get_type_hints(tp)[f.name], f.name) for f in dataclasses.fields(tp)}
         return list(record.values()) if tp is Span else record  # a span travels as a list (StepSpans.to_dict)
@@ -183,3 +183,45 @@ def test_spans_decode_to_the_spans_that_were_sent_in_every_compact_form():
                        (["bwd", "x", 1.0, 0.5, 0, 0, True], r"spans\[1\].rx_bytes")):
         with pytest.raises(EventDecodeError, match=where):
             event_from_dict({**valid(StepSpans), "spans": [list(sent[0].__dict__.values()), bad]})
+
+
+# -- the wire form (Event.to_wire: [kind, schema, values in field order]), what a rank's Publisher sends ----------
+
+def wire(cls, data: dict) -> list:
+    return [data["kind"], data["v"], *(data[f.name] for f in dataclasses.fields(cls))]
+
+
+def test_every_kind_travels_in_the_wire_form_unchanged():
+    for cls in EVENT_TYPES.values():
+        event = event_from_dict(json.loads(json.dumps(valid(cls))))
+        sent = json.loads(json.dumps(event.to_wire()))
+        assert sent == wire(cls, valid(cls))  # no key names: the fields' values, in order
+        assert event_from_dict(sent) == event
+        newer = event_from_dict(sent + [7, "a field a newer rank added"])  # appended fields: ignored
+        assert newer == event
+
+
+@pytest.mark.parametrize("cls, name, value", CASES,
+                         ids=[f"{c.kind}.{n}={type(v).__name__}:{str(v)[:12]}" for c, n, v in CASES])
+def test_each_field_in_the_wire_form_refuses_what_the_object_form_refuses(cls, name, value):
+    data = valid(cls)
+    data[name] = value
+    with pytest.raises(EventDecodeError, match=name):
+        event_from_dict(json.loads(json.dumps(wire(cls, data))))
+
+
+@pytest.mark.parametrize("items, why", [
+    ([], "unknown event kind None"), (["step_done"], "unknown event kind None"),
+    (["no_such_kind", 1], "unknown event kind 'no_such_kind'"), ([5, 1], "unknown event kind 5"),
+    (["step_done", 99], "schema 99 is newer"), (["step_done", "1"], "schema '1' is newer"),
+    (["step_done", 1, 0, 1], "missing"),  # fields left out are required ones: refused, never defaulted
+])
+def test_a_wire_list_that_is_no_event_is_refused_in_one_line(items, why):
+    with pytest.raises(EventDecodeError, match=why):
+        event_from_dict(items)
+
+
+def test_a_ranks_wire_line_cannot_speak_for_the_front():
+    line = LogLine(FRONT, "error", "the collector failed", T0)
+    good_, bad = decode_batch(json.dumps([line.to_wire()]).encode(), 0)
+    assert good_ == [] and bad == ["a log event in rank 0's batch claims rank -1"]
