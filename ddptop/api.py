@@ -173,7 +173,8 @@ class Job:
         self._stack = ExitStack()
         atexit.register(self.finish)
         token, timeout_s, collective_timeout_s = self._options
-        options = rank_options(self.rdv, token, timeout_s, LOST_AFTER_S, collective_timeout_s)
+        options = rank_options(self.rdv, token, timeout_s, LOST_AFTER_S, collective_timeout_s,
+                               token_by="join(token=...)")  # an API user has no --token to pass
         config = {**self.cfg.to_dict(), "model": f"own:{type(model).__name__}", "dataset": "own"}
         options = self._stack.enter_context(hosting(config, self.rdv, options, self.log_every, self.record,
                                                      own_store=True))
@@ -311,7 +312,8 @@ class Job:
                                  async_op=first.async_op, batch_size=first.batch_size, lr=first.lr,
                                  **model_layout(self.model), steps_per_epoch=0, t=time.time(),
                                  warmup=metrics.warmup_for(self.cfg.to_dict()),
-                                 backend=torch.distributed.get_backend()))
+                                 backend=torch.distributed.get_backend(),
+                                 no_eval="the loop is the user's own: ddptop runs no evaluation in it"))
 
     def _start_segment(self, decision: Decision) -> None:
         """As Trainer.start_segment, for the user's loop: same resync, strategy, fingerprint and event."""

@@ -100,6 +100,7 @@ class RunStarted(Event):
     accum: int = 1  # segment 0's micro-steps per step (older files: 1); steps_per_epoch counts steps
     param_shapes: tuple[tuple[int, ...], ...] = ()  # each gradient's shape (PowerSGD's bytes; older files: ())
     backend: str = ""  # torch.distributed's backend, "gloo" or "nccl" (their collectives move different bytes; older: "")
+    no_eval: str = ""  # why the run evaluates no test accuracy ("": it does, at each epoch's end; older files: "")
 
 
 @dataclass(frozen=True)

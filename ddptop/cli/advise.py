@@ -15,7 +15,8 @@ def parser() -> Parser:
                "strategy, DDP bucket size, async_op, world size and link from one segment of a recording.")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--segment", type=int, metavar="N", help="the segment to fit on (default: the first DDP one)")
-    p.add_argument("--json", action="store_true", help='one JSON object: {"from_segment": N, "predictions": [...]}')
+    p.add_argument("--json", action="store_true",
+                   help='one JSON object: {"from_segment": N, "predictions": [...], "best": {...}}')
     p.add_argument("--buckets", metavar="MB,...", default="1,5,10,25,50,100",
                    help="DDP bucket sizes (1,5,10,25,50,100)")
     p.add_argument("--world-sizes", metavar="N,...",
@@ -79,19 +80,27 @@ def cmd_advise(argv: Sequence[str]) -> int:
     with reading(args.file) as rec:
         seg, rows = predictions(rec, args.segment, _rate(args.link) if args.link else None, buckets, worlds, links,
                                 args.links and args.link, settings=settings)
-    out = {"from_segment": seg.segment, "predictions": rows}
+    out = {"from_segment": seg.segment, "predictions": rows, "best": best(rows, seg, rows[0]["link"])}
     emit(json.dumps(out, indent=1) if args.json else render({**out, "link": rows[0]["link"]}, seg))
     return 0
 
 
-def render(out: dict, seg) -> str:
+def best(rows: list[dict], seg, link: str | None) -> dict:
+    """rows.best_row among the rows on the recording's own link, world size and accum (the one rule the screen and
+    the report use: measured where the recording ran it, else predicted; a gain inside the noise is none)."""
+    from ddptop.metrics.whatif.rows import best_row, same_step
 
-    """The table, best first, with the fitted segment's line and the best configuration's predicted gain (among
-    the rows on the recording's own link, world size and accum: out["link"])."""
-    from ddptop.metrics.whatif.rows import best_row, config_name, error_se, same_step
+    as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == link and same_step(r, seg)]
+    return best_row(as_run or rows, seg)
+
+
+def render(out: dict, seg) -> str:
+    """The table, best first (each row by its measurement where the recording ran it, else its prediction), with
+    the fitted segment's line and out["best"]'s gain, or why there is none."""
+    from ddptop.metrics.whatif.rows import config_name, error_se, ranked_s
     from ddptop.record.whatif import name as _name
 
-    rows = sorted(out["predictions"], key=lambda r: r["step_s"])
+    rows = sorted(out["predictions"], key=ranked_s)  # the order the advice ranks them in
     fitted = config_name(seg.config)
     noise = (f" ± {seg.step_se_s:.3f} (the standard error of its steps: every prediction carries it)"
              if seg.step_se_s > 0 else "")
@@ -108,14 +117,18 @@ def render(out: dict, seg) -> str:
             spread = f"{100 * error_se(r['step_se_s'], r['measured_step_se_s'], r['measured_step_s']):.1f}%"
         lines.append(f"{_name(r):30} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
                      f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {measured:>9} {error:>7} {spread:>7}")
-    as_run = [r for r in rows if r["world_size"] == seg.world_size and r["link"] == out["link"] and same_step(r, seg)]
-    best = best_row(as_run or rows, seg)  # the one rule the screen and the report use (a tie: the one in force)
-    gain = best["saving_s"]
-    verb = "saves" if gain >= 0 else "costs"
-    if _name(best) == fitted and best["world_size"] == seg.world_size and best["link"] is None:
-        lines.append(f"best at {best['world_size']} ranks: {fitted}, the configuration in force: no other is "
-                     "predicted faster")
+    best = out["best"]
+    gain, ranks = best["saving_s"], best["world_size"]
+    if best["verdict"] == "in force":
+        lines.append(f"best at {ranks} ranks: {fitted}, the configuration in force: no other is faster "
+                     "(measured where the recording ran it, else predicted)")
         return "\n".join(lines)
-    lines.append(f"best at {best['world_size']} ranks: {_name(best)}, {best['step_s']:.3f} s/step predicted: {verb} "
-                 f"{abs(gain):.3f} s/step ({100 * abs(gain) / seg.step_s:.0f}%) against the measured segment")
+    by = f"measured in segment {best['segment']}" if best["by"] == "measured" else "predicted"
+    said = (f"{_name(best)}, {ranked_s(best):.3f} s/step {by}: {'saves' if gain >= 0 else 'costs'} "
+            f"{abs(gain):.3f} s/step ({100 * abs(gain) / seg.step_s:.0f}%) against the measured segment")
+    if best["verdict"] == "noise":
+        lines.append(f"best at {ranks} ranks: no better within noise: {said}, inside its ±{best['noise_s']:.3f} "
+                     f"s/step; {fitted} stays")
+    else:
+        lines.append(f"best at {ranks} ranks: {said}")
     return "\n".join(lines)

@@ -88,6 +88,11 @@ class HeadlessPrinter:
         self.state = state or SharedState()
         self.loss_said = False  # the state's loss flag (metrics.learning) is printed once
         self.gone = False  # the output's reader went away (a closed pipe): nothing more is printed
+        # the first step's line waits until every rank has been heard from: a slower rank's batch brings its
+        # "joined" after rank 0's first step (issue 44: "rank 1 joined" printed after step 1)
+        self.world = 0  # from the first RankJoined (0: unknown, as for an attach that missed the joins)
+        self.heard: set[int] = set()
+        self.held: list[str] = []
         self.state.listeners.append(self._lines)
 
     def handle(self, events: list[Event]) -> None:
@@ -96,6 +101,8 @@ class HeadlessPrinter:
 
     def _lines(self, events: list[Event]) -> None:
         for event in events:
+            if isinstance(event, (StepDone, RankJoined, RankLost, RunFinished)):
+                self._heard(event)
             if isinstance(event, StepDone):
                 self._step(event)
             elif isinstance(event, EpochDone):
@@ -103,6 +110,7 @@ class HeadlessPrinter:
             elif isinstance(event, RankJoined):
                 self._print(f"rank {event.rank} joined from {event.host} pid {event.pid} ({event.device}, "
                             f"{event.backend}, {event.threads} threads, ranks found by {event.rank_source})")
+                self._release()
             elif isinstance(event, RunStarted):
                 self.total = event.total_steps or self.total  # the trainer's own count
                 # 0 steps per epoch: unknown (a user's own loop, whose loader is its own)
@@ -151,8 +159,29 @@ class HeadlessPrinter:
             self.bar.update(step, self.total, f"loss {done.loss:.3f}  job {job.step_s:.3f} s/it  "
                                               f"{job.images_per_s:.0f} {self.unit}")
         if line_due:
-            self._print(progress_line(step, self.total, done.loss, mine, job, len(windows), done.segment,
-                                      self.unit))
+            line = progress_line(step, self.total, done.loss, mine, job, len(windows), done.segment, self.unit)
+            if step == 1 and self._waiting():
+                self.held.append(line)
+            else:
+                self._release()
+                self._print(line)
+
+    def _heard(self, event: Event) -> None:
+        if isinstance(event, RankJoined) and not self.world:
+            self.world = event.world_size
+        if not isinstance(event, RankJoined):  # a step, loss or end before its join: nothing more to wait for
+            self.heard.add(event.rank)
+
+    def _waiting(self) -> bool:
+        """Some rank of the job has not been heard from yet (its join line would come after the first step's)."""
+        joined = {r for r in self.state.state.ranks} if self.world else set()
+        return bool(self.world) and len(joined | self.heard) < self.world
+
+    def _release(self) -> None:
+        if self.held and not self._waiting():
+            held, self.held = self.held, []
+            for line in held:
+                self._print(line)
 
     def _print(self, line: str) -> None:
         if self.gone:
@@ -176,6 +205,9 @@ class HeadlessPrinter:
 
     def finish(self, traffic: bool) -> None:
         """The closing lines once ranks have finished (NIC vs formulas when `traffic`), then the bar goes."""
+        held, self.held = self.held, []  # a rank never heard from: the first step's line all the same
+        for line in held:
+            self._print(line)
         snap = self.state.snapshot()
         if self.finished:
             segments = snap.segment_figures

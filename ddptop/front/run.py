@@ -97,9 +97,10 @@ def _record_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_e
 
 
 def rank_options(rdv: Rendezvous, token: str | None, timeout_s: float, lost_after_s: float,
-                 collective_timeout_s: float) -> WorkerOptions:
+                 collective_timeout_s: float, token_by: str = "--token") -> WorkerOptions:
     """The job token (typed, DDPTOP_TOKEN, or a new one) and the ranks' options; rank 0 says when the token is
-    weak or missing (the user's own loop, ddptop/api.py, starts its job here too)."""
+    weak or missing (the user's own loop, ddptop/api.py, starts its job here too). `token_by`: how this user
+    gives a token (the command line's --token; the API's join(token=...))."""
     token_value, given = resolve_token(token)
     options = WorkerOptions(timeout_s=timeout_s, token=token_value, check_token=given or rdv.source == "local",
                             lost_after_s=lost_after_s, pg_timeout_s=collective_timeout_s)
@@ -107,8 +108,8 @@ def rank_options(rdv: Rendezvous, token: str | None, timeout_s: float, lost_afte
         print(f"ddptop: the job token is {len(token_bytes(token_value))} bytes: one of {STRONG_TOKEN_BYTES} or more "
               "random bytes resists offline guessing (docs/explanation/trust-model.md)", file=sys.stderr)
     if not options.check_token and rdv.world_size > 1 and rdv.rank == 0:  # said where the job's store lives
-        print(f"ddptop: no job token (--token or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join this "
-              "job or disturb its start; give every rank the same --token", file=sys.stderr)
+        print(f"ddptop: no job token ({token_by} or DDPTOP_TOKEN): anyone who reaches port {rdv.port} can join "
+              f"this job or disturb its start; give every rank the same {token_by}", file=sys.stderr)
     return options
 
 

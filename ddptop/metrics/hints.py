@@ -19,9 +19,11 @@ RULES: dict[str, str] = {
     "hot spot": "the strategy communicates and rank 0 moves (sent + received per step) at least 1.5× the mean of the "
                 "other ranks, and more than ddptop's own telemetry could explain (64 KB/step per other rank)",
     "one bucket": "DDP holds every gradient in one bucket at the segment's bucket size",
-    "exposed communication": "exposed communication is at least 20% of the mean step time; it names the "
-                             "configuration the what-if model (`ddptop advise --segment N`, fitted on this DDP or "
-                             "allreduce segment) predicts fastest when its saving is at least 10% of the step",
+    "exposed communication": "exposed communication is at least 20% of the mean step time; it names the fastest "
+                             "configuration as `ddptop advise --segment N` ranks them (fitted on this DDP or "
+                             "allreduce segment; one the recording ran by its measurement, else by its prediction) "
+                             "when a predicted saving is at least 10% of the step, a measured one more than its "
+                             "standard error",
     "data loading": "data loading is at least 20% of the mean step time",
     "link at its rate": "the busiest rank's bytes each way by the wire formulas, over the least communication time "
                         "of any rank, are at least 85% of the link's known rate (silent when the rate is unknown)",
@@ -58,7 +60,9 @@ class Inputs:
     buckets_by: str = ""  # "recorded" (DDP's own layout) or "layout" (metrics.buckets from the layer sizes)
     link_bytes_per_s: float | None = None  # each way; None: unknown (then no link hint)
     link_by: str = ""  # where the rate came from ("lab --link 1gbit")
-    predicted: tuple[str, float] | None = None  # (configuration, seconds saved per step): the what-if model's best
+    # (configuration, seconds saved per step, "predicted" or "measured in segment k"): the what-if model's best,
+    # ranked by its measurement where the job ran it (whatif.rows.best_row), None where it is no better within noise
+    predicted: tuple[str, float, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,11 +129,15 @@ def exposed(x: Inputs) -> Hint | None:
     numbers = {"exposed_s": x.exposed_comm_s, "comm_s": x.comm_s, "step_s": x.step_s, "of_comm": of_comm,
                "of_step": of_step}
     source = "mean over ranks"
-    if x.predicted is not None and x.predicted[1] >= PREDICTED_SHARE * x.step_s:  # past the model's own error
-        config, saved_s = x.predicted
+    config, saved_s, by = x.predicted or ("", 0.0, "")
+    if by == "predicted" and saved_s >= PREDICTED_SHARE * x.step_s:  # past the model's own error
         text += f"; {config} is predicted to save {_ms(saved_s)}/step ({saved_s / x.step_s:.0%})"
         numbers.update(predicted_saving_s=saved_s, predicted_share=saved_s / x.step_s)
         source += "; the saving: the what-if model fitted on this segment, as ddptop advise --segment prints it"
+    elif by.startswith("measured") and saved_s > 0:  # a measurement, already past its noise (best_row's verdict)
+        text += f"; {config} {by} took {_ms(saved_s)}/step less ({saved_s / x.step_s:.0%})"
+        numbers.update(measured_saving_s=saved_s, measured_share=saved_s / x.step_s)
+        source += "; the saving: the two segments' measured step times, as ddptop advise --segment ranks them"
     return Hint("exposed communication", text, numbers, source)
 
 

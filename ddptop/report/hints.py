@@ -8,6 +8,7 @@ from ddptop import metrics
 from ddptop.events import RunStarted
 from ddptop.metrics import hints as rules
 from ddptop.metrics.buckets import ddp_buckets
+from ddptop.metrics.whatif.rows import recommended
 from ddptop.record import whatif
 from ddptop.report import markdown
 from ddptop.report.analysis import SegmentStats, segment_stats
@@ -57,7 +58,8 @@ def inputs(s: SegmentStats, run: RunData) -> rules.Inputs:
         formula={r.rank: (r.sent_mb * 1e6, r.recv_mb * 1e6) for r in s.ranks},
         least_comm_s=min((r.comm_s for r in s.ranks), default=0.0),
         gradient_bytes=s.param_bytes, buckets=buckets, buckets_by=by, link_bytes_per_s=rate, link_by=rate_by,
-        predicted=None if best is None else (whatif.name(best), best["saving_s"]))
+        predicted=None if not recommended(best) else (whatif.name(best), best["saving_s"], (
+            f"measured in segment {best['segment']}" if best["by"] == "measured" else "predicted")))
 
 
 def of_run(run: RunData, shown: list[SegmentStats]) -> list[tuple[SegmentStats, list[rules.Hint]]]:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.errors import RecordingError, UsageError
-from ddptop.events import FRONT, LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, SystemSample
+from ddptop.events import (FRONT, LogLine, ModelsDiverged, RankJoined, RunFinished, RunStarted, RunState,
+                           SystemSample)
 from ddptop.metrics.learning import first_flag
 from ddptop.metrics.memory import memory_table
 from ddptop.record.sqlite import redact
@@ -63,6 +64,7 @@ class RunData:
     stragglers: dict = field(default_factory=dict)  # segment (None: the whole run) → metrics.stragglers.Stragglers
     predicted: dict = field(default_factory=dict)  # segment → ddptop.record.whatif.best (the exposed hint's saving)
     versus: tuple | None = None  # ddptop.record.whatif.versus: predicted vs measured from advise's segment
+    threads: dict = field(default_factory=dict)  # rank → torch's threads (RankJoined): its CPU's plausible ceiling
     memory: list = field(default_factory=list)  # metrics.memory.RankMemory per (segment, rank)
 
     @property
@@ -127,7 +129,8 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
         epoch_images=(started.steps_per_epoch * started.accum * started.batch_size * world) if started else 0,
         layers=started.layers if started else (), link=meta.get("link") if isinstance(meta.get("link"), dict) else {},
-        stragglers=late, predicted=predicted, versus=versus, memory=memory)
+        stragglers=late, predicted=predicted, versus=versus, memory=memory,
+        threads={e.rank: e.threads for e in events if isinstance(e, RankJoined)})
 
 
 def _slim(event):

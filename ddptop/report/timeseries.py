@@ -157,20 +157,42 @@ def _node_cpu_label(samples: list) -> str:
     return f"node CPU, % of its {next(iter(quotas)):.2g}-core quota" if len(quotas) == 1 else "node CPU, % of its quota"
 
 
+# ProcessGroupGloo's default work threads, which run a DDP bucket's all-reduce beside torch's own threads
+GLOO_THREADS = 2
+
+
+def implausible(sample, threads: int | None) -> str:
+    """Why a system sample's own numbers contradict each other or the process ('' where they do not): a rank's
+    process above what its threads could run (torch's, gloo's work threads, one more for ddptop's own: issue 44's
+    "1176% of a core" with one thread per rank, a CPU time counted over a sliver of an interval), or its node at 0%
+    while that process used CPU (the node holds the process: a baseline read afresh, not an idle machine)."""
+    if threads and sample.proc_cpu_percent > 100.0 * (threads + GLOO_THREADS + 1):
+        return f"rank {sample.rank}'s process at {sample.proc_cpu_percent:.0f}% with {threads} torch thread" + (
+            "s" if threads != 1 else "")
+    if sample.node_cpu_percent <= 0.0 < sample.proc_cpu_percent:
+        return f"rank {sample.rank}'s node at 0% while its process used {sample.proc_cpu_percent:.0f}%"
+    return ""
+
+
 def system(run: RunData, stats: list[SegmentStats], names: list[str], positions: list[int], out: Path,
            several: bool) -> Made | None:
     if not run.samples:
         return None
+    odd = [(s, why) for s in run.samples for why in (implausible(s, run.threads.get(s.rank)),) if why]
+    dropped = {id(s) for s, _ in odd}
+    kept = [s for s in run.samples if id(s) not in dropped]  # neither drawn nor stated
+    if not kept:
+        return None
     by_rank: dict[int, list] = {}
-    for s in run.samples:
+    for s in kept:
         by_rank.setdefault(s.rank, []).append(s)
     hosts: dict[str, list] = {}
     for rank in sorted(by_rank):
         hosts.setdefault(by_rank[rank][0].host, by_rank[rank])
-    gpu = any(s.gpus for s in run.samples)
+    gpu = any(s.gpus for s in kept)
     by_rank = dict(sorted(by_rank.items()))
     panels = [("process CPU, % of one core", by_rank, lambda s: [s.proc_cpu_percent], "rank {}"),
-              (_node_cpu_label(run.samples), hosts, lambda s: [s.node_cpu_percent], "{}"),
+              (_node_cpu_label(kept), hosts, lambda s: [s.node_cpu_percent], "{}"),
               ("process resident memory, MB", by_rank, lambda s: [s.proc_rss_bytes / 1e6], "rank {}")]
     if gpu:
         panels.append(("GPU utilization, %", by_rank, lambda s: [g.util_percent for g in s.gpus], "rank {} GPU"))
@@ -193,11 +215,19 @@ def system(run: RunData, stats: list[SegmentStats], names: list[str], positions:
         _paused(ax, run, ax is axes[0])
         plot.legend_outside(ax)
     axes[-1].set_xlabel("seconds since the recording started")
+    if odd:
+        plot.note(fig, f"{len(odd)} implausible sample{'s' if len(odd) != 1 else ''} left out (the first: "
+                       f"{odd[0][1]}, {odd[0][0].t - run.start:.0f} s in).")
     name = f"system{_suffix(run, several)}"
     title = f"CPU and memory over time{f' ({run.name})' if several else ''}"
     data = plot.save(fig, out, name, title)
-    cpu = max(run.samples, key=lambda s: s.proc_cpu_percent)
+    cpu = max(kept, key=lambda s: s.proc_cpu_percent)
     finding = (f"The busiest rank process reached {cpu.proc_cpu_percent:.0f}% of a core (rank {cpu.rank}, "
                f"{cpu.t - run.start:.0f} s in); the most resident memory was "
-               f"{max(s.proc_rss_bytes for s in run.samples) / 1e6:.0f} MB.")
+               f"{max(s.proc_rss_bytes for s in kept) / 1e6:.0f} MB.")
+    if odd:
+        finding += (f" {len(odd)} sample{'s' if len(odd) != 1 else ''} whose numbers contradict the process or its "
+                    f"node {'were' if len(odd) != 1 else 'was'} left out of the figure and these numbers: "
+                    + "; ".join(f"{why} ({s.t - run.start:.0f} s in)" for s, why in odd[:3])
+                    + ("; …" if len(odd) > 3 else "") + ".")
     return Made(name, title, data, finding)

@@ -188,8 +188,14 @@ def _world(state) -> int:
 
 
 def describe(best: Mapping[str, Any]) -> str:
-    """The best configuration and its predicted gain in a few words: "ddp 5 MB, −127 ms/step (15%) predicted"."""
+    """The best configuration (rows.best_row) and its gain in a few words: "ddp 5 MB, −127 ms/step (15%)
+    predicted", "ddp 5 MB, −9 ms/step (7%) measured (#2)", or why there is none ("no better within noise")."""
     gain, step = best["saving_s"], best["fitted_step_s"]
-    if gain <= 0 or best.get("segment") == best.get("from_segment"):  # its own row: a gain of rounding, 0 ms
-        return f"{name(dict(best))}, the configuration in force, is predicted fastest"
-    return f"{name(dict(best))}, −{gain * 1e3:.0f} ms/step ({gain / step if step > 0 else 0.0:.0%}) predicted"
+    verdict = best.get("verdict", "faster" if gain > 0 else "in force")
+    if verdict == "in force" or best.get("segment") == best.get("from_segment"):  # its own row: 0 ms of rounding
+        return f"{name(dict(best))}, the configuration in force, is fastest"
+    by = "measured (#{})".format(best["segment"]) if best.get("by") == "measured" else "predicted"
+    said = f"{name(dict(best))}, −{gain * 1e3:.0f} ms/step ({gain / step if step > 0 else 0.0:.0%}) {by}"
+    if verdict == "noise":
+        return f"no better within noise: {said}, inside ±{best['noise_s'] * 1e3:.0f} ms"
+    return said

@@ -56,6 +56,9 @@ class Trainer:
         self.train_set, self.test_set = parts.train, parts.test
         self.criterion, self.unused, self.collate = parts.loss, parts.unused, parts.collate
         self.evaluates = cfg.eval and parts.classification and parts.test is not None  # accuracy means something
+        self.no_eval = ("" if self.evaluates else "--no-eval" if not cfg.eval else
+                        f"the loss is {cfg.loss}, not cross-entropy: accuracy is measured for a classifier under "
+                        "cross-entropy only" if not parts.classification else "the data set has no test split")
         self.workers = loader_workers(cfg.workers, device.type, local_ranks)
         self.pin = device.type == "cuda"  # page-locked batches: the copy to the GPU really is asynchronous
         self.sync: SyncConfig | None = None
@@ -400,7 +403,7 @@ class Trainer:
             bucket_mb=sync.bucket_mb, async_op=sync.async_op, batch_size=sync.batch_size, lr=sync.lr,
             **self._layout, steps_per_epoch=self.steps_per_epoch(), t=time.time(),
             total_steps=self.total_steps(), sweep_segments=len(self.cfg.sweep),
-            warmup=metrics.warmup_for(self.cfg.to_dict()), accum=sync.accum,
+            warmup=metrics.warmup_for(self.cfg.to_dict()), accum=sync.accum, no_eval=self.no_eval,
             backend=dist.get_backend() if dist.is_initialized() else "",
         )
 

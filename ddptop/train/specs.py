@@ -17,6 +17,7 @@ a data set that raises, returns something that is not a data set or is empty, or
 from __future__ import annotations
 
 import importlib
+import difflib
 import importlib.util
 import inspect
 import os
@@ -90,7 +91,9 @@ def load(flag: str, spec: str) -> Callable:
     value: Any = module
     for part in name.split("."):
         if not hasattr(value, part):
-            raise UsageError(f"{flag} {spec}: {where} has no {part!r}")
+            near = difflib.get_close_matches(part, [n for n in dir(value) if not n.startswith("__")], n=1)
+            raise UsageError(f"{flag} {spec}: {where} has no {part!r}"
+                             + (f": did you mean {near[0]!r}?" if near else ""))
         value = getattr(value, part)
     if not callable(value):
         raise UsageError(f"{flag} {spec}: {name} is a {type(value).__name__}, not something to call")

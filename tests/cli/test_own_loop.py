@@ -103,6 +103,9 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
         out, err = job.communicate(timeout=90)
     assert job.returncode == 0 and "Traceback" not in err, err
     assert "training own:Sequential (" in out and "(stopped)" in out, out  # rank 0's headless lines
+    # no token given: rank 0 says so in the API's words, not the command line's (issue 44)
+    warning = next(line for line in err.splitlines() if "no job token" in line)
+    assert "give every rank the same join(token=...)" in warning and "--token" not in warning, warning
     # rank 0 entered a step after the stop: one line (not lost in torch's "[rank0]:" wrapping of stderr), exit 0
     assert f"ddptop rank 0: stopped by ctl at step {len(json.loads((tmp_path / 'rank0.json').read_text())['losses'])}" \
         in err, err

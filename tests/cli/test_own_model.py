@@ -247,6 +247,7 @@ BAD = textwrap.dedent("""
 @pytest.mark.parametrize("flags, code, words", [
     (["--model", "no_such_module_xyz:make"], 2, ["cannot import no_such_module_xyz", "ModuleNotFoundError"]),
     (["--model", "bad.py:nope"], 2, ["bad.py has no 'nope'"]),
+    (["--model", "bad.py:mpl"], 2, ["bad.py has no 'mpl': did you mean 'mlp'?"]),  # a typo: difflib's nearest
     (["--model", "bad.py:NOT_CALLABLE"], 2, ["NOT_CALLABLE is a int, not something to call"]),
     (["--model", "bad.py:boom"], 2, ["raised ValueError: the model's own words"]),
     (["--model", "bad.py:a_list"], 2, ["returned a list", "torch.nn.Module"]),

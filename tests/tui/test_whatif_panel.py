@@ -9,6 +9,7 @@ import contextlib
 import functools
 import io
 import json
+import re
 import sqlite3
 import statistics
 from pathlib import Path
@@ -49,6 +50,19 @@ def configs() -> dict[int, tuple]:
         out[index] = (c["strategy"], float(c.get("bucket_mb", 25.0)) if c["strategy"] == "ddp" else None,
                       bool(c.get("async_op")) and c["strategy"] == "allreduce")
     return out
+
+
+def ranked_best(rows: list[dict]) -> tuple[dict, float]:
+    """The fastest row, each ranked by its segment's measured step time (SQL) where the recording ran it, else its
+    prediction (issue 44: a measured configuration is ranked by its measurement), and its saving in ms against
+    segment 7's measured step. Segment 7 (gather-scatter) is far slower than every other: the saving is clear."""
+    truth = measured()
+
+    def ranked(r: dict) -> float:
+        return r["step_s"] if r["segment"] is None else truth[r["segment"]]
+
+    best = min(rows, key=ranked)
+    return best, (truth[7] - ranked(best)) * 1e3
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +106,11 @@ def test_the_table_is_advises_on_the_segment_in_force(played):
             {k: want[k] for k in ("strategy", "bucket_mb", "async_op", "world_size", "segment")}
         for key in ("step_s", "exposed_comm_s", "overlap", "measured_step_s"):
             assert got[key] == pytest.approx(want[key], abs=2e-6), key  # advise rounds to 1 µs
-    best = min(expected, key=lambda r: r["step_s"])
+    best, saving_ms = ranked_best(expected)
     words = best["strategy"] + (f" {best['bucket_mb']:g} MB" if best["bucket_mb"] is not None else "")
-    saving_ms = (measured()[7] - best["step_s"]) * 1e3
     assert f"best: {words}, −{saving_ms:.0f} ms/step" in wide, wide
+    for line in (line for line in wide.splitlines() if line.strip().startswith(("ddp ", "allreduce "))):
+        assert " 1/none " in line, line  # every row says its accum and compression (issue 44)
     assert "fitted from segment 7 (gather-scatter, 3 ranks)" in wide
     for text in (wide, narrow):  # every configuration's row, at both sizes
         assert text.count(" ddp ") >= 6 and "gather-scatter" in text
@@ -125,8 +140,7 @@ def test_each_switch_shows_its_prediction_its_measurement_and_the_running_error(
 
 def test_the_overview_names_the_best_configuration_on_one_line(played):
     snap, wide, _, overview = played
-    best = min(advise(7)["predictions"], key=lambda r: r["step_s"])
+    best, saving_ms = ranked_best(advise(7)["predictions"])
     line = next(line for line in overview.splitlines() if line.strip().startswith("hints"))
-    saving_ms = (measured()[7] - best["step_s"]) * 1e3
     assert f"what-if from #7: {best['strategy']} {best['bucket_mb']:g} MB, −{saving_ms:.0f} ms/step" in line, overview
     assert "8 What-if" in wide.splitlines()[3] and "1-8 Panels" in overview.splitlines()[-1]

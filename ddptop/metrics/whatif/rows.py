@@ -110,17 +110,41 @@ def same_step(row: dict[str, Any], seg: SegmentData) -> bool:
     return row.get("accum", 1) == whatif.accum_of(seg.config)
 
 
+def ranked_s(row: dict[str, Any]) -> float:
+    """A row's step time by the best evidence the job has: its measurement where a segment ran that configuration
+    (the prediction is then only a guess beside it: issue 44's "ddp 1 MB, −33 ms/step" measured 9 ms slower),
+    else its prediction."""
+    measured = row.get("measured_step_s")
+    return row["step_s"] if measured is None else measured
+
+
 def best_row(rows: list[dict[str, Any]], seg: SegmentData) -> dict[str, Any]:
-    """The fastest prediction on the fitted segment's own world size and link, with "saving_s" against the
-    segment's measured step time (which the fit reproduces); the fitted configuration's own row where no other is
-    faster. Only rows at the segment's own accum compete: a step
-    of K micro-steps trains K times the samples, so its s/step is not the same race."""
+    """The fastest configuration on the fitted segment's own world size and link, each ranked by `ranked_s` (its
+    measurement where this job ran it, else its prediction), with "saving_s" against the segment's measured step
+    time, "by" ("measured" or "predicted"), "noise_s" (one standard error of that saving: the fitted segment's,
+    which a prediction inherits, and a measured segment's own beside it) and "verdict": "in force" (no other is
+    faster), "noise" (faster by no more than noise_s: no better within noise) or "faster". Only rows at the
+    segment's own accum compete: a step of K micro-steps trains K times the samples, so its s/step is not the same
+    race."""
     own = [r for r in rows if r["world_size"] == seg.world_size and same_step(r, seg)] or rows
-    top = min(own, key=lambda r: r["step_s"])
+    top = min(own, key=ranked_s)
     fitted = row_for(own, seg.config, seg)
-    if fitted is not None and fitted["step_s"] <= top["step_s"] * (1 + 1e-6):  # a tie (a model smaller than every
-        top = fitted  # bucket: 1 MB and 25 MB alike) names the configuration in force, not the first row
-    return {**top, "from_segment": seg.segment, "fitted_step_s": seg.step_s, "saving_s": seg.step_s - top["step_s"]}
+    # a tie (a model smaller than every bucket: 1 MB and 25 MB alike), or none faster than the segment's measured
+    # step, names the configuration in force, not the first row
+    if fitted is not None and (ranked_s(fitted) <= ranked_s(top) * (1 + 1e-6) or ranked_s(top) >= seg.step_s):
+        top = fitted
+    measured = top.get("measured_step_s") is not None
+    saving = seg.step_s - ranked_s(top)
+    noise = math.hypot(seg.step_se_s, top.get("measured_step_se_s") or 0.0) if measured else seg.step_se_s
+    in_force = top is fitted or saving <= 0
+    return {**top, "from_segment": seg.segment, "fitted_step_s": seg.step_s, "saving_s": saving,
+            "by": "measured" if measured else "predicted", "noise_s": noise,
+            "verdict": "in force" if in_force else "noise" if saving <= noise else "faster"}
+
+
+def recommended(best: dict[str, Any] | None) -> bool:
+    """A best_row worth switching to: faster than the configuration in force by more than its noise."""
+    return best is not None and best.get("verdict") == "faster"
 
 
 def error_se(fitted_se_s: float, measured_se_s: float, measured_s: float) -> float:

@@ -9,7 +9,7 @@ from typing import Sequence
 from rich.text import Text
 
 from ddptop.events import Span
-from ddptop.metrics.timeline import intersection
+from ddptop.metrics.timeline import span_overlap
 from ddptop.tui.render.cells import styled_runs
 from ddptop.tui.render.palette import SPANS
 from ddptop.safe import clean
@@ -36,10 +36,18 @@ def _lane(name: str, spans: Sequence[Span], total: float, cols: int, label_w: in
 
 
 def _overlap_lane(spans: Sequence[Span], total: float, cols: int, label_w: int = LABEL) -> Text:
-    compute = [(s.start_s, s.end_s) for s in spans if s.kind in ("fwd", "bwd", "opt")]
-    comm = [(s.start_s, s.end_s) for s in spans if s.kind == "comm"]  # waiting on a handle is not communication
-    hidden = [Span("overlap", "", a, b - a) for a, b in intersection(compute, comm)]
+    hidden = [Span("overlap", "", a, b - a) for a, b in span_overlap(spans)[0]]  # the header's share, drawn
     return _lane("overlap", hidden, total, cols, label_w)
+
+
+def overlap_words(spans: Sequence[Span], step_overlap: float | None) -> str:
+    """The timeline header's overlap: the drawn spans' share (the lane's), and the step's own figure beside it where
+    that differs (it counts the whole backward phase as compute; metrics.timeline.span_overlap says why)."""
+    share = span_overlap(spans)[1]
+    text = f"overlap {share:.0%}"
+    if step_overlap is not None and round(100 * step_overlap) != round(100 * share):
+        text += f" ({step_overlap:.0%} counting the whole backward pass as compute, gaps between layers included)"
+    return text
 
 
 def _axis(total: float, cols: int, label_w: int = LABEL) -> Text:

@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ddptop.metrics.whatif.rows import recommended
 from ddptop.state.advising import STATED_ERROR, WhatIf, describe
 from ddptop.state.session import Snapshot
 from ddptop.tui.render.palette import GREEN, ORANGE, VERMILLION
@@ -33,7 +34,7 @@ def _head(w: WhatIf, width: int) -> Text:
     out.append(f"\nstated error: {STATED_ERROR}", style="dim")
     if w.best is not None:
         out.append("\nbest: ", style="bold")
-        out.append(describe(w.best), style=f"bold {GREEN}" if w.best["saving_s"] > 0 else "")
+        out.append(describe(w.best), style=f"bold {GREEN}" if recommended(w.best) else "")
     out.append("\n")
     out.append_text(_running(w))
     return out
@@ -59,31 +60,37 @@ def _config(cfg) -> str:
 
 
 def _table(w: WhatIf, width: int) -> Table:
-    table = Table(box=None, padding=(0, 1), header_style="bold reverse", pad_edge=False)
+    from ddptop.metrics.whatif.rows import ranked_s
+
+    table = Table(box=None, padding=(0, 1), header_style="bold reverse", pad_edge=False,
+                  caption="acc/cmp: gradient accumulation / compression. gain vs now: measured where a segment ran "
+                  "it, else predicted; within ±1 standard error it is no better", caption_justify="left",
+                  caption_style="dim")
     wide = width >= WIDE
-    for name in ("strategy", "bucket", "async", "step", "exposed", "overlap", "gain vs now", *(
+    for name in ("strategy", "bucket", "async", "acc/cmp", "step", "exposed", "overlap", "gain vs now", *(
             ("measured",) if wide else ())):
-        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("strategy", "acc/cmp") else "right", no_wrap=True)
     now = w.seg.step_s
-    best = w.best["step_s"] if w.best else None
-    for r in sorted(w.rows, key=lambda r: r["step_s"]):
-        gain = now - r["step_s"]
-        style = "bold" if r["step_s"] == best else ""
+    best = w.best
+    same = ("strategy", "bucket_mb", "async_op", "accum", "compress", "world_size", "link")
+    for r in sorted(w.rows, key=ranked_s):  # the order the advice ranks them in
+        style = "bold" if best is not None and all(r[k] == best[k] for k in same) else ""
         cells = [r["strategy"], f"{r['bucket_mb']:g} MB" if r["bucket_mb"] is not None else "",
-                 "yes" if r["async_op"] else "", fmt_s(r["step_s"]), fmt_s(r["exposed_comm_s"]),
-                 f"{r['overlap']:.0%}", _gain(gain, now, r["segment"] == w.seg.segment)]
+                 "yes" if r["async_op"] else "", f"{r['accum']}/{r['compress']}", fmt_s(r["step_s"]),
+                 fmt_s(r["exposed_comm_s"]), f"{r['overlap']:.0%}",
+                 _gain(now - ranked_s(r), now, r["segment"] == w.seg.segment, w.seg.step_se_s)]
         if wide:
             cells.append("" if r["measured_step_s"] is None else f"{fmt_s(r['measured_step_s'])} (#{r['segment']})")
         table.add_row(*cells, style=style)
     return table
 
 
-def _gain(gain: float, now: float, in_force: bool) -> Text:
+def _gain(gain: float, now: float, in_force: bool, noise: float) -> Text:
     """What a row saves against the segment in force's measured step ("in force" for its own row)."""
     if in_force or now <= 0:
         return Text("in force" if in_force else "-", style="dim")
     sign = "+" if gain >= 0 else "−"
-    return Text(f"{sign}{fmt_s(abs(gain))} ({abs(gain) / now:.0%})", style=GREEN if gain > 0 else "")
+    return Text(f"{sign}{fmt_s(abs(gain))} ({abs(gain) / now:.0%})", style=GREEN if gain > noise else "")
 
 
 def _checks(w: WhatIf, width: int) -> list[Text]:

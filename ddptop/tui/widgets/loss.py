@@ -50,7 +50,7 @@ class LossPanel(Widget, can_focus=True):
         last = f" (last {snap.evals[-1].accuracy:.0%}, loss {snap.evals[-1].test_loss:.4f})" if snap.evals else ""
         out.append_text(self._title(f"test accuracy %{last}", []))
         out.append_text(line_plot([acc], markers, width, acc_h, fmt=lambda v: f"{v:.0f}%", x_range=x_range,
-                                  y_range=(0.0, 100.0)) if snap.evals else Text("no evaluation yet", style="dim"))
+                                  y_range=(0.0, 100.0)) if snap.evals else _no_eval(snap))
         return out
 
     def _title(self, name: str, legend: list[tuple[str, str]]) -> Text:
@@ -61,3 +61,12 @@ class LossPanel(Widget, can_focus=True):
         out = wrap_items(items, max(30, self.size.width))
         out.append("\n")
         return out
+
+
+def _no_eval(snap: Snapshot) -> Text:
+    """Why there is no accuracy to draw: the run says when it evaluates none (a custom loss, --no-eval), else the
+    first evaluation is still to come."""
+    why = snap.run.no_eval if snap.run is not None else ""
+    if why:
+        return Text(f"no test accuracy: {why}; the training loss above is this run's measure", style="dim")
+    return Text("no evaluation yet: the first comes at the end of epoch 1", style="dim")

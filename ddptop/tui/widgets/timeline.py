@@ -9,7 +9,7 @@ from textual.widget import Widget
 
 from ddptop.state.session import Snapshot
 from ddptop.tui.render.breakdown import OTHER_NOTE, breakdown_bar, span_parts, step_parts
-from ddptop.tui.render.gantt import gantt
+from ddptop.tui.render.gantt import gantt, overlap_words
 from ddptop.tui.render.units import fmt_s
 
 
@@ -57,12 +57,13 @@ class TimelinePanel(Widget, can_focus=True):
         done = next((d for d in self.snapshot.history.get(self.rank, ()) if d.step == step), None)
         iter_s = done.iter_s if done else None
         if done is not None:  # the step's own figures (ddptop.metrics): the bar adds up to its step time
-            parts, overlap = step_parts(done), done.overlap
+            parts = step_parts(done)
         else:
-            parts, overlap = span_parts(spans.spans, iter_s)
+            parts, _ = span_parts(spans.spans, iter_s)
         steps = self._steps()
         out = Text(f"rank {self.rank} · sampled step {step} · segment {spans.segment}", style="bold")
-        out.append(f" · step time {fmt_s(iter_s)} · overlap {overlap:.0%}")
+        # the overlap the lane below draws (one definition), the step's own figure beside it where they differ
+        out.append(f" · step time {fmt_s(iter_s)} · {overlap_words(spans.spans, done.overlap if done else None)}")
         follow = " (following the latest)" if self.step is None else ""
         out.append(f" · sampled steps {steps[0]}…{steps[-1]}{follow}   ←→ step ↑↓ rank < > first/latest", style="dim")
         out.append("\n")
