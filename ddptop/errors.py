@@ -78,3 +78,23 @@ def say_line(text: str) -> None:
         os.write(2, data)
     except OSError:
         pass
+
+
+USER_FILES: set[str] = set()  # the files of the user's code (--model/--dataset/--loss/--collate), as train.specs loads it
+
+
+def user_code_line(exc: BaseException) -> str | None:
+    """For an exception raised inside the user's own code while training (a collate function that fails on batch 7,
+    a model that raises on some input): where in that code, and what, as one line; None when the innermost frame of
+    the user's files is not in its traceback (then it is ddptop's or torch's: an internal error)."""
+    import traceback
+
+    from ddptop.safe import clean
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) in USER_FILES]
+    if not frames:
+        return None
+    frame = frames[-1]
+    text = (str(exc).strip().splitlines() or [""])[0][:200]
+    return clean(f"your code raised at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}: "
+                 f"{type(exc).__name__}{': ' + text if text else ''}")

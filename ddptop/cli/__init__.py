@@ -76,8 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug, or a failure ddptop did not foresee: still one line
         if os.environ.get("DDPTOP_DEBUG"):
             raise
+        from ddptop.errors import DataError, user_code_line
         from ddptop.safe import clean
 
+        mine = user_code_line(exc)  # under torchrun a rank runs here: the user's code raised while training
+        if mine:
+            print(f"ddptop: {mine} (DDPTOP_DEBUG=1 shows where)", file=sys.stderr)
+            return DataError.exit_code
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         print(f"ddptop: internal error: {type(exc).__name__}: {clean(first)} (DDPTOP_DEBUG=1 shows where)",
               file=sys.stderr)

@@ -36,7 +36,7 @@ def _epilog() -> str:
     lines += [f"  {name:<8} {what}" for name, what in COMMANDS.items()]
     lines += ["", "profiles (--profile NAME: flag defaults and a sweep of configurations, one job):"]
     lines += [f"  {name:<20} {what}" for name, what in _profiles()]
-    lines += ["", "exit codes: 0 ok, 1 refused by the job, 2 bad input, 3 data set missing, 4 master or ranks "
+    lines += ["", "exit codes: 0 ok, 1 refused by the job, 2 bad input, 3 data set missing or your code raised, 4 master or ranks "
               "unreachable, 5 a peer lost mid-run, 6 bad recording, 70 internal error, 130 interrupted, 141 output "
               "closed (| head)"]
     return "\n".join(lines)

@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.data import Dataset, default_collate
 
 from ddptop.config import DATASETS, IMAGE_DATASETS, MODELS, RunConfig, is_spec
+from ddptop.errors import USER_FILES
 from ddptop.errors import DataError, DdptopError, UsageError
 from ddptop.train import batches, data, models
 
@@ -88,6 +89,8 @@ def load(flag: str, spec: str) -> Callable:
     """The callable a spec names, or one UsageError line: not importable, no such name, not callable."""
     where, _, name = spec.rpartition(":")
     module = _import(flag, spec, where)
+    if getattr(module, "__file__", None):  # a failure inside it later is the user's, said so (errors.user_code_line)
+        USER_FILES.add(os.path.abspath(module.__file__))
     value: Any = module
     for part in name.split("."):
         if not hasattr(value, part):

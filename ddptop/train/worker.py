@@ -27,7 +27,7 @@ from ddptop.control.agent import ControlAgent, Link
 from ddptop.control.auth import JobKeys, namespace, new_job_id, stretch
 from ddptop.control import store as stores
 from ddptop.control.bus import Publisher
-from ddptop.errors import DdptopError, PeerLost, RendezvousError, UsageError, say_line
+from ddptop.errors import DataError, DdptopError, PeerLost, RendezvousError, UsageError, say_line, user_code_line
 from ddptop.events import RankJoined
 from ddptop.probes.clock import clock_for
 from ddptop.probes.step import StepProbe
@@ -275,8 +275,12 @@ def rank_entry(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> None:
     except DdptopError as exc:
         say_line(f"ddptop rank {rdv.rank}: {exc}")
         sys.exit(exc.exit_code)
-    except Exception as exc:  # a bug: still one line; DDPTOP_DEBUG=1 shows the traceback
+    except Exception as exc:  # the user's code, or a bug: still one line; DDPTOP_DEBUG=1 shows the traceback
         if os.environ.get("DDPTOP_DEBUG"):
             raise
+        mine = user_code_line(exc)
+        if mine:
+            say_line(f"ddptop rank {rdv.rank}: {mine} (DDPTOP_DEBUG=1 shows where)")
+            sys.exit(DataError.exit_code)
         say_line(f"ddptop rank {rdv.rank}: internal error: {type(exc).__name__}: {_first_line(exc)}")
         sys.exit(70)
