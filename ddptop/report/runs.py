@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.errors import RecordingError, UsageError
-from ddptop.events import FRONT, LogLine, ModelsDiverged, RunFinished, RunStarted, RunState, SystemSample
+from ddptop.events import (FRONT, LogLine, ModelsDiverged, RankShifted, RunFinished, RunStarted, RunState,
+                           SystemSample)
 from ddptop.metrics.learning import first_flag
 from ddptop.record.sqlite import redact
 from ddptop.report.markdown import untrusted
@@ -200,6 +201,8 @@ def _warnings(events) -> list[str]:
             out.append(f"**Rank {e.rank} ended with an error** after {e.steps} steps: {untrusted(e.reason)}")
         elif isinstance(e, LogLine) and e.level == "error":
             out.append(f"**{'Rank ' + str(e.rank) if e.rank != FRONT else e.who}**: {untrusted(e.message)}")
+        elif isinstance(e, RankShifted):  # a change point (metrics.changes): the figures after it are another rank's
+            out.append(f"**Rank {e.rank} shifted** at {e.describe()}")
     return out
 
 
