@@ -17,13 +17,17 @@ at each segment (a switch changes every rank's step time) and after each shift i
   1. two adjacent windows of WINDOW measured steps, A before B; the rank's noise is A's robust deviation
      σ = 1.4826 · MAD(A) (at least FLOOR of A's median: identical readings have no MAD);
   2. the shift is there when B's median and the medians of both of B's halves lie more than K·σ and a factor
-     RATIO from A's median, on the same side: the second half asks that it *stays* shifted, so a burst that ends
-     within ~3/4 of a window is not a change (two-window median test with a MAD scale, as robust change detectors use);
+     RATIO from A's median, on the same side (a two-window median test with a MAD scale, as robust change
+     detectors use);
   3. where it started: the split of the last 2·WINDOW steps that best separates them into two levels (least
      absolute deviations from each side's median), so the step is found within a few steps, not when B filled;
+     it is a change once a whole window of steps lies after that split and the test still holds: a level held
+     for WINDOW measured steps, so a burst that ends sooner (a backup, a neighbour's compile) is none;
   4. against the others: the same steps' median busy time of the other ranks (each step's median over them) before
-     and after; the rank is named only when its own ratio differs from theirs by RATIO as well, so a job-wide change
-     (every rank slower: a network change, a shared file system) is blamed on no rank.
+     and after; the rank is named only when its own ratio differs from theirs by RATIO and its shift in seconds from
+     theirs by K·σ as well, so a job-wide change is blamed on no rank, whether it scales every rank's work (a slower
+     clock) or adds to it (a neighbour's job on a shared host: +16 ms on both of 2 local ranks here, ×1.8 on a rank
+     busy 20 ms a step but ×1.1 on one that sleeps 150 ms in its steps).
 After a shift (named or job-wide) the rank's series restarts at the new level: the same shift is reported once, and
 a shift back or further is a new one. Memory: 2·WINDOW values per rank and each step's sorted values for the last
 HISTORY steps; a step costs two sorts of WINDOW values per rank.
@@ -146,6 +150,8 @@ class ChangePoints:
                 and _shifted(level, sigma, _median(b[half:]), sign)):
             return []
         at = split(values)
+        if len(values) - at < WINDOW:
+            return []  # not yet a window at the new level: a burst that ends before is no change (tested again)
         steps = [s for s, _ in series]
         before, later = values[:at], values[at:]
         mine = (_median(before), _median(later))
@@ -158,8 +164,9 @@ class ChangePoints:
         own_ratio = mine[1] / mine[0]
         their_ratio = others[1] / others[0] if others[0] > 0 else 1.0
         relative = own_ratio / their_ratio if their_ratio > 0 else own_ratio
-        if (relative if sign > 0 else 1 / relative) < RATIO:
-            return []  # the others shifted alike: the job's change, not this rank's
+        beyond = sign * ((mine[1] - mine[0]) - (others[1] - others[0]))
+        if (relative if sign > 0 else 1 / relative) < RATIO or beyond <= K * sigma:
+            return []  # the others shifted alike, by the factor or by the seconds: the job's change, not this rank's
         return [RankShifted(rank=d.rank, segment=d.segment, step=steps[at], before_s=mine[0], after_s=mine[1],
                             others_before_s=others[0], others_after_s=others[1], steps=len(later), t=d.t)]
 
