@@ -202,7 +202,7 @@ def _warnings(events) -> list[str]:
         elif isinstance(e, LogLine) and e.level == "error":
             out.append(f"**{'Rank ' + str(e.rank) if e.rank != FRONT else e.who}**: {untrusted(e.message)}")
         elif isinstance(e, RankShifted):  # a change point (metrics.changes): the figures after it are another rank's
-            out.append(f"**Rank {e.rank} shifted** at {e.describe()}")
+            out.append(f"**Rank {e.rank} shifted:** {e.describe()}")
     return out
 
 
