@@ -55,10 +55,9 @@ def test_the_slowed_rank_is_named_once_at_the_step_it_slowed(job):
     assert [s["rank"] for s in shifts] == [1], shifts
     shift = shifts[0]
     assert abs(shift["step"] - FROM) <= 5, shift
-    # the sleep adds itself to rank 1's busy time, less what its freed core gives back (rank 0's busy time fell from
-    # 40 to 21 ms in one run here: the sleeping rank leaves the 2 cores to it); the others' did not grow by the factor
+    # the sleep adds itself to rank 1's busy time, give or take the shared 2 cores' load (the sleeping rank frees one:
+    # rank 0's busy time went 40 → 21 ms in one run here, 39 → 49 ms in another); rank 0 is not named (above)
     assert shift["after_s"] - shift["before_s"] >= 0.75 * DELAY_S and shift["after_s"] / shift["before_s"] >= RATIO
-    assert shift["others_after_s"] / shift["others_before_s"] < RATIO
     lines = [x for x in out.splitlines() if "became" in x]
     assert len(lines) == 1 and lines[0].startswith(f"step {shift['step']}: rank 1 became slower: busy "), lines
 
