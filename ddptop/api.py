@@ -42,20 +42,29 @@ import torch
 from torch import nn
 
 from ddptop import metrics, rendezvous
-from ddptop.config import MAX_BATCH_SIZE, RunConfig, SyncConfig
+from ddptop.config import MAX_BATCH_SIZE, ZERO, RunConfig, SyncConfig
 from ddptop.control.agent import ControlAgent, Decision
 from ddptop.errors import DdptopError, JobStopped, UsageError, say_line
 from ddptop.events import ConfigApplied, RunFinished, RunStarted
 from ddptop.probes.own import now
 from ddptop.train import batches
-from ddptop.train.loop import build_for, exchange, model_layout, resync
+from ddptop.train.loop import build_for, exchange, memory_probe, model_layout, resync
 from ddptop.train.sync_state import broadcast_state, fingerprint
+
+def refuse_zero(strategy: str) -> None:
+    """zero1/2/3 build the optimizer (its state sharded) and zero2/3 replace the model's parameters by shards: an
+    own loop keeps its own model and optimizer, so ddptop cannot run them there."""
+    if strategy in ZERO:
+        raise UsageError(f"{strategy} shards the optimizer state ddptop builds; an own loop keeps its own optimizer "
+                         "and model, so it takes single, gather-scatter, allreduce or ddp (ddptop run trains zero1-3)")
+
 
 # what `ctl set` may change in a job whose loop is the user's: the strategy ddptop builds around the model applies
 # these; every other setting ddptop's own loop applies is the script's (OWNED_BY_LOOP), refused by rank 0
 OWN_SETTINGS = ("strategy", "bucket_mb", "async_op", "compress")
 OWNED_BY_LOOP = {"batch_size": "DataLoader", "lr": "optimizer and scheduler",
-                 "accum": "steps (one job.step is one optimizer step)", "lr_warmup_steps": "optimizer and scheduler"}
+                 "accum": "steps (one job.step is one optimizer step)", "lr_warmup_steps": "optimizer and scheduler",
+                 "shard_unit": "model (zero2 and zero3, which shard it, are refused here)"}
 LOST_AFTER_S = 10.0  # the front marks a rank lost after this long without a heartbeat (ddptop's own default)
 _joined: list["Job"] = []  # one job per process: torch has one default process group
 
@@ -72,6 +81,7 @@ def join(*, strategy: str = "ddp", bucket_mb: float = 25.0, async_op: bool = Fal
     _one_line_errors()
     if _joined:
         raise UsageError("ddptop.api.join() was called twice in one process: keep the job it returned")
+    refuse_zero(strategy)
     rdv = rendezvous.resolve(master, port, rank, world_size, None)
     if rdv.source == "local":
         raise UsageError("ddptop.api.join() is one rank of a job: run the script under torchrun "
@@ -138,7 +148,7 @@ class Job:
         self.step_count = 0
         self.find_unused = False  # join(find_unused_parameters=...): passed to every strategy ddptop builds
         self._stack: ExitStack | None = None
-        self._rank = self._probe = self._agent = self.strategy = self.sync = None
+        self._rank = self._probe = self._agent = self.strategy = self.sync = self._memory = None
         self._segment, self._segment_start, self._in_step = -1, 0, False
         self._loss: Any = None
         self._synced = self._closed = False
@@ -171,6 +181,7 @@ class Job:
         self.device = self._rank.device
         self.model, self.optimizer = model.to(self.device), optimizer  # .to keeps the same Parameter objects
         self._probe = make_probe(self.cfg, self.rank, self.rdv.world_size, self.device, self._rank.emit)
+        self._memory = memory_probe(self.cfg, self.rank, self.device, self._rank.emit, self._probe.own)
         # ranks that built their models apart start from rank 0's (DDP would; the other strategies do not)
         self._start_bytes = broadcast_state(model, optimizer) if self.world_size > 1 else 0
         self.wrapper = OwnModel(model, self._forward_done)
@@ -260,6 +271,8 @@ class Job:
         self._mark("opt")
         loss = self._loss if self._loss is not None else torch.tensor(math.nan)  # no job.log: shown as nan
         self._probe.finish(loss, epoch=self._epoch, batch_size=self._batch)
+        if self._memory is not None:  # what the rank holds as the step ends (zero_grad inside the step: no grads)
+            self._memory.finish(self.optimizer, self.step_count, self._segment)
         self.step_count += 1
         self._boundary()  # the next step's start: a switch or a stop lands before the user's next batch
 
@@ -279,6 +292,8 @@ class Job:
         if boundary.decision is not None:
             self._start_segment(boundary.decision)
         self._probe.ready(self.step_count, self._segment, self._segment_start)
+        if self._memory is not None:
+            self._memory.begin()
 
     def _first_segment(self, batch_size: int) -> None:
         """Segment 0 at the first step, which gives the batch size; lr is what the optimizer holds now."""
@@ -309,6 +324,9 @@ class Job:
         self.sync, self._segment, self._segment_start = sync, self._segment + 1, self.step_count
         self.strategy, self.wrapper.inner = build_for(self.model, sync, self.rank, self.world_size, self.device,
                                                       self._probe, find_unused=self.find_unused)
+        if self._memory is not None:  # each segment sampled at its first step, as ddptop's own loop does
+            self._memory.watch(self.model)
+            self._memory.due_now()
         print_ = fingerprint(self.model)
         self._agent.applied(decision, self.step_count, self._segment)
         switch_s = now() - began
@@ -320,6 +338,7 @@ class Job:
     def _check(self, sync: SyncConfig) -> None:
         """Rank 0 refuses what the user's loop owns before any rank sees it: a segment that said accum=4 or a
         warm-up would record a run that never happened (the script's loop steps and schedules on its own)."""
+        refuse_zero(sync.strategy)
         for name, owner in OWNED_BY_LOOP.items():
             if getattr(sync, name) != getattr(self._owned, name):
                 raise UsageError(f"{name} belongs to this loop's own {owner}: ddptop cannot change it "

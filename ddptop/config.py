@@ -13,7 +13,10 @@ from ddptop.errors import UsageError
 RUNS_DIR_ENV = "DDPTOP_RUNS_DIR"  # the folder of default recordings (tests point it at a temporary one)
 DEFAULT_RUNS_DIR = "ddptop-runs"  # also where a --save that failed at the end keeps the model (train.save)
 
-STRATEGIES = ("single", "gather-scatter", "allreduce", "ddp")
+STRATEGIES = ("single", "gather-scatter", "allreduce", "ddp", "zero1", "zero2", "zero3")
+BUCKETED = ("ddp", "zero1")  # DDP's bucketed all-reduce: bucket_mb is theirs
+SHARDED = ("zero2", "zero3")  # FSDP2's fully_shard: shard_unit is theirs
+ZERO = ("zero1", "zero2", "zero3")  # the strategy builds the optimizer (its state sharded): no compress, no own loop
 MODELS = ("vgg11", "resnet18", "tiny", "resnet50", "bert-mini")
 DATASETS = ("synthetic", "cifar10", "mnist", "tokens")
 IMAGE_DATASETS = ("synthetic", "cifar10", "mnist")  # the rest (tokens, the user's own) count samples, not images
@@ -64,6 +67,7 @@ class SyncConfig:
     accum: int = 1  # micro-steps per step (gradient accumulation): a step trains accum × batch_size per rank
     compress: str = "none"  # gradients on the wire: none, fp16, bf16, powersgd:R (DDP only)
     lr_warmup_steps: int = 0  # gradual warm-up (Goyal et al.): lr × (k+1)/N at the k-th step after lr is set
+    shard_unit: str = ""  # zero2/zero3: NAME[,NAME] module classes or qualified names; "": each top-level block
 
     def __post_init__(self) -> None:
         _check_choice("strategy", self.strategy, STRATEGIES)
@@ -87,6 +91,10 @@ class SyncConfig:
         object.__setattr__(self, "compress", _compression(self.compress))  # powersgd → powersgd:1, one spelling
         if self.compress != "none" and self.strategy == "single":
             raise UsageError(f"compress={self.compress} means nothing for single, which sends no gradients")
+        if self.compress != "none" and self.strategy in ZERO:
+            raise UsageError(f"compress={self.compress} applies to allreduce, gather-scatter and ddp, not to "
+                             f"{self.strategy} (torch's sharded strategies send gradients as they are)")
+        _check_units(self.shard_unit)
         if self.compress.startswith("powersgd") and self.strategy != "ddp":
             raise UsageError(f"compress={self.compress} applies only to ddp (a DDP comm hook), not to {self.strategy}")
 
@@ -107,11 +115,14 @@ class SyncConfig:
         bucket_mb is kept while another strategy runs, for the next switch to DDP, but only DDP shows it."""
         strategy = changes.get("strategy", self.strategy)
         cleared = {"async_op": False} if changes.get("strategy", "allreduce") != "allreduce" else {}
-        if "strategy" in changes and (strategy == "single" or (strategy != "ddp" and self.powersgd_rank)):
+        if "strategy" in changes and (strategy in ("single", *ZERO) or (strategy != "ddp" and self.powersgd_rank)):
             cleared["compress"] = "none"  # a compression the new strategy cannot carry ends with it, as async_op
         result = dataclasses.replace(self, **{**cleared, **changes})
-        if "bucket_mb" in changes and result.strategy != "ddp":
-            raise UsageError(f"bucket_mb applies only to ddp, not to {result.strategy}: set strategy=ddp too")
+        if "bucket_mb" in changes and result.strategy not in BUCKETED:
+            raise UsageError(f"bucket_mb applies only to ddp and zero1, not to {result.strategy}: set strategy=ddp too")
+        if "shard_unit" in changes and result.strategy not in SHARDED:
+            raise UsageError(f"shard_unit applies only to zero2 and zero3, not to {result.strategy}: "
+                             "set strategy=zero3 too")
         return result
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,8 +130,10 @@ class SyncConfig:
 
     def describe(self) -> str:
         text = self.strategy
-        if self.strategy == "ddp":
+        if self.strategy in BUCKETED:
             text += f" bucket={self.bucket_mb:g}MB"
+        if self.strategy in SHARDED and self.shard_unit:
+            text += f" unit={self.shard_unit}"
         if self.strategy == "allreduce" and self.async_op:
             text += " async"
         if self.compress != "none":
@@ -129,6 +142,20 @@ class SyncConfig:
         if self.accum > 1:
             text += f" accum={self.accum}"
         return text + (f" warmup={self.lr_warmup_steps}" if self.lr_warmup_steps else "")
+
+
+_UNIT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*$")  # a class name or a qualified module name
+MAX_UNITS = 64
+
+
+def _check_units(text: Any) -> None:
+    """shard_unit's text: "" or NAME[,NAME] (whether each names a module of the model is the rank's to say)."""
+    if not isinstance(text, str):
+        raise UsageError(f"shard_unit must be module names like Linear or features.0, got {text!r}")
+    names = text.split(",") if text else []
+    if len(names) > MAX_UNITS or not all(_UNIT.match(name) for name in names):
+        raise UsageError(f"shard_unit must be up to {MAX_UNITS} module class names or qualified module names "
+                         f"separated by commas (Linear,features.0), got {text[:80]!r}")
 
 
 def _compression(text: Any) -> str:

@@ -276,6 +276,35 @@ class SystemSample(Event):
         return next((n for n in self.nics if n.iface == name), None)
 
 
+MEMORY_BY = ("cuda allocator", "process USS", "process statm")  # who measured MemorySample.peak_bytes/now_bytes
+
+
+@dataclass(frozen=True)
+class MemorySample(Event):
+    """What one rank holds at the end of a step, by kind (issue 43): the bytes of its own storage of parameters,
+    gradients and optimizer state (a sharded strategy's shard, not the gathered whole; each storage once), and the
+    device's memory: the peak since the rank's previous sample and the value at this step's end. Taken on a cadence
+    (probes.memory), not every step; `cost_s` is what taking it cost the training thread (part of own_s)."""
+
+    kind: ClassVar[str] = "memory_sample"
+    rank: int
+    step: int
+    segment: int
+    t: float
+    param_bytes: int
+    grad_bytes: int
+    optim_bytes: int
+    peak_bytes: int  # cuda: max_memory_allocated since the previous sample; cpu: now_bytes (read once, at the end)
+    now_bytes: int  # cuda: memory_allocated at this step's end; cpu: the process's unique memory (USS) there
+    reserved_bytes: int  # cuda: memory_reserved (the allocator's cache and what it holds); cpu: 0
+    by: str  # one of MEMORY_BY: what measured peak_bytes and now_bytes
+    cost_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.by not in MEMORY_BY:
+            raise EventDecodeError(f"a memory sample's `by` must be one of {', '.join(MEMORY_BY)}")
+
+
 @dataclass(frozen=True)
 class EpochDone(Event):
     """Test-set evaluation at the end of an epoch (this rank's shard of the test set)."""
@@ -566,8 +595,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
                               ConfigApplied, ControlRefused, RankLost, RunState, RankBack, TelemetryGap,
                               RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory, EventsRefused,
-                              ClockSync, TuneAsked, TuneNote,
-                              RankShifted)
+                              ClockSync, TuneAsked, TuneNote, MemorySample, RankShifted)
 }
 
 

@@ -24,7 +24,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 OWN_DIR = Path(str(resources.files("ddptop").joinpath("own_profiles")))  # ddptop's own: what a plain name means
-SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr", "accum", "compress", "lr_warmup_steps"}
+SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr", "accum", "compress", "lr_warmup_steps",
+              "shard_unit"}
 CODE_KEYS = ("model", "dataset", "loss", "collate")  # settings whose value may name code (config.is_spec)
 
 
@@ -113,7 +114,8 @@ def read_profile(path: Path) -> dict[str, Any]:
 
 MAX_SWEEP_STEPS = 1_000_000  # warm-up or measured steps per configuration: more is a typo, not a plan
 SWEEP_TYPES = {"strategy": (str,), "bucket_mb": (int, float), "async_op": (bool,), "batch_size": (int,),
-               "lr": (int, float), "accum": (int,), "compress": (str,), "lr_warmup_steps": (int,)}
+               "lr": (int, float), "accum": (int,), "compress": (str,), "lr_warmup_steps": (int,),
+               "shard_unit": (str,)}
 NOT_IN_PROFILES = {"help", "version", "profile"}
 
 

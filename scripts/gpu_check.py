@@ -10,7 +10,9 @@ script itself, leaving out what means nothing without a GPU; `make test` runs `c
 - cuda:  nccl with world size 1; the default placement (one rank per GPU); the one-line refusal of 2 nccl ranks on
          one GPU; 2 ranks with gloo on CUDA tensors (allreduce, ddp; gather-scatter refused); CUDA-event spans;
          GPU step time against the wall clock; NVML numbers against torch's and nvidia-smi's; the NVML device when
-         CUDA_VISIBLE_DEVICES names a UUID; no synchronizing CUDA call on the training thread during steps.
+         CUDA_VISIBLE_DEVICES names a UUID; no synchronizing CUDA call on the training thread during steps; each
+         memory sample's parameters, gradients and momentum are torch's sizes of the model, its peak the CUDA
+         allocator's (at least what is held, at most what is reserved).
 - oom:   a real CUDA out-of-memory: `ctl set` of a batch that does not fit rolls back and the job trains on; the
          memory comes back; the hpml-lab4-q1 profile grows the batch until it does not fit.
 - bench: step time of plain torch, ddptop --probes off and --probes all on VGG-11 and ResNet-18 (separate runs,
@@ -88,6 +90,7 @@ def check_cuda() -> None:
     if not db:
         return
     check_spans(db)
+    check_memory(db)
     check_gpu_time(db)
     check_nvml(db)
     check_placement()
@@ -120,6 +123,23 @@ def check_spans(db: str) -> None:
         bad += [s for s in spans if not (0 <= s[2] and 0 <= s[3] <= iters.get(step, 0) * 1.05 + 1e-3)]
     check("CUDA-event spans", sampled and {"fwd", "bwd", "comm", "opt"} <= kinds and not bad,
           f"{len(sampled)} sampled steps, kinds {sorted(kinds)}, {len(bad)} spans outside their step")
+
+
+def check_memory(db: str) -> None:
+    """Issue 43: each memory sample's kinds are torch's sizes of the same model (SGD momentum: one buffer per
+    parameter), measured by the CUDA allocator (--cpu: the unique memory); the peak holds at least the kinds and at
+    most what the allocator reserved."""
+    from ddptop.train.models import build_model  # imports torch: only here, the other checks run subprocesses
+
+    size = sum(p.numel() * p.element_size() for p in build_model("tiny" if CPU else "vgg11").parameters())
+    samples = rows(db, "SELECT step, param_bytes, grad_bytes, optim_bytes, peak_bytes, reserved_bytes, by "
+                       "FROM memory WHERE rank = 0 ORDER BY seq")
+    by = "process USS" if CPU else "cuda allocator"
+    kinds = {(p, g, o, b) for _, p, g, o, _, _, b in samples}
+    bounds = all(3 * size <= peak <= (reserved if not CPU else peak) for *_, peak, reserved, _ in samples)
+    check("memory by kind", bool(samples) and kinds == {(size, size, size, by)} and bounds,
+          f"{len(samples)} samples; {sorted(kinds)} against {size} B of parameters by torch; peaks "
+          f"{[round(s[4] / 1e6, 1) for s in samples]} MB, reserved {[round(s[5] / 1e6, 1) for s in samples]} MB")
 
 
 def check_gpu_time(db: str) -> None:

@@ -39,7 +39,7 @@ def format_status(status: dict[str, Any], where: str, steps: dict[int, list[Step
 
 CTL_OPS = {"status": "the job's step, config in force and each rank's recent step time and comm",
            "set": "change the configuration: KEY=VALUE … (strategy, bucket_mb, async_op, batch_size, lr, scale_lr, "
-                  "accum, compress, lr_warmup_steps)",
+                  "accum, compress, lr_warmup_steps, shard_unit)",
            "pause": "pause every rank at the next step boundary", "resume": "resume a paused job",
            "stop": "stop every rank at the next step boundary",
            "tune": "tune bucket: try the what-if model's best DDP bucket sizes as short segments, keep the fastest"}
@@ -59,7 +59,7 @@ def ctl_parser() -> argparse.ArgumentParser:
     p.add_argument("op", nargs="?", metavar="OP", help="status, set, pause, resume, stop or tune")
     p.add_argument("assignments", nargs="*", metavar="KEY=VALUE",
                    help="for set: strategy, bucket_mb, async_op, batch_size, lr, scale_lr, accum, "
-                   "compress, lr_warmup_steps")
+                   "compress, lr_warmup_steps, shard_unit")
     return p
 
 

@@ -9,8 +9,8 @@ from typing import Sequence
 
 from ddptop import __version__
 from ddptop.cli.parser import Parser, add_metrics_flags, check_port, metrics_flags, parse_bool
-from ddptop.config import (BACKENDS, DATASETS, DEVICES, LOSSES, MODELS, PROBE_LEVELS, STRATEGIES, RunConfig,
-                           SyncConfig, is_spec)
+from ddptop.config import (BACKENDS, BUCKETED, DATASETS, DEVICES, LOSSES, MODELS, PROBE_LEVELS, SHARDED,
+                           STRATEGIES, RunConfig, SyncConfig, is_spec)
 from ddptop.errors import UsageError
 
 
@@ -98,8 +98,12 @@ def run_parser() -> argparse.ArgumentParser:
     sync = p.add_argument_group("gradient synchronization")
     sync.add_argument("--strategy", choices=STRATEGIES, default="ddp",
                       help="how gradients are synchronized: none, gather+scatter at rank 0, per-parameter "
-                           "all_reduce, or DistributedDataParallel (ddp)")
-    sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb (25)")
+                           "all_reduce, DistributedDataParallel (ddp), or ZeRO stage 1 (ddp + "
+                           "ZeroRedundancyOptimizer), 2 or 3 (FSDP2's fully_shard)")
+    sync.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket_cap_mb, ddp and zero1 (25)")
+    sync.add_argument("--shard-unit", default="", metavar="NAME[,NAME]",
+                      help="zero2/zero3: the modules fully_shard makes units of, by class or qualified name "
+                           "(default: each top-level block that holds parameters, and the root)")
     sync.add_argument("--async-op", type=parse_bool, nargs="?", const=True, default=False,
                       help="allreduce: launch every collective with async_op=True")
     sync.add_argument("--accum", type=int, default=1, metavar="K",
@@ -148,14 +152,30 @@ def parse_run_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict | None
     return parser.parse_args(argv), profile
 
 
+def check_shard_units(cfg: RunConfig, parts=None) -> None:
+    """A shard unit that names no module of the model is one line before any rank starts (the model is built here
+    only then: the user's, already built for its sample batch, or the built-in one)."""
+    wanted = {s.shard_unit for s in (cfg.first_sync, *cfg.sweep) if s.strategy in SHARDED and s.shard_unit}
+    if not wanted:
+        return
+    from ddptop.train.models import build_model
+    from ddptop.train.strategies.fsdp import shard_units
+
+    model = parts.model if parts is not None else build_model(cfg.model)
+    for spec in sorted(wanted):
+        shard_units(model, spec)
+
+
 def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> RunConfig:
     bucket_given = args.bucket_mb is not None
     sync = SyncConfig(strategy=args.strategy, bucket_mb=args.bucket_mb if bucket_given else 25.0, async_op=args.async_op,
                       batch_size=args.batch_size, lr=args.lr, accum=args.accum, compress=args.compress,
-                      lr_warmup_steps=args.lr_warmup_steps)
+                      lr_warmup_steps=args.lr_warmup_steps, shard_unit=args.shard_unit)
     sweep = tuple(sync.changed(changes) for changes in profile["sweep"]) if profile else ()
-    if bucket_given and args.strategy != "ddp" and not any(s.strategy == "ddp" for s in sweep):
-        raise UsageError(f"--bucket-mb applies only to ddp, not to {args.strategy}")
+    if bucket_given and args.strategy not in BUCKETED and not any(s.strategy in BUCKETED for s in sweep):
+        raise UsageError(f"--bucket-mb applies only to ddp and zero1, not to {args.strategy}")
+    if args.shard_unit and args.strategy not in SHARDED and not any(s.strategy in SHARDED for s in sweep):
+        raise UsageError(f"--shard-unit applies only to zero2 and zero3, not to {args.strategy}")
     sync = sweep[0] if sweep else sync  # what runs first is what every report of the start says
     dataset = args.dataset or ("tokens" if args.model == "bert-mini" else "synthetic")
     if args.data_dir is not None and dataset in ("synthetic", "tokens"):
@@ -226,10 +246,12 @@ def cmd_run(argv: Sequence[str]) -> int:
         forks.start()  # before the user's code below and the front start any thread
     elif threads_set:
         os.environ.pop("OMP_NUM_THREADS")
+    parts = None
     if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)):
         from ddptop.train import specs
 
-        specs.build(cfg)  # the user's code on one sample batch, before any rank starts: one line for what is wrong
+        # the user's code on one sample batch, before any rank starts: one line for what is wrong
+        parts = specs.build(cfg)
         if profile:  # the code ran its check: now say whose it is, when a profile of the user's named it
             from ddptop.profiles import code_note
 
@@ -237,6 +259,7 @@ def cmd_run(argv: Sequence[str]) -> int:
                                                                 "loss": cfg.loss, "collate": cfg.collate})
             if note:
                 print(note, file=sys.stderr)
+    check_shard_units(cfg, parts)
     from ddptop.record.paths import choose
     from ddptop.front.run import records_here, run
 

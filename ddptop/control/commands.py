@@ -17,7 +17,7 @@ from ddptop.safe import clean
 
 OPS = ("set", "pause", "resume", "stop", "tune")
 SETTABLE = {"strategy": str, "bucket_mb": float, "async_op": bool, "batch_size": int, "lr": float, "scale_lr": bool,
-            "accum": int, "compress": str, "lr_warmup_steps": int}
+            "accum": int, "compress": str, "lr_warmup_steps": int, "shard_unit": str}
 MAX_REQUEST_BYTES = 4096
 REQUEST_WINDOW_S = 60.0  # a request older (or newer) than this by rank 0's clock is refused: replays die with it
 

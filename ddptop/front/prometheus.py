@@ -238,8 +238,12 @@ def _ranks(snap, job: str, k: int) -> dict:
     return out
 
 
+JSON_PATH = "/metrics.json"  # the same series as /metrics, as JSON: for a script without a Prometheus parser
+
+
 class Endpoint:
-    """prometheus_client's own HTTP server on a thread of its own, serving one Exporter at /metrics."""
+    """prometheus_client's own HTTP server on a thread of its own, serving one Exporter at /metrics, and the same
+    series as JSON at JSON_PATH (one collect, the same definitions: `as_json`)."""
 
     def __init__(self, exporter: Exporter, port: int, addr: str = "0.0.0.0"):
         import errno
@@ -255,6 +259,7 @@ class Endpoint:
         where = f"--metrics-port {port} on {addr}"
         try:
             self.server, self.thread = start_http_server(port, addr, registry)
+            self.server.set_app(_with_json(self.server.get_app(), registry))
         except socket.gaierror as exc:
             raise UsageError(f"--metrics-addr {addr!r} is no address of this machine ({exc.strerror})") from None
         except OSError as exc:
@@ -270,6 +275,35 @@ class Endpoint:
         self.server.server_close()
 
 
+def as_json(registry) -> dict:
+    """Every series of one collect: {name: {"type", "help", "samples": [{"name", "labels", "value"}]}}. A value that
+    is not finite (a diverged loss) is the text Prometheus' own format writes: "NaN", "+Inf" or "-Inf"."""
+    import math
+
+    out = {}
+    for family in registry.collect():
+        samples = [{"name": s.name, "labels": dict(s.labels),
+                    "value": s.value if math.isfinite(s.value) else ("NaN" if s.value != s.value else
+                                                                     ("+Inf" if s.value > 0 else "-Inf"))}
+                   for s in family.samples]
+        out[family.name] = {"type": family.type, "help": family.documentation, "samples": samples}
+    return out
+
+
+def _with_json(app, registry):
+    """prometheus_client's WSGI app, and JSON_PATH answered from the same registry."""
+    import json
+
+    def both(environ, start_response):
+        if environ.get("PATH_INFO") != JSON_PATH:
+            return app(environ, start_response)
+        body = json.dumps(as_json(registry), separators=(",", ":")).encode()
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return both
+
+
 def serve(state: SharedState, port: int | None, addr: str = "0.0.0.0", job: str = "ddptop") -> Endpoint | None:
     """--metrics-port PORT: the endpoint over `state`, listening before any rank starts (a port in use is one line
     and exit 4 before anything else happened); None without a port. Its exporter is a sink of the feed."""
@@ -278,7 +312,7 @@ def serve(state: SharedState, port: int | None, addr: str = "0.0.0.0", job: str 
     import sys
 
     endpoint = Endpoint(Exporter(state, job), port, addr)
-    print(f"ddptop: Prometheus metrics at http://{addr}:{port}/metrics"
+    print(f"ddptop: Prometheus metrics at http://{addr}:{port}/metrics (JSON: {JSON_PATH})"
           + (" (every interface)" if addr in ("0.0.0.0", "::") else ""), file=sys.stderr)
     return endpoint
 

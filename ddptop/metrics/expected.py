@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ddptop.events import RunStarted
-from ddptop.metrics.wire import compressed, gather, powersgd_allreduce, ring_allreduce, scatter
+from ddptop.metrics.wire import compressed, gather, powersgd_allreduce, ring_all_gather, ring_allreduce, scatter
 
 
 def expected_bytes(run: RunStarted | None, config: Mapping, rank: int) -> tuple[int, int]:
@@ -14,7 +14,10 @@ def expected_bytes(run: RunStarted | None, config: Mapping, rank: int) -> tuple[
     single sends nothing; allreduce and ddp move 2(N−1)/N·S each way (ring); gather-scatter moves
     (N−1)·S in and out at rank 0 and S each way at the others. fp16/bf16 halve S; PowerSGD (after its warm-up
     of plain all-reduce steps) sends its factors and the uncompressed tensors (wire.powersgd_allreduce).
-    A step is one optimizer step: accumulation leaves its bytes as they are (one sync per step).
+    A step is one optimizer step: accumulation leaves its bytes as they are (one sync per step), except under
+    zero2/zero3, whose units all-gather in every micro-step (FSDP2). zero1 (torch: DDP's all-reduce, then
+    ZeroRedundancyOptimizer's parameter broadcasts) moves 2(N−1)/N·S + (N−1)/N·S; zero2 (all-gather K times,
+    reduce-scatter once) (K+1)·(N−1)/N·S; zero3 (all-gather in forward and again in backward) (2K+1)·(N−1)/N·S.
     """
     if run is None:
         return 0, 0
@@ -26,6 +29,11 @@ def expected_bytes(run: RunStarted | None, config: Mapping, rank: int) -> tuple[
         return sent, received
     if strategy in ("allreduce", "ddp"):
         return ring_allreduce(size, world)
+    if strategy in ("zero1", "zero2", "zero3"):
+        accum = int(config.get("accum", 1) or 1)
+        share, _ = ring_all_gather(size, world)
+        times = {"zero1": 3, "zero2": accum + 1, "zero3": 2 * accum + 1}[strategy]
+        return times * share, times * share
     if strategy == "gather-scatter":
         g_tx, g_rx = gather(size, world, rank == 0)
         s_tx, s_rx = scatter(size, world, rank == 0)
@@ -36,4 +44,6 @@ def expected_bytes(run: RunStarted | None, config: Mapping, rank: int) -> tuple[
 def formula(strategy: str) -> str:
     """The formula behind `expected_bytes`, for the screen."""
     return {"allreduce": "ring 2(N−1)/N·S each way", "ddp": "ring 2(N−1)/N·S each way",
-            "gather-scatter": "rank 0: (N−1)·S each way, others S", "single": "nothing"}.get(strategy, "?")
+            "gather-scatter": "rank 0: (N−1)·S each way, others S", "single": "nothing",
+            "zero1": "all-reduce + broadcasts 3(N−1)/N·S each way", "zero2": "(K+1)(N−1)/N·S each way",
+            "zero3": "(2K+1)(N−1)/N·S each way"}.get(strategy, "?")

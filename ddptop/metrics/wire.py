@@ -67,3 +67,12 @@ def powersgd_allreduce(shapes: list[tuple[int, ...]], rank: int, world_size: int
     sizes = [values * value_bytes for values in powersgd_values(shapes, rank)]
     sent = sum(ring_allreduce(size, world_size)[0] for size in sizes)
     return sum(sizes), sent, sent
+
+
+def ring_all_gather(nbytes: int, world_size: int) -> tuple[int, int]:
+    """(sent, received) by one rank in a ring all-gather (or reduce-scatter) whose full tensor is `nbytes`:
+    (N−1)/N·S each way (FSDP2's per-unit collectives, ZeRO's formulas)."""
+    if world_size <= 1:
+        return 0, 0
+    each = (world_size - 1) * nbytes // world_size
+    return each, each

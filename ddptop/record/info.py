@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import sys
 from typing import Any
 
 from ddptop.metrics import rate_unit, table_rows, tables
+from ddptop.metrics.memory import memory_table
 from ddptop.metrics.stragglers import Stragglers, analyse
 from ddptop.events import LogLine, ModelsDiverged, RankShifted, RunFinished
 from ddptop.record.reader import WHOLE_STEP, Recording, damaged
@@ -43,7 +45,8 @@ def summary(rec: Recording, table: list | None = None) -> dict[str, Any]:
         "profile": config.get("profile", ""), "ranks": ranks, "hosts": _strings(rec.meta.get("hosts")),
         "versions": _dict(rec.meta.get("versions")), "created": rec.meta.get("created"), "start": rec.start,
         "duration_s": rec.duration, "first_step": rec.first_step, "last_step": rec.last_step,
-        "counts": {table: rec.count(table) for table in ("steps", "spans", "system", "events")},
+        "counts": {table: rec.count(table) for table in ("steps", "spans", "system", "events", "memory")},
+        "memory": [dataclasses.asdict(m) for m in memory_table(rec.memory_events())],
         "segments": segment_stats(rec, table), "switches": max(0, len(rec.segments()) - 1),
         "ranks_lost": kinds.get("rank_lost", 0), "ranks_back": kinds.get("rank_back", 0),
         "errors": [_error_text(e) for e in errors],
@@ -194,7 +197,8 @@ def render(s: dict[str, Any]) -> str:
         f"when       {when} for {_duration(s['duration_s'])}, {steps}",
         f"versions   {versions}",
         f"recorded   {s['counts']['steps']} step summaries, {s['counts']['spans']} sampled steps with spans, "
-        f"{s['counts']['system']} system samples, {s['counts']['events']} other events",
+        f"{s['counts']['system']} system samples, {s['counts']['memory']} memory samples, "
+        f"{s['counts']['events']} other events",
         f"events     {s['switches']} config switches, {s['ranks_lost']} ranks lost{back}, {len(s['errors'])} errors",
     ]
     timed = [seg for seg in s["segments"] if "step_s_slowest" in seg]
@@ -209,6 +213,7 @@ def render(s: dict[str, Any]) -> str:
         if seg.get("switch_mb"):
             lines.append(f"  segment {seg['index']}: started at {_clock(seg['t'])}, one-off {seg['switch_mb']:.1f} MB "
                          f"broadcast from rank 0, switch took {seg['switch_s']:.2f} s")
+    lines += memory_lines(s.get("memory", []))
     if s.get("stragglers"):
         lines.append(f"stragglers {s['stragglers']}")
     lines += [f"shifted    {x}" for x in s.get("shifts", [])[:10]]
@@ -216,6 +221,33 @@ def render(s: dict[str, Any]) -> str:
     lines += [f"error      {e}" for e in s["errors"][:10]]
     lines += [f"finished   {f}" for f in s["finished"]]
     return "\n".join(lines)
+
+
+MEMORY_RANKS = 8  # ranks listed per segment; more are summed up as their largest
+
+
+def memory_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """`memory` and one line per segment and rank (metrics.memory): MB held by kind and the peak, as the report's
+    table has them in bytes."""
+    if not rows:
+        return []
+    cost = max(r["cost_s"] for r in rows)  # part of ddptop's own time: the training thread measured it
+    lines = [f"memory     held in each rank's own storage at a sampled step's end, MB (peak: the largest sample; "
+             f"a sample took the training thread up to {cost * 1e3:.1f} ms)"]
+    by_segment: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_segment.setdefault(row["segment"], []).append(row)
+    for segment, ranks in by_segment.items():
+        for r in ranks[:MEMORY_RANKS]:
+            reserved = f", reserved {r['reserved_bytes'] / 1e6:.1f}" if r["by"] == "cuda allocator" else ""
+            lines.append(f"  segment {segment} rank {r['rank']}: params {r['param_bytes'] / 1e6:.1f}, grads "
+                         f"{r['grad_bytes'] / 1e6:.1f}, optimizer {r['optim_bytes'] / 1e6:.1f}, peak "
+                         f"{r['peak_bytes'] / 1e6:.1f} ({clean(r['by'])}){reserved}")
+        if len(ranks) > MEMORY_RANKS:
+            rest = ranks[MEMORY_RANKS:]
+            lines.append(f"  segment {segment}: {len(rest)} more ranks, the largest peak "
+                         f"{max(r['peak_bytes'] for r in rest) / 1e6:.1f}")
+    return lines
 
 
 def _figures_only(segments: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -95,6 +95,7 @@ class Recording:
         self.left_out: set[tuple[str, Any]] = set()  # (table, seq) of rows left out: a NULL, NaN or infinite number
         self.select = schema.select_for({table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
                                          for table in schema.TABLES})
+        self.tables = tuple(t for t in schema.TABLES if t not in schema.LATER_TABLES or _has_table(db, t))
         self.start, self.end = self._span()
         first, last = self._one(f"SELECT min(step), max(step) FROM steps WHERE {WHOLE_STEP}")
         self.first_step, self.last_step = (None, None) if first is None else (_int(first), _int(last))
@@ -201,7 +202,13 @@ class Recording:
         return table
 
     def count(self, table: str) -> int:
-        return self._one(f"SELECT count(*) FROM {table}")[0]
+        return self._one(f"SELECT count(*) FROM {table}")[0] if table in self.tables or table not in schema.TABLES \
+            else 0  # a table the file was written before
+
+    def memory_events(self) -> Iterator[Event]:
+        """Every MemorySample in recorded order (a file from before issue 43 holds none)."""
+        sql = f"{self.select['memory']} ORDER BY seq"
+        return _kept(self._decode(t, row) for _seq, t, row in self._stream("memory", sql))
 
     # -- queries --------------------------------------------------------------------------------------------
     def query(self, sql: str, args: tuple = ()) -> list[tuple]:
@@ -249,7 +256,19 @@ class Recording:
             "spans": (f"{self.select['spans']} WHERE at <= ? ORDER BY at DESC LIMIT ?",
                       (at, spans_per_rank * self.world_size)),
             "system": (f"{self.select['system']} WHERE at > ? AND at <= ?", (at - seconds, at)),
+            "memory": self._memory_history(at),
         })
+
+    def _memory_history(self, at: float) -> tuple[str, tuple]:
+        """Each rank's newest memory sample of the segment in force at `at` and its largest peak's (metrics.memory
+        needs no other: the kinds are the newest's, the peak the largest), not every sample of a long segment."""
+        sel = self.select["memory"]
+        seg = f"(SELECT max(segment) FROM ({sel}) WHERE at <= ?)"
+        # SQLite gives a bare column of a max() aggregate from the row holding that max
+        sql = (f"{sel} WHERE seq IN (SELECT max(seq) FROM ({sel}) WHERE at <= ? AND segment = {seg} GROUP BY rank "
+               f"UNION SELECT seq FROM (SELECT seq, max(peak_bytes) FROM ({sel}) WHERE at <= ? AND segment = {seg} "
+               f"GROUP BY rank))")
+        return sql, (at, at, at, at)
 
     def step_at_time(self, at: float) -> int | None:
         """The newest step any rank had finished by playback time `at`."""
@@ -326,7 +345,7 @@ class Recording:
 
     def _span(self) -> tuple[float, float]:
         lows, highs = [], []
-        for table in schema.TABLES:
+        for table in self.tables:
             # rows with an infinite `at` are left out when read; NULLs are not counted by min/max
             lo, hi = self._one(f"SELECT min(at), max(at) FROM {table} WHERE abs(at) <= {FINITE_MAX}")
             if lo is not None:
@@ -363,8 +382,13 @@ def _read_meta(db: sqlite3.Connection, path: str) -> dict[str, Any]:
         raise RecordingError(f"{path} was written by a newer ddptop (event schema {events}; this ddptop reads up "
                              f"to {EVENT_SCHEMA}): upgrade ddptop to open it")
     for table in schema.TABLES:  # a file with our meta but missing tables is damaged, not empty
-        db.execute(f"SELECT seq, at FROM {table} LIMIT 0")
+        if table not in schema.LATER_TABLES:  # older files lack these (schema.LATER_TABLES)
+            db.execute(f"SELECT seq, at FROM {table} LIMIT 0")
     return meta
+
+
+def _has_table(db: sqlite3.Connection, table: str) -> bool:
+    return bool(db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchall())
 
 
 WHOLE_STEP = "typeof(step) = 'integer' AND typeof(rank) = 'integer'"  # rows the reader keeps (NULL, inf: left out)

@@ -16,8 +16,8 @@ import math
 import operator
 from typing import Any, Callable
 
-from ddptop.events import (Event, EventDecodeError, GpuStat, NicStat, Span, StepDone, StepSpans, SystemSample,
-                           event_from_dict)
+from ddptop.events import (Event, EventDecodeError, GpuStat, MemorySample, NicStat, Span, StepDone, StepSpans,
+                           SystemSample, event_from_dict)
 from ddptop.safe import clean_value
 
 FORMAT = "ddptop-recording"
@@ -26,6 +26,7 @@ SCHEMA_VERSION = 2  # of the file layout; events inside carry their own events.S
 
 STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepDone))
 SYSTEM_FIELDS = tuple(f.name for f in dataclasses.fields(SystemSample))
+MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(MemorySample))
 _SQL_TYPES = {"int": "INTEGER", "bool": "INTEGER", "float": "REAL", "str": "TEXT", "float | None": "REAL"}
 
 
@@ -41,6 +42,7 @@ CREATE TABLE spans (seq INTEGER PRIMARY KEY, at REAL, rank INTEGER, step INTEGER
                     spans TEXT);
 CREATE TABLE system (seq INTEGER PRIMARY KEY, at REAL, {_columns(SystemSample)});
 CREATE TABLE events (seq INTEGER PRIMARY KEY, at REAL, kind TEXT, rank INTEGER, step INTEGER, t REAL, data TEXT);
+CREATE TABLE memory (seq INTEGER PRIMARY KEY, at REAL, {_columns(MemorySample)});
 CREATE INDEX steps_rank_step ON steps (rank, step);
 CREATE INDEX steps_step ON steps (step);
 CREATE INDEX steps_at ON steps (at);
@@ -48,14 +50,18 @@ CREATE INDEX spans_rank_step ON spans (rank, step);
 CREATE INDEX spans_at ON spans (at);
 CREATE INDEX system_at ON system (at);
 CREATE INDEX events_at ON events (at);
+CREATE INDEX memory_at ON memory (at);
 """
 
-TABLES = ("steps", "spans", "system", "events")
+TABLES = ("steps", "spans", "system", "events", "memory")
+# tables a file may lack: it was written before they were added (memory: issue 43), and reads as holding no rows
+LATER_TABLES = ("memory",)
 INSERT = {
     "steps": f"INSERT INTO steps VALUES (?, ?, {', '.join('?' * len(STEP_FIELDS))})",
     "spans": "INSERT INTO spans VALUES (?, ?, ?, ?, ?, ?, ?)",
     "system": f"INSERT INTO system VALUES (?, ?, {', '.join('?' * len(SYSTEM_FIELDS))})",
     "events": "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "memory": f"INSERT INTO memory VALUES (?, ?, {', '.join('?' * len(MEMORY_FIELDS))})",
 }
 
 
@@ -80,6 +86,8 @@ def encode(event: Event, seq: int, at: float) -> tuple[str, tuple]:
         row[SYSTEM_FIELDS.index("nics")] = _dumps([list(dataclasses.astuple(n)) for n in event.nics])
         row[SYSTEM_FIELDS.index("gpus")] = _dumps([list(dataclasses.astuple(g)) for g in event.gpus])
         return "system", (seq, at, *row)
+    if isinstance(event, MemorySample):
+        return "memory", (seq, at, *(getattr(event, name) for name in MEMORY_FIELDS))
     step = getattr(event, "step", None)
     return "events", (seq, at, event.kind, getattr(event, "rank", None), step if isinstance(step, int) else None,
                       event_time(event), _dumps(event.to_dict()))
@@ -247,22 +255,37 @@ def decode_system(row: tuple) -> SystemSample:
                         gpus=tuple(_gpu(g) for g in gpus))
 
 
+_MEMORY_CHECKS = [_COLUMN[f.type] for f in dataclasses.fields(MemorySample)]
+
+
+def decode_memory(row: tuple) -> MemorySample:
+    return MemorySample(*_typed(_MEMORY_CHECKS, row))
+
+
 def decode_event(blob: Any) -> Event:
     return event_from_dict(_json(blob))  # every field typed and ranged there, as for the store's events
 
 
-DECODE = {"steps": decode_step, "spans": decode_spans, "system": decode_system}
+DECODE = {"steps": decode_step, "spans": decode_spans, "system": decode_system, "memory": decode_memory}
 SELECT = {
     "steps": f"SELECT seq, at, {', '.join(STEP_FIELDS)} FROM steps",
     "spans": "SELECT seq, at, rank, step, segment, t0, spans FROM spans",
     "system": f"SELECT seq, at, {', '.join(SYSTEM_FIELDS)} FROM system",
     "events": "SELECT seq, at, data FROM events",
+    "memory": f"SELECT seq, at, {', '.join(MEMORY_FIELDS)} FROM memory",
 }
+
+
+NO_ROWS = {"memory": ("seq", "at", *MEMORY_FIELDS)}  # a later table's columns, for a file without it
 
 
 def select_for(columns: dict[str, set[str]]) -> dict[str, str]:
     """SELECT statements for a file whose tables have `columns` (older files lack newer step columns)."""
     out = dict(SELECT)
+    for table in LATER_TABLES:
+        if not columns.get(table, True):  # a file from before the table: no rows, from a subquery that names none
+            nulls = ", ".join(f"NULL AS {name}" for name in NO_ROWS[table])
+            out[table] = f"SELECT * FROM (SELECT {nulls} WHERE 0) AS {table}"
     for table, cls, fields in (("steps", StepDone, STEP_FIELDS), ("system", SystemSample, SYSTEM_FIELDS)):
         have = columns.get(table, set(fields))
         if not set(fields) <= have:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.metrics import stragglers
+from ddptop.metrics.memory import GLOSSARY as MEMORY_GLOSSARY
 from ddptop.record import whatif
 from ddptop.report import handin, hints, markdown, reference, settings
 from ddptop.report.analysis import Scaling, SegmentStats
@@ -85,6 +86,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks += hints.blocks(runs, shown)
     blocks += versus_blocks(runs)
     blocks += straggler_blocks(runs)
+    blocks += memory_blocks(runs)
     gpu = markdown.gpu_table(stats)
     if gpu:
         blocks += [("h2", "GPU memory and utilization per configuration"), gpu,
@@ -103,9 +105,50 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks.append(("h2", "Figures"))
     for m in made:
         blocks += [("h3", m.title), ("figure", m)]
+    # each rank's memory (metrics.memory) where a run has it: reports of older recordings stay as they were
+    terms = {**metrics.GLOSSARY, **(MEMORY_GLOSSARY if any(run.memory for run in runs) else {})}
     blocks += [("h2", "Glossary"), ("table", ["term", "unit", "meaning"],
-                                    [[k, u or "–", d] for k, (u, d) in metrics.GLOSSARY.items()])]
+                                    [[k, u or "–", d] for k, (u, d) in terms.items()])]
     return blocks
+
+
+MEMORY_NOTE = ("What each rank held in its own storage (a sharded strategy's shard, each storage once) at the end "
+               "of its latest sampled step of the segment: parameters, gradients and optimizer state; peak: on a GPU "
+               "the CUDA allocator's largest allocation over the segment (reserved: what the allocator held), on a "
+               "CPU the largest of the process's unique memory (USS, /proc/self/smaps_rollup) read at a sampled "
+               "step's end. Sampled at each segment's first step, then at most every 5 s (see the glossary). The "
+               "recording's `memory` table holds every sample.")
+
+
+MEMORY_RANKS = 16  # ranks listed per segment; the others in one row of their largest figures
+
+
+def memory_blocks(runs: list[RunData]) -> list[tuple]:
+    """Each rank's memory by kind per segment (metrics.memory; the recording's `memory` table)."""
+    rows = []
+    for run in runs:
+        by_segment: dict[int, list] = {}
+        for m in run.memory:
+            by_segment.setdefault(m.segment, []).append(m)
+        for segment, ranks in by_segment.items():
+            rows += [_memory_row(run.name, segment, str(m.rank), [m]) for m in ranks[:MEMORY_RANKS]]
+            if len(ranks) > MEMORY_RANKS:
+                rest = ranks[MEMORY_RANKS:]
+                rows.append(_memory_row(run.name, segment, f"{len(rest)} more (largest)", rest))
+    if not rows:
+        return []
+    return [("h2", "Memory per rank"),
+            ("table", ["run", "segment", "rank", "parameters B", "gradients B", "optimizer state B", "peak B",
+                       "reserved B", "samples"], rows), ("p", MEMORY_NOTE)]
+
+
+def _memory_row(run: str, segment: int, who: str, ranks: list) -> list[str]:
+    """One row: a rank's figures, or the largest of each over several ranks."""
+    def most(name: str) -> str:
+        return str(max(getattr(m, name) for m in ranks))
+    cuda = any(m.by == "cuda allocator" for m in ranks)
+    return [markdown.untrusted(run), str(segment), who, most("param_bytes"), most("grad_bytes"), most("optim_bytes"),
+            most("peak_bytes"), most("reserved_bytes") if cuda else "–", str(sum(m.samples for m in ranks))]
 
 
 def straggler_blocks(runs: list[RunData]) -> list[tuple]:

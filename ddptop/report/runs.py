@@ -17,6 +17,7 @@ from ddptop.errors import RecordingError, UsageError
 from ddptop.events import (FRONT, LogLine, ModelsDiverged, RankShifted, RunFinished, RunStarted, RunState,
                            SystemSample)
 from ddptop.metrics.learning import first_flag
+from ddptop.metrics.memory import memory_table
 from ddptop.record.sqlite import redact
 from ddptop.report.markdown import untrusted
 from ddptop.report.analysis import SegmentStats, segment_stats, test_accuracy
@@ -63,6 +64,7 @@ class RunData:
     stragglers: dict = field(default_factory=dict)  # segment (None: the whole run) → metrics.stragglers.Stragglers
     predicted: dict = field(default_factory=dict)  # segment → ddptop.record.whatif.best (the exposed hint's saving)
     versus: tuple | None = None  # ddptop.record.whatif.versus: predicted vs measured from advise's segment
+    memory: list = field(default_factory=list)  # metrics.memory.RankMemory per (segment, rank)
 
     @property
     def name(self) -> str:
@@ -102,6 +104,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
                                  f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
         points = _points(rec.step_losses(), steps) if stats else []
         late = stragglers(rec)
+        memory = memory_table(rec.memory_events())
         table = figures.segments()
         predicted, versus = whatif.bests(rec, table), whatif.versus(rec, table)
         left_out = rec.left_out_line()  # once every row was read
@@ -125,7 +128,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         param_bytes=started.param_bytes if started else 0, steps_per_epoch=started.steps_per_epoch if started else 0,
         epoch_images=(started.steps_per_epoch * started.accum * started.batch_size * world) if started else 0,
         layers=started.layers if started else (), link=meta.get("link") if isinstance(meta.get("link"), dict) else {},
-        stragglers=late, predicted=predicted, versus=versus)
+        stragglers=late, predicted=predicted, versus=versus, memory=memory)
 
 
 def _slim(event):

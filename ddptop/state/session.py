@@ -9,9 +9,11 @@ from typing import Iterable, Mapping
 
 from ddptop import metrics
 from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine,
-                           ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed, RunFinished, RunStarted,
-                           RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap, TuneNote, RankShifted)
+                           MemorySample, ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed,
+                           RunFinished, RunStarted, RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap, TuneNote,
+                           RankShifted)
 from ddptop.metrics.expected import expected_bytes
+from ddptop.metrics.memory import MemoryTable
 from ddptop.metrics.learning import RECENT_STEPS as LOSS_RECENT, START_STEPS as LOSS_START, loss_flag
 from ddptop.metrics.stragglers import analyse
 from ddptop.state.advising import Advisor
@@ -55,6 +57,7 @@ class SessionState:
         self.loss_start: dict[int, list[float]] = {}  # each rank's first losses, for metrics.learning.loss_flag
         self.loss_flag: str | None = None  # said once per job, as a notice
         self._snapshot: Snapshot | None = None
+        self.memory = MemoryTable()  # each rank's memory by kind, per segment
         self.advisor = Advisor()  # the live what-if: refitted when its segment grows, not on every snapshot
         self._handlers = {RankJoined: self._joined, RunStarted: self._started, StepDone: self._step,
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
@@ -63,7 +66,7 @@ class SessionState:
                           ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._notice,
                           RecorderFailed: self._notice, StoreFlooded: self._notice,
                           OutOfMemory: self._notice, EventsRefused: self._events_refused, ClockSync: self._clocks,
-                          TuneNote: self._notice, RankShifted: self._notice}
+                          TuneNote: self._notice, MemorySample: self.memory.apply, RankShifted: self._notice}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -224,7 +227,7 @@ class SessionState:
             notices=tuple(self.notices), paused=self.paused, t=self.t,
             segment_figures=table, diverged=tuple(self.diverged),
             samples={r: tuple(d) for r, d in sorted(self.samples.items())}, straggler=self._straggler_line(),
-            whatif=self.advisor.view(self, table))
+            whatif=self.advisor.view(self, table), memory=tuple(self.memory.rows(self.memory.latest_segment())))
         return self._snapshot
 
     def glance(self) -> tuple[Snapshot, float]:

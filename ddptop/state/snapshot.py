@@ -8,6 +8,7 @@ from typing import Mapping
 from ddptop import metrics
 from ddptop.events import ModelsDiverged, RunStarted, StepDone, SystemSample
 from ddptop.metrics import Figures, SegmentFigures
+from ddptop.metrics.memory import RankMemory
 from ddptop.state.advising import WhatIf
 from ddptop.state.views import EvalPoint, RankView, Segment, SpanStore, UtilView
 from ddptop.metrics.traffic import Traffic, measured_vs_expected
@@ -36,6 +37,7 @@ class Snapshot:
     samples: Mapping[int, tuple[SystemSample, ...]] = field(default_factory=dict)  # recent, per rank
     straggler: str = ""  # metrics.stragglers' line over the recent sampled steps, when it names a rank
     whatif: WhatIf = field(default_factory=WhatIf)  # the what-if table from the segment in force, the switches' checks
+    memory: tuple[RankMemory, ...] = ()  # each rank's memory by kind in the newest segment sampled (metrics.memory)
 
     @property
     def config(self) -> Mapping:

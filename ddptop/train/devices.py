@@ -7,11 +7,13 @@ import os
 from dataclasses import dataclass
 from typing import MutableMapping
 
+from ddptop.config import SHARDED
 from ddptop.errors import UsageError
 
 # gloo moves CUDA tensors only for these collectives (torch.distributed's backend table): gather and scatter
-# would fail in the middle of a step, so a strategy that needs them is refused up front
-GLOO_CUDA_STRATEGIES = ("single", "allreduce", "ddp")
+# would fail in the middle of a step, so a strategy that needs them is refused up front (zero1: DDP's all-reduce
+# and broadcasts; zero2/zero3 under gloo on CUDA were never tried, so they are refused too)
+GLOO_CUDA_STRATEGIES = ("single", "allreduce", "ddp", "zero1")
 MAX_AUTO_WORKERS = 4  # loader processes per rank on a GPU when --workers is not given
 
 
@@ -88,7 +90,9 @@ def default_local(backend: str, device: str, gpus: int) -> int:
 def check_strategy(placement_device: str, backend: str, strategy: str) -> None:
     """A strategy the backend cannot run on this device is refused before any rank sees it."""
     if placement_device == "cuda" and backend == "gloo" and strategy not in GLOO_CUDA_STRATEGIES:
-        raise UsageError(f"{strategy} needs gather and scatter, which gloo does not run on CUDA tensors: use "
+        needs = "FSDP2's all-gather and reduce-scatter, not tried" if strategy in SHARDED else \
+            "gather and scatter, which gloo does not run"
+        raise UsageError(f"{strategy} needs {needs} on CUDA tensors: use "
                          f"--backend nccl, --device cpu, or one of {', '.join(GLOO_CUDA_STRATEGIES)}")
 
 

@@ -16,20 +16,24 @@ import torch.distributed as dist
 from torch import nn
 
 from ddptop import metrics
-from ddptop.config import RunConfig, SyncConfig
+from ddptop.config import BUCKETED, SHARDED, RunConfig, SyncConfig
 from ddptop.control.agent import Decision
 from ddptop.events import ConfigApplied
 from ddptop.errors import UsageError
 from ddptop.events import ClockSync, EpochDone, LogLine, OutOfMemory, RunFinished, RunStarted
 from ddptop.metrics.buckets import same_layout
 from ddptop.probes.clocksync import ping_pong
+from ddptop.probes.memory import MemoryProbe
 from ddptop.probes.own import now
+from ddptop.sources.memory import UniqueMemory
 from ddptop.train import batches, specs
 from ddptop.train.data import make_loader
 from ddptop.train.devices import check_strategy, loader_workers
 from ddptop.train.models import layer_param_counts
 from ddptop.train.save import SaveFailed, save
 from ddptop.train.strategies import Strategy, build_strategy
+from ddptop.train.strategies.base import momentum_by_name, plain_optimizer
+from ddptop.train.strategies.fsdp import shard_units
 from ddptop.train.sync_state import broadcast_state, fingerprint, model_bytes
 from ddptop.testhooks import model_tweaks, rank_hooks
 
@@ -48,6 +52,7 @@ class Trainer:
         self.probe = probe
         parts = parts or specs.build(cfg, model_tweaks(rank))  # seeded: the same initial weights on every rank
         self.model = (model or parts.model).to(device)
+        self._layout = model_layout(self.model)  # before a sharded strategy releases the plain model's storage
         self.train_set, self.test_set = parts.train, parts.test
         self.criterion, self.unused, self.collate = parts.loss, parts.unused, parts.collate
         self.evaluates = cfg.eval and parts.classification and parts.test is not None  # accuracy means something
@@ -65,6 +70,8 @@ class Trainer:
         self._trial: Decision | None = None  # the configuration to go back to if the next step does not fit
         self._rolled_back_at = -1  # the step a roll-back happened at: a sweep does not retry its switch there
         self._lr_from = 0  # the step lr or lr_warmup_steps was last set at: the warm-up counts from here
+        # each rank's memory by kind (issue 43), on a cadence; `--probes off` measures nothing of ddptop's own
+        self.memory = memory_probe(cfg, rank, device, emit, probe.own)
 
     # -- segments ---------------------------------------------------------------------------------------
     def start_segment(self, decision: Decision, agent=None) -> None:
@@ -79,16 +86,15 @@ class Trainer:
         # a larger batch is tried first: its first step runs without collectives (_trial_step)
         trial = previous is not None and sync.batch_size > previous.batch_size
         self._trial = Decision(decision.request_id, previous, decision.who) if trial else None
-        if self.strategy is not None:
-            self.strategy.teardown()
-        if previous is None:
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=sync.lr, momentum=0.9, weight_decay=1e-4)
+        self._leave(sync)
         sync_bytes = resync(self.model, self.optimizer, previous, sync, self.world_size)
         self.sync = sync
         self.segment += 1
         self.segment_start = self.step
         self.strategy, self.forward_module = build_for(self.model, sync, self.rank, self.world_size, self.device,
                                                        self.probe, find_unused=bool(self.unused))
+        if self.strategy.owns_optimizer:  # zero1/2/3: their optimizer, holding the plain one's momentum
+            self.optimizer = self.strategy.build_optimizer(sync.lr, momentum_by_name(self.model, self.optimizer))
         if previous is None or (previous.lr, previous.lr_warmup_steps) != (sync.lr, sync.lr_warmup_steps):
             self._lr_from = self.step
         if previous is None or previous.batch_size != sync.batch_size:
@@ -98,7 +104,10 @@ class Trainer:
                                                     collate=self.collate)
             self._iterator = None
         self._set_lr()
-        print_ = fingerprint(self.model)
+        if self.memory is not None:  # every segment is measured at its first step, the strategy's state then built
+            self.memory.watch(self.strategy.module())  # zero2/3: the shards' module (the plain one is released)
+            self.memory.due_now()
+        print_ = fingerprint(self.strategy.full_parameters())
         if agent is not None:  # a trial's `set` is answered once every rank knows whether the batch fits
             agent.applied(decision, self.step, self.segment, answer=not trial)
         switch_s = now() - began
@@ -106,6 +115,19 @@ class Trainer:
         self.emit(ConfigApplied(self.rank, self.step, self.segment, sync.to_dict(), decision.request_id,
                                 decision.who, time.time(), fingerprint=print_, sync_bytes=sync_bytes,
                                 switch_s=switch_s, steps_per_epoch=self.steps_per_epoch()))
+
+    def _leave(self, sync: SyncConfig) -> None:
+        """Tear the segment's strategy down; the plain model then holds the full parameters again. A strategy that
+        owned the optimizer hands its momentum over (full tensors by name, on every rank) to the loop's plain SGD,
+        the home of the optimizer state between segments (resync broadcasts it after `single`; a zero strategy
+        takes it from there)."""
+        leaving, carried = self.strategy, None
+        if leaving is not None and leaving.owns_optimizer:
+            carried = leaving.export_momentum()
+        if leaving is not None:
+            leaving.teardown()
+        if self.optimizer is None or carried is not None:
+            self.optimizer = plain_optimizer(self.model, sync.lr, carried)
 
     def steps_per_epoch(self) -> int:
         """Optimizer steps per epoch: the shard's micro-batches over accum (a step may span two epochs)."""
@@ -123,6 +145,8 @@ class Trainer:
         """Rank 0 refuses a configuration this data cannot train before any rank sees it."""
         if self.device.type == "cuda" and dist.is_initialized():  # gloo moves CUDA tensors for some collectives only
             check_strategy("cuda", dist.get_backend(), sync.strategy)
+        if sync.strategy in SHARDED:
+            shard_units(self.model, sync.shard_unit)  # a unit that names no module: one line, the job unchanged
         if sync.batch_size * self.world_size > len(self.train_set):
             raise UsageError(f"batch size {sync.batch_size} x {self.world_size} ranks is more than the "
                              f"{len(self.train_set)} training {'images' if specs.samples_are_images(self.cfg.dataset) else 'samples'}")
@@ -160,6 +184,8 @@ class Trainer:
             if not self._boundary(agent):
                 break
             probe.ready(self.step, self.segment, self.segment_start)
+            if self.memory is not None:
+                self.memory.begin()
             batch = self._next_batch(criterion)
             if self._trial is None:
                 self._train_step(batch, criterion)
@@ -227,7 +253,14 @@ class Trainer:
         self.optimizer.step()
         probe.mark("opt")
         probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        self._measure_memory()
         self.step += 1
+
+    def _measure_memory(self) -> None:
+        """A sampled step's memory by kind (probes.memory): at its end, the gradients still held, before the next
+        step's zero_grad."""
+        if self.memory is not None:
+            self.memory.finish(self.optimizer, self.step, self.segment)
 
     def _micro_steps(self, batch: Any, criterion: nn.Module, module: nn.Module,
                      context: Callable[[bool], Any]) -> tuple[torch.Tensor, int]:
@@ -288,6 +321,7 @@ class Trainer:
         self.optimizer.step()
         probe.mark("opt")
         probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        self._measure_memory()
         self.step += 1
         if agent is not None:
             agent.answer(trial.request_id, self.step - 1, self.segment)
@@ -314,7 +348,11 @@ class Trainer:
         return True
 
     def _finish(self) -> None:
-        """The run's last word: the final fingerprint, and (`--save`) rank 0's model on disk."""
+        """The run's last word: the final fingerprint, and (`--save`) rank 0's model on disk (a sharded
+        strategy gives the plain model its full parameters back first)."""
+        if self.strategy is not None and self.strategy.owns_optimizer:
+            self.strategy.teardown()
+            self.strategy = None
         print_ = fingerprint(self.model)
         if self.rank == 0 and self.cfg.save:
             try:
@@ -329,15 +367,16 @@ class Trainer:
         """Test loss and accuracy over the whole test set: each rank scores its shard, sums are all-reduced."""
         loader, _ = make_loader(self.test_set, 256, self.rank, self.world_size, self.cfg.seed, train=False,
                                 collate=self.collate)
-        self.model.eval()
+        model = self.strategy.module() if self.strategy is not None else self.model  # zero2/3: the shards' module
+        model.eval()
         sums = torch.zeros(3, dtype=torch.float64)
         with torch.no_grad():
             for batch in loader:  # cross-entropy only (Trainer.evaluates): pairs, specs.try_batch saw to it
                 inputs, labels = batches.split(batches.to_device(batch, self.device))
-                out = self.model(inputs)
+                out = model(inputs)
                 sums += torch.tensor([criterion(out, labels).item() * len(labels),
                                       (out.argmax(1) == labels).sum().item(), len(labels)], dtype=torch.float64)
-        self.model.train()
+        model.train()
         if self.world_size > 1:
             sums = sums.to(self.device)
             dist.all_reduce(sums)
@@ -359,7 +398,7 @@ class Trainer:
         return RunStarted(
             model=self.cfg.model, dataset=self.cfg.dataset, world_size=self.world_size, strategy=sync.strategy,
             bucket_mb=sync.bucket_mb, async_op=sync.async_op, batch_size=sync.batch_size, lr=sync.lr,
-            **model_layout(self.model), steps_per_epoch=self.steps_per_epoch(), t=time.time(),
+            **self._layout, steps_per_epoch=self.steps_per_epoch(), t=time.time(),
             total_steps=self.total_steps(), sweep_segments=len(self.cfg.sweep),
             warmup=metrics.warmup_for(self.cfg.to_dict()), accum=sync.accum,
         )
@@ -374,10 +413,19 @@ def resync(model: nn.Module, optimizer: torch.optim.Optimizer, previous: SyncCon
     (DDP broadcasts parameters and buffers itself when built, so only the optimizer state then)."""
     sync_bytes = 0
     if previous is not None and previous.strategy == "single" and sync.strategy != "single" and world_size > 1:
-        sync_bytes += broadcast_state(model, optimizer, with_model=sync.strategy != "ddp")
-    if sync.strategy == "ddp" and world_size > 1:
+        sync_bytes += broadcast_state(model, optimizer, with_model=sync.strategy not in BUCKETED)
+    if sync.strategy in BUCKETED and world_size > 1:
         sync_bytes += model_bytes(model)  # DDP broadcasts rank 0's parameters and buffers when built
     return sync_bytes
+
+
+def memory_probe(cfg: RunConfig, rank: int, device: torch.device, emit: Callable[[Any], None],
+                 own: Any) -> MemoryProbe | None:
+    """Each rank's memory by kind (issue 43), sampled on a cadence; None under `--probes off`, which measures nothing
+    of ddptop's own."""
+    if cfg.probes == "off":
+        return None
+    return MemoryProbe(rank, device, emit, own, None if device.type == "cuda" else UniqueMemory())
 
 
 def exchange(agent, probe: Any, step: int):
@@ -398,7 +446,7 @@ def build_for(model: nn.Module, sync: SyncConfig, rank: int, world_size: int, de
     strategy = build_strategy(sync, rank, world_size, probe.comm, device_ids)
     strategy.find_unused = find_unused
     forward_module = strategy.prepare(model)
-    probe.watch(model, overlapped_backward=sync.strategy == "ddp")
+    probe.watch(strategy.module(), overlapped_backward=sync.strategy in BUCKETED)
     return strategy, forward_module
 
 

@@ -117,7 +117,7 @@ def events(db: sqlite3.Connection, kind: str) -> list[dict]:
 
 def expected_configs() -> list[dict]:
     configs, config = [], {"strategy": "ddp", "bucket_mb": 25.0, "async_op": False, "batch_size": 16, "lr": 0.1,
-                           "accum": 1, "compress": "none", "lr_warmup_steps": 0}
+                           "accum": 1, "compress": "none", "lr_warmup_steps": 0, "shard_unit": ""}
     for _, changes in CHANGES:
         config = {**config, **changes}
         configs.append(config)

@@ -16,6 +16,7 @@ import sys
 import dataclasses
 
 import torch
+from torch import nn
 
 from ddptop.api import OWN_SETTINGS, OWNED_BY_LOOP
 from ddptop.config import SyncConfig
@@ -116,6 +117,8 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
                                   "ORDER BY step", (rank,)).fetchall() for rank in (0, 1)}
         spans = dict(db.execute("SELECT rank, count(*) FROM spans GROUP BY rank").fetchall())
         samples = db.execute("SELECT count(*) FROM system").fetchone()[0]
+        memory = db.execute("SELECT rank, segment, min(step), param_bytes, grad_bytes, optim_bytes FROM memory "
+                            "GROUP BY rank, segment, param_bytes, grad_bytes, optim_bytes").fetchall()
         # no segment, on any rank, ran (or claimed to run) what the script's loop never applies
         owned = db.execute("SELECT count(*), sum(json_extract(data, '$.config.accum') != 1), "
                            "sum(json_extract(data, '$.config.lr_warmup_steps') != 0), "
@@ -143,6 +146,12 @@ def test_a_users_own_loop_under_torchrun_is_switched_by_ctl_and_recorded_step_by
         assert sorted(r[3] for r in rows)[len(rows) // 2] > 0 and sorted(r[4] for r in rows)[len(rows) // 2] > 0, \
             (seg, [r[3:5] for r in rows if not (r[3] > 0 and r[4] > 0)], len(rows))
     assert spans.get(0, 0) > 0 and spans.get(1, 0) > 0 and samples > 0, (spans, samples)
+    # each rank's memory, sampled at each segment's first step: the model's bytes by torch (the script's own
+    # architecture), no gradient (its zero_grad runs inside the step) and no state (SGD without momentum)
+    size = sum(p.numel() * p.element_size() for p in nn.Sequential(nn.Linear(8, 16), nn.Tanh(),
+                                                                    nn.Linear(16, 1)).parameters())
+    assert memory == [(rank, seg, step, size, 0, 0) for rank in (0, 1) for seg, (step, *_) in enumerate(per_rank[rank])
+                      ], memory
     # the end: stopped, and the final fingerprint is that of the parameters the script saved (hashed here)
     for rank in (0, 1):
         state = torch.load(tmp_path / f"rank{rank}.pt")

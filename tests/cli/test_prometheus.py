@@ -37,16 +37,23 @@ PHASES = {"data": "data_s", "compute": "compute_s", "comm": "comm_s", "exposed_c
           "ddptop": "own_s"}
 
 
-def scrape(port: int) -> tuple[float, float, dict, set] | None:
+def scrape(port: int, path: str = "/metrics") -> tuple[float, float, dict, set] | None:
     """(time before, time after, {(sample name, sorted labels): value}, every family and sample name), or None
-    while nothing listens."""
+    while nothing listens. /metrics.json: the same, read with json."""
     t0 = time.time()
     try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10).read().decode()
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return None
     t1 = time.time()
     values, names = {}, set()
+    if path.endswith(".json"):
+        for name, family in json.loads(text).items():
+            names.add(name)
+            for s in family["samples"]:
+                names.add(s["name"])
+                values[(s["name"], tuple(sorted(s["labels"].items())))] = float(s["value"])  # "NaN" too
+        return t0, t1, values, names
     for family in text_string_to_metric_families(text):
         names.add(family.name)
         for s in family.samples:
@@ -71,6 +78,7 @@ def job(tmp_path_factory):
     out, others = {"record": record, "port": metrics}, []
     try:
         out["scrapes"] = poll(metrics, until=lambda v: (value(v, "ddptop_steps_total") or 0) >= 20, least=4)
+        out["json_scrapes"] = poll(metrics, until=lambda v: True, least=3, path="/metrics.json")
         # meanwhile: a second process asks for the port the job holds (refused before any rank or file starts),
         # and `attach` serves the job from a port of its own
         second = subprocess.Popen(DDPTOP + ["--local", "2", "--steps", "3", "--record", str(tmp / "second.db"),
@@ -97,11 +105,11 @@ def job(tmp_path_factory):
     return out
 
 
-def poll(port: int, until, least: int, deadline_s: float = 120) -> list:
+def poll(port: int, until, least: int, deadline_s: float = 120, path: str = "/metrics") -> list:
     """Scrape every 0.25 s until `until(values)`, then `least` more times; every scrape with steps in it."""
     deadline, kept, after = time.monotonic() + deadline_s, [], None
     while time.monotonic() < deadline:
-        got = scrape(port)
+        got = scrape(port, path)
         if got is not None and (value(got[2], "ddptop_steps_total") or 0) > 0:
             kept.append(got)
             if after is None and until(got[2]):
@@ -190,17 +198,20 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-12) for k in a)
 
 
-def test_every_scraped_value_is_the_recordings_at_the_moment_of_the_scrape(job):
+@pytest.mark.parametrize("path", ["/metrics", "/metrics.json"])
+def test_every_scraped_value_is_the_recordings_at_the_moment_of_the_scrape(job, path):
     """Each scrape equals the recording read up to one batch (its `at`), and that batch is no older than the
-    newest one the recording had received when the scrape began: nothing stale, nothing made up."""
+    newest one the recording had received when the scrape began: nothing stale, nothing made up. The JSON form
+    (/metrics.json, for scripts) holds the same series, checked against the same truth."""
     assert job["code"] == 0, job["stderr"]
     assert "Prometheus metrics at http://127.0.0.1:" in job["stderr"]
+    scrapes = job["scrapes"] if path == "/metrics" else job["json_scrapes"]
     with sqlite3.connect(job["record"]) as db:
         cutoffs = sorted({at for (at,) in db.execute("SELECT at FROM steps UNION SELECT at FROM system "
                                                      "UNION SELECT at FROM events")})
         recorded = db.execute("SELECT max(step) + 1 FROM steps").fetchone()[0]
         found = []
-        for t0, t1, values, _ in job["scrapes"]:
+        for t0, t1, values, _ in scrapes:
             seen = scraped(values)
             matches = [at for at in cutoffs if at <= t1 + 1 and same(truth(db, at), seen)]
             assert matches, (seen, truth(db, max(at for at in cutoffs if at <= t1)))
@@ -209,6 +220,7 @@ def test_every_scraped_value_is_the_recordings_at_the_moment_of_the_scrape(job):
             assert seen["ddptop_steps_total"] <= recorded
             found.append(matches[-1])
         assert len(set(found)) >= 3  # the scrapes saw the job move, each time as the recording says
+        assert {n for n, _ in scrapes[-1][2]} == {n for n, _ in job["scrapes"][-1][2]}  # both: every sample name
         segment = json.loads(db.execute("SELECT config FROM segments WHERE segment = 0").fetchone()[0])
         started = json.loads(db.execute("SELECT data FROM events WHERE kind = 'run_started'").fetchone()[0])
     info = [dict(ls) for (name, ls) in job["scrapes"][-1][2] if name == "ddptop_job_info"]

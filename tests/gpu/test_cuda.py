@@ -58,6 +58,10 @@ def test_nccl_world_size_1_trains_on_cuda_0_with_cuda_event_spans(checks, nccl1)
     checks.check_spans(nccl1)
 
 
+def test_each_memory_sample_is_torchs_sizes_and_the_cuda_allocators_peak(checks, nccl1):
+    checks.check_memory(nccl1)
+
+
 def test_cuda_event_step_time_is_the_wall_clock_within_20_percent(checks, nccl1):
     checks.check_gpu_time(nccl1)  # mean CUDA-event step time / wall clock per step over steps 10..59 in (0.8, 1.2)
 

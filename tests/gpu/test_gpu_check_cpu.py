@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SEEN = {"cuda": ("nccl world size 1", "rank on cuda:0 with nccl", "CUDA-event spans", "GPU step time vs wall clock",
+SEEN = {"cuda": ("nccl world size 1", "rank on cuda:0 with nccl", "CUDA-event spans", "memory by kind", "GPU step time vs wall clock",
                  "nccl with two ranks on a GPU is refused", "2 ranks, gloo on CUDA tensors, ddp"),
         "oom": ("ctl set of a batch that does not fit", "the job keeps the previous batch",
                 "a batch that fits is applied after the trial step", "the job trains on and ends cleanly")}

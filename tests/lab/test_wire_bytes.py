@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import math
 import sqlite3
-import threading
-import time
 
 import pytest
 
-from ddptop.lab import netns
 from ddptop.metrics import wire
 from ddptop.train.strategies.ddp import POWERSGD_START_STEP
-from labs import LAB_REFUSED, REPO, LabProcess, watched
+from labs import LAB_REFUSED, REPO, LabProcess, NicWatch, watched
 
 pytestmark = pytest.mark.skipif(bool(LAB_REFUSED), reason=LAB_REFUSED or "labs work")
 N, BATCH, RANK = 3, 32, 32
@@ -47,44 +44,6 @@ configs = [{{{{ strategy = "ddp" }}}}, {{{{ strategy = "ddp", compress = "fp16" 
            {{{{ strategy = "ddp", compress = "bf16" }}}}, {{{{ strategy = "ddp", compress = "powersgd:{RANK}" }}}},
            {{{{ strategy = "ddp", accum = 4 }}}}]
 """
-
-
-class NicWatch(threading.Thread):
-    """Every host's eth0 byte counters as the kernel keeps them, read every 10 ms from /proc/PID/net/dev of a
-    process inside each namespace (each process sees its own namespace's there): per host, (time, received, sent)."""
-
-    def __init__(self, namespaces: list[str]):
-        super().__init__(daemon=True)
-        self.namespaces, self.done = namespaces, threading.Event()
-        self.samples: list[list[tuple[float, int, int]]] = [[] for _ in namespaces]
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            for host, namespace in enumerate(self.namespaces):
-                reading = _eth0(namespace)
-                if reading is not None:
-                    self.samples[host].append((time.time(), *reading))
-            self.done.wait(0.01)
-
-    def after(self, host: int, t: float) -> tuple[int, int]:
-        """(received, sent) by `host` at its first reading at or after wall time t."""
-        return min((s for s in self.samples[host] if s[0] >= t), key=lambda s: s[0])[1:]
-
-    def within(self, host: int, start: float, end: float) -> tuple[int, int] | None:
-        """(received, sent) by `host` at its last reading between wall times start and end (None: no reading)."""
-        inside = [s for s in self.samples[host] if start <= s[0] <= end]
-        return max(inside, key=lambda s: s[0])[1:] if inside else None
-
-
-def _eth0(namespace: str) -> tuple[int, int] | None:
-    for pid in netns.namespace_pids(namespace):
-        try:
-            with open(f"/proc/{pid}/net/dev") as fh:
-                fields = next(x for x in fh if x.strip().startswith("eth0:")).split(":", 1)[1].split()
-        except (OSError, StopIteration):
-            continue
-        return int(fields[0]), int(fields[8])
-    return None
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ def test_every_switch_lands_on_the_same_step_on_every_rank(switched):
     assert strategies[:len(PATH)] == PATH
     last = per_rank[0][-2][2]
     assert last == {"strategy": "allreduce", "bucket_mb": 25.0, "async_op": False, "batch_size": 16, "lr": 0.025,
-                    "accum": 1, "compress": "none", "lr_warmup_steps": 0}
+                    "accum": 1, "compress": "none", "lr_warmup_steps": 0, "shard_unit": ""}
     scaled = next(config for _, _, config in per_rank[0] if config["batch_size"] == 8)
     assert scaled["lr"] == pytest.approx(0.025)  # linear scaling: half the batch, half the rate
 

@@ -1,5 +1,6 @@
 """Every model × probes level × strategy trains: 2 real gloo ranks, 3 steps of each strategy in one job per
-(model, probes) pair (a sweep through single, gather-scatter, allreduce and ddp), small batches."""
+(model, probes) pair (a sweep through single, gather-scatter, allreduce, ddp, zero1, zero2 and zero3), small
+batches."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def test_model_probes_strategy(model, probes):
         assert {(s.rank, s.step % PER) for s in spans} == {(r, k) for r in (0, 1) for k in (1, 2)}
         assert all(any(x.kind == "bwd" for x in s.spans) for s in spans)
         synced = [d for d in steps_of(events) if d.segment > 0]
-        assert all(d.tx_bytes > 0 and d.comm_s > 0 for d in synced)
+        assert all(d.tx_bytes > 0 for d in synced)
+        # zero2/zero3: FSDP2's collectives are counted by formula (zero-length marks); timing them is issue 43's item 3
+        timed = {i for i, s in enumerate(STRATEGIES) if s not in ("zero2", "zero3")}
+        assert all(d.comm_s > 0 for d in synced if d.segment in timed)
     else:
         assert not spans

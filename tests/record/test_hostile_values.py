@@ -21,7 +21,7 @@ from ddptop.cli import main
 from ddptop.record import schema
 
 BAD = (None, math.nan, math.inf, -math.inf)
-TABLES = ("steps", "spans", "system", "events", "segments")
+TABLES = ("steps", "spans", "system", "events", "segments", "memory")
 KEPT = {("steps", "loss")}  # a diverged loss (NaN, inf) is a value worth showing
 # copies of what the event's JSON holds, for SQL only: never read as values
 UNREAD = {("events", "rank"), ("events", "step"), ("events", "t"), ("segments", "t")}

@@ -13,8 +13,8 @@ import pytest
 
 from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop.errors import RecordingError
-from ddptop.events import (EVENT_TYPES, EpochDone, GpuStat, LogLine, NicStat, RankJoined, RunFinished, RunStarted,
-                           Span, StepDone, StepSpans, SystemSample, TuneNote, TuneTrial)
+from ddptop.events import (EVENT_TYPES, EpochDone, GpuStat, LogLine, MemorySample, NicStat, RankJoined,
+                           RunFinished, RunStarted, Span, StepDone, StepSpans, SystemSample, TuneNote, TuneTrial)
 from ddptop.events import EventDecodeError, event_from_dict
 from ddptop.record import schema
 from ddptop.record.reader import Recording
@@ -50,6 +50,7 @@ def one_of_each() -> list:
         RankLost(1, 6, "heartbeat stale for 10 s", T0 + 2.4),
         RunFinished(0, 7, "error: peer lost", T0 + 2.5),
         TuneNote(3, TuneTrial(0, 25.0, 3, 22, 0.0845), (TuneTrial(1, 1.0, 29, 48, 0.108),), 25.0, 0.0, "", T0 + 3),
+        MemorySample(1, 6, 0, T0 + 3.1, 7364648, 0, 1 << 40, 290607104, 289685504, 0, "process USS", 0.0325),
     ]
     covered = {e.kind for e in events}
     for kind, cls in EVENT_TYPES.items():  # kinds added later still get a round trip

@@ -10,8 +10,8 @@ import typing
 
 import pytest
 
-from ddptop.events import (EVENT_TYPES, FRONT, MAX_TEXT, SIGNED, ConfigApplied, EventDecodeError, LogLine, NicStat,
-                           Span, StepDone, StepSpans, decode_batch, event_from_dict)
+from ddptop.events import (EVENT_TYPES, FRONT, MAX_TEXT, MEMORY_BY, SIGNED, ConfigApplied, EventDecodeError,
+                           LogLine, NicStat, Span, StepDone, StepSpans, decode_batch, event_from_dict)
 
 T0 = 1.7e9
 TEXT_TOO_LONG = "x" * (MAX_TEXT + 1)
@@ -26,7 +26,7 @@ def good(tp, name: str):
     if tp is float:
         return T0 if name in ("t", "t0") else 0.25
     if tp is str:
-        return "ok"
+        return MEMORY_BY[1] if name == "by" else "ok"  # a memory sample says which of its measures it took
     if dataclasses.is_dataclass(tp):
         record = {f.name: good(typing.get_type_hints(tp)[f.name], f.name) for f in dataclasses.fields(tp)}
         return list(record.values()) if tp is Span else record  # a span travels as a list (StepSpans.to_dict)

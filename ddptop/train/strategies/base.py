@@ -12,6 +12,31 @@ from ddptop.probes.comm import CommRecorder
 
 
 WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+MOMENTUM, WEIGHT_DECAY = 0.9, 1e-4  # the loop's SGD, whoever builds it (the loop, or a zero strategy)
+
+
+def plain_optimizer(model: nn.Module, lr: float, momentum: dict[str, torch.Tensor] | None = None) -> torch.optim.SGD:
+    """The loop's SGD over the plain model, holding `momentum` (full tensors by parameter name) where given."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    for name, param in model.named_parameters():
+        if momentum and name in momentum:
+            optimizer.state[param]["momentum_buffer"] = momentum[name]
+    return optimizer
+
+
+def momentum_of(optimizer: torch.optim.Optimizer, param) -> torch.Tensor | None:
+    """SGD's momentum buffer for `param` (None before its first step)."""
+    return optimizer.state.get(param, {}).get("momentum_buffer")
+
+
+def momentum_by_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """A plain optimizer's momentum, by the model's parameter names (what a zero strategy takes in)."""
+    out = {}
+    for name, param in model.named_parameters():
+        buffer = momentum_of(optimizer, param)
+        if buffer is not None:
+            out[name] = buffer
+    return out
 
 
 class Strategy:
@@ -23,6 +48,7 @@ class Strategy:
     """
 
     name = "base"
+    owns_optimizer = False  # zero1/2/3: the strategy builds the optimizer (build_optimizer, export_momentum)
     find_unused = False  # the model has parameters that get no gradient (train.specs.try_batch found them)
 
     def __init__(self, sync: SyncConfig, rank: int, world_size: int, comm: CommRecorder, device_ids=None):
@@ -68,6 +94,22 @@ class Strategy:
         """Finish a trial step's gradients as the strategy does (every rank's backward is done by now)."""
         self.after_backward()
         self.before_step()
+
+    def module(self) -> nn.Module:
+        """The module whose layers really run forward (the probe watches it; evaluation runs it)."""
+        return self.model
+
+    def full_parameters(self):
+        """(name, full tensor) of every parameter, in the plain model's order (the fingerprint's input)."""
+        return self.model.named_parameters()
+
+    def build_optimizer(self, lr: float, momentum: dict[str, torch.Tensor]) -> torch.optim.Optimizer:
+        """A strategy that owns the optimizer builds it here, taking `momentum` (full tensors by name)."""
+        raise NotImplementedError(f"{self.name} uses the loop's optimizer")
+
+    def export_momentum(self) -> dict[str, torch.Tensor]:
+        """The owned optimizer's momentum as full tensors by name, on every rank (a collective), before teardown."""
+        raise NotImplementedError(f"{self.name} uses the loop's optimizer")
 
     def teardown(self) -> None:
         pass

@@ -192,3 +192,32 @@ def node_memory_line(snap: Snapshot) -> Text:
         out.append("\n")
     out.rstrip()
     return out
+
+
+MEASURED_BY = {"cuda allocator": "CUDA allocator", "process USS": "unique memory (USS)",
+             "process statm": "anonymous memory (statm)"}
+
+
+def memory_table(snap: Snapshot, width: int = 160) -> Table | None:
+    """Each rank's memory by kind in the newest segment sampled (metrics.memory): parameters, gradients and optimizer
+    state in its own storage, and the peak; wide, also their sum, the latest value and a GPU's reserved bytes. None
+    before the first sample (and for a recording from before issue 43)."""
+    if not snap.memory:
+        return None
+    wide = width >= WIDE
+    cuda = any(m.by == "cuda allocator" for m in snap.memory)
+    columns = ["rank", "params", "grads", "optimizer", "peak"]
+    if wide:
+        columns[4:4] = ["held"]
+        columns += ["now"] + (["reserved"] if cuda else []) + ["step", "measured by"]
+    table = _table()
+    for name in columns:
+        table.add_column(name, justify="left" if name == "measured by" else "right", no_wrap=True)
+    for m in snap.memory:
+        cells = {"rank": str(m.rank), "params": fmt_bytes(m.param_bytes), "grads": fmt_bytes(m.grad_bytes),
+                 "optimizer": fmt_bytes(m.optim_bytes), "held": fmt_bytes(m.held_bytes),
+                 "peak": fmt_bytes(m.peak_bytes), "now": fmt_bytes(m.now_bytes),
+                 "reserved": fmt_bytes(m.reserved_bytes), "step": str(m.step),
+                 "measured by": MEASURED_BY.get(m.by, clean(m.by))}
+        table.add_row(*[cells[name] for name in columns])
+    return table

@@ -16,7 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Button, Input, Label, Select, Static, Switch
 
-from ddptop.config import STRATEGIES, SyncConfig
+from ddptop.config import BUCKETED, STRATEGIES, ZERO, SyncConfig
 from ddptop.control.commands import apply_changes
 from ddptop.errors import DdptopError, UsageError
 from ddptop.metrics.buckets import ddp_buckets
@@ -152,7 +152,7 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         yield Static("", id="status")  # above the form: the outcome stays in sight at 80×24
         rows = (("strategy", StrategySelect([(s, s) for s in STRATEGIES], allow_blank=False, value="ddp",
                                             id="strategy", disabled=disabled, compact=True), ""),
-                ("bucket MB", NumberInput("25", id="bucket", disabled=disabled, compact=True), "ddp only"),
+                ("bucket MB", NumberInput("25", id="bucket", disabled=disabled, compact=True), "ddp, zero1"),
                 ("async_op", Switch(False, id="async", disabled=disabled, animate=False), "allreduce only"),
                 ("batch size", NumberInput("64", id="batch", disabled=disabled, compact=True), "per rank"),
                 ("lr", NumberInput("0.1", id="lr", disabled=disabled, compact=True), "learning rate"),
@@ -244,7 +244,7 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         except ValueError:
             bucket_mb = 0.0
         strategy = self.query_one("#strategy", Select).value
-        buckets.update(bucket_preview(self.snapshot, bucket_mb) if strategy == "ddp" and bucket_mb > 0 else "")
+        buckets.update(bucket_preview(self.snapshot, bucket_mb) if strategy in BUCKETED and bucket_mb > 0 else "")
 
     def action_leave(self) -> None:
         """Out of the form, edits discarded: the fields show what is in force, digits switch panels again."""
@@ -267,7 +267,7 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         if event.select.id == "strategy" and event.value != "allreduce":  # async_op is allreduce's: leaving it
             self.query_one("#async", Switch).value = False  # turns it off (as SyncConfig.changed)
         compress = self.query_one("#compress", Select)
-        if event.select.id == "strategy" and (event.value == "single" or (
+        if event.select.id == "strategy" and (event.value in ("single", *ZERO) or (
                 event.value != "ddp" and str(compress.value).startswith("powersgd"))):
             compress.value = "none"  # a compression the strategy cannot carry ends with it (SyncConfig.changed)
         self.refresh_preview()

@@ -12,7 +12,7 @@ from textual.widget import Widget
 from ddptop.state.session import Snapshot
 from ddptop.tui.messages import RankChosen
 from ddptop.tui.render.breakdown import OTHER_NOTE, breakdown_bar, breakdown_legend, step_parts
-from ddptop.tui.render.tables import ranks_table
+from ddptop.tui.render.tables import memory_table, ranks_table
 from ddptop.safe import clean
 from ddptop.tui.render.units import fmt_s
 
@@ -33,6 +33,10 @@ class RanksPanel(Widget, can_focus=True):
         snap = self.snapshot or Snapshot()
         width = self.size.width or 80
         parts = [ranks_table(snap, self.selected, width), Text("")]
+        memory = memory_table(snap, width)
+        if memory is not None:  # beside the ranks table: one row per rank again, in view at 80×24 with a few ranks
+            parts += [Text(f"memory held in each rank's own storage, segment {snap.memory[0].segment} (peak: the "
+                           f"largest sample)", style="bold"), memory, Text("")]
         bar_width = max(10, width - 16)
         scale = max((r.last.iter_s for r in snap.ranks if r.last), default=0.0)
         if snap.ranks:
