@@ -568,11 +568,36 @@ class TuneNote(Event):
                 f"{self.start.bucket_mb:g} MB ({self.start.ms()}); tried {tried}")
 
 
+@dataclass(frozen=True)
+class RankShifted(Event):
+    """The front saw one rank's busy time per step (step time less exposed communication) shift at `step` and stay
+    shifted, beyond its own noise and unlike the other ranks' over the same steps (metrics.changes): once per shift."""
+
+    kind: ClassVar[str] = "rank_shifted"
+    rank: int
+    segment: int
+    step: int  # the first step at the new level
+    before_s: float  # the rank's median busy time a step before `step`
+    after_s: float  # and from `step` on
+    others_before_s: float  # the other ranks' median over the same steps
+    others_after_s: float
+    steps: int  # measured steps at the new level when it was named
+    t: float
+
+    def describe(self) -> str:
+        ratio = self.after_s / self.before_s if self.before_s > 0 else 0.0
+        way = "slower" if self.after_s > self.before_s else "faster"
+        return (f"step {self.step}: rank {self.rank} became {way}: busy {self.before_s * 1e3:.1f} → "
+                f"{self.after_s * 1e3:.1f} ms a step ({(self.after_s - self.before_s) * 1e3:+.1f} ms, ×{ratio:.2f}) "
+                f"and stayed so; the other ranks' {self.others_before_s * 1e3:.1f} → {self.others_after_s * 1e3:.1f} "
+                f"ms (segment {self.segment})")
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
                               ConfigApplied, ControlRefused, RankLost, RunState, RankBack, TelemetryGap,
                               RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory, EventsRefused,
-                              ClockSync, TuneAsked, TuneNote, MemorySample)
+                              ClockSync, TuneAsked, TuneNote, MemorySample, RankShifted)
 }
 
 

@@ -1,6 +1,6 @@
 """Provides the one front pipeline, composed in `compose`: source → derived events → feed → state and sinks.
 
-    LiveSource | ReplaySource ─▶ Derived (lost ranks, fingerprints, recorder alarms) ─▶ Feed ─▶ SharedState ─▶ screen
+    LiveSource | ReplaySource ─▶ Derived (lost ranks, fingerprints, shifts, alarms)  ─▶ Feed ─▶ SharedState ─▶ screen
                                                                                           └▶ sinks (recording,   └▶ printer
                                                                                                     attach's notes)
 
@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from ddptop.events import Event, RankBack, RankLost, RunFinished, Source
 from ddptop.front.feed import Feed, PartlyDerived, SharedState, Sink
 from ddptop.front.fingerprints import FingerprintCheck
+from ddptop.metrics.changes import ChangePoints
 
 LIVENESS_EVERY_S = 1.0  # heartbeats are read once a second: a rank is lost after lost_after_s (10 s), never sooner
 
@@ -27,6 +28,7 @@ class Derived:
     - liveness: ranks whose heartbeat stopped (or came back), and a store someone is flooding (control.bus.Liveness);
     - job: local rank processes that died, and the supervision that ends the survivors (front.supervisor.LocalJob);
     - fingerprints: ranks that must hold one model and do not;
+    - change points: a rank whose busy time per step shifted and stayed shifted, unlike the others' (RankShifted);
     - add(): events from other threads (the recorder's failure).
     A rank both processes and heartbeats say is lost (a local rank that died) is reported by whichever saw it first.
     """
@@ -34,6 +36,7 @@ class Derived:
     def __init__(self, world_size: int = 0, liveness: Any = None, job: Any = None):
         self.liveness, self.job = liveness, job
         self.fingerprints = FingerprintCheck(world_size) if world_size else None
+        self.changes = ChangePoints() if world_size > 1 else None  # one rank has no others to be unlike
         self._pending: list[Event] = []
         self._lock = threading.Lock()
         self._lost: set[int] = set()
@@ -50,7 +53,7 @@ class Derived:
         with self._lock:
             out, self._pending = self._pending, []
         failure = None
-        for part in (self._fingerprints, self._job_lost, self._job_check, self._liveness):
+        for part in (self._fingerprints, self._changes, self._job_lost, self._job_check, self._liveness):
             try:
                 out += part(events)
             except Exception as exc:  # each part on its own: the others' events still go out
@@ -62,6 +65,9 @@ class Derived:
 
     def _fingerprints(self, events: list[Event]) -> list[Event]:
         return self.fingerprints.check(events) if self.fingerprints is not None else []
+
+    def _changes(self, events: list[Event]) -> list[Event]:
+        return self.changes.apply_all(events) if self.changes is not None else []
 
     def _job_lost(self, events: list[Event]) -> list[Event]:
         return self.job.lost_events() if self.job is not None else []

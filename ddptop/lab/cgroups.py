@@ -37,17 +37,24 @@ class CpuController:
         path = self.path(name)
         try:
             os.mkdir(path)
-            quota = max(1000, int(cpus * PERIOD_US))
+            self.limit(path, cpus)
             if self.version == 1:
-                _write(os.path.join(path, "cpu.cfs_period_us"), str(PERIOD_US))
-                _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
                 _write(os.path.join(path, "cpu.shares"), str(1024 * WEIGHT_TIMES))
             else:
-                _write(os.path.join(path, "cpu.max"), f"{quota} {PERIOD_US}")
                 _write(os.path.join(path, "cpu.weight"), str(100 * WEIGHT_TIMES))
         except OSError as exc:
             raise LabUnavailable(f"cannot make a CPU quota cgroup at {path}: {exc.strerror or exc}") from None
         return path
+
+    def limit(self, path: str, cpus: float) -> None:
+        """Set the cgroup's quota to `cpus` cores, at its making or later, while its processes run (a host
+        that becomes slower mid-run: tests/lab/test_change_point_lab.py). OSError if the kernel refuses."""
+        quota = max(1000, int(cpus * PERIOD_US))
+        if self.version == 1:
+            _write(os.path.join(path, "cpu.cfs_period_us"), str(PERIOD_US))
+            _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
+        else:
+            _write(os.path.join(path, "cpu.max"), f"{quota} {PERIOD_US}")
 
     def describe(self) -> str:
         return f"cgroup v{self.version} {'cpu.cfs_quota_us' if self.version == 1 else 'cpu.max'}"

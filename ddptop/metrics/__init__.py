@@ -64,6 +64,9 @@ GLOSSARY: dict[str, tuple[str, str]] = {
                          "the first step after a switch builds DDP buckets and caches)"),
     "sampled step": ("", "a step with per-layer spans (every --span-every steps: by default every 10th, or every (world size / 16)th above 160 ranks; never a segment's first); its "
                          "hooks slow it, so it is left out of time figures"),
+    "busy time": ("s", "step time less exposed communication: the part of a step a rank spends on its own work, "
+                       "not waiting for the others at a collective; a rank whose busy time shifts and stays shifted "
+                       "while the others' does not is named (ddptop.metrics.changes)"),
     "slowest rank": ("", "the rank with the largest mean step time over the segment's measured steps"),
     "time per epoch": ("s", "the slowest rank's mean step time × the steps of one epoch at the segment's batch "
                             "size (HPML Lab 4 Q1): projected from the measured steps, not a timed epoch"),
@@ -104,6 +107,18 @@ def step_start(d: StepDone) -> float:
 
 
 MICRO = "K−1 micro-steps, no sync"  # the part of a step with accum K > 1 (StepDone.micro_s)
+
+
+def busy_s(d: StepDone) -> float:
+    """Busy time: the step time less exposed communication, the part of a step the rank spends on its own work and
+    not waiting for the others at a collective (metrics.changes: under DDP one slow rank stretches every rank's step
+    time, but only its own busy time). Without probes (exposed communication 0) it is the step time."""
+    return max(0.0, d.iter_s - d.exposed_comm_s)
+
+
+def in_warmup(step: int, first: int, warmup: int) -> bool:
+    """A step among the first `warmup` of the segment that began at step `first`: left out of its figures."""
+    return step < first + warmup
 
 
 def other_s(d: StepDone) -> float:
@@ -327,7 +342,7 @@ class SegmentTable:
         newest = self._losses.get(key)
         if newest is None or d.step >= newest[0]:
             self._losses[key] = (d.step, d.loss)
-        if d.step < first + self.warmup:
+        if in_warmup(d.step, first, self.warmup):
             return
         (self._sampled if d.sampled else self._counted).setdefault(key, _Sums()).add(d)
 

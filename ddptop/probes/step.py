@@ -77,8 +77,8 @@ class StepProbe:
         self.spans = spans and detail
         self.own = comm.own if comm is not None else OwnTime()
         self.comm = comm if comm is not None else (CommRecorder(clock, self.own) if detail else NullRecorder())
-        hooks = rank_hooks(rank)
-        self.comm.delay_s = hooks.delay_s
+        self.hooks = hooks = rank_hooks(rank)
+        self.comm.delay_s = hooks.delay_s if not hooks.delay_from else 0.0
         self.wall = wall_clock(hooks.clock_offset_s)  # stamps steps (t), spans (t0) and answers the clock ping-pong
         self.layers: LayerProbe | None = None
         self.overlapped_backward = False  # DDP: buckets go out during backward, which waits for the last ones
@@ -119,6 +119,8 @@ class StepProbe:
 
         A segment's first step is never sampled (DDP's first iteration has one bucket for everything)."""
         cur = self._cur
+        if self.hooks.delay_from:  # the test hook's straggle from a given step on (testhooks.rank_hooks)
+            self.comm.delay_s = self.hooks.delay_s if step >= self.hooks.delay_from else 0.0
         cur.step, cur.segment, cur.overlapped_backward = step, segment, self.overlapped_backward
         cur.sampled = self.sampled = (self.spans and step > segment_start
                                       and (step - segment_start - 1) % self.span_every == 0)

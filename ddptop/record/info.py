@@ -11,7 +11,7 @@ from typing import Any
 from ddptop.metrics import rate_unit, table_rows, tables
 from ddptop.metrics.memory import memory_table
 from ddptop.metrics.stragglers import Stragglers, analyse
-from ddptop.events import LogLine, ModelsDiverged, RunFinished
+from ddptop.events import LogLine, ModelsDiverged, RankShifted, RunFinished
 from ddptop.record.reader import WHOLE_STEP, Recording, damaged
 from ddptop.safe import clean
 
@@ -31,7 +31,7 @@ def summary(rec: Recording, table: list | None = None) -> dict[str, Any]:
     ranks = rec.meta.get("ranks") if isinstance(rec.meta.get("ranks"), dict) else {}
     kinds = dict(rec.query("SELECT kind, count(*) FROM events GROUP BY kind"))
     notable = [e for (blob,) in rec.query("SELECT data FROM events WHERE kind IN ('run_finished', 'log', "
-                                          "'models_diverged') ORDER BY seq")
+                                          "'models_diverged', 'rank_shifted') ORDER BY seq")
                for e in [_decode(rec, blob)]]
     errors = [e for e in notable if (isinstance(e, RunFinished) and e.reason.startswith("error"))
               or (isinstance(e, LogLine) and e.level == "error")]
@@ -52,6 +52,7 @@ def summary(rec: Recording, table: list | None = None) -> dict[str, Any]:
         "errors": [_error_text(e) for e in errors],
         "finished": _finished([e for e in notable if isinstance(e, RunFinished)]),
         "warnings": [e.describe() for e in notable if isinstance(e, ModelsDiverged)],
+        "shifts": [e.describe() for e in notable if isinstance(e, RankShifted)],
         "stragglers": stragglers(rec)[None].describe() if rec.world_size > 1 else "",
     }
 
@@ -215,6 +216,7 @@ def render(s: dict[str, Any]) -> str:
     lines += memory_lines(s.get("memory", []))
     if s.get("stragglers"):
         lines.append(f"stragglers {s['stragglers']}")
+    lines += [f"shifted    {x}" for x in s.get("shifts", [])[:10]]
     lines += [f"warning    {w}" for w in s["warnings"][:10]]
     lines += [f"error      {e}" for e in s["errors"][:10]]
     lines += [f"finished   {f}" for f in s["finished"]]

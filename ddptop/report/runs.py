@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ddptop import metrics
 from ddptop.errors import RecordingError, UsageError
-from ddptop.events import (FRONT, LogLine, ModelsDiverged, RankJoined, RunFinished, RunStarted, RunState,
-                           SystemSample)
+from ddptop.events import (FRONT, LogLine, ModelsDiverged, RankJoined, RankShifted, RunFinished, RunStarted,
+                           RunState, SystemSample)
 from ddptop.metrics.learning import first_flag
 from ddptop.metrics.memory import memory_table
 from ddptop.record.sqlite import redact
@@ -206,6 +206,8 @@ def _warnings(events) -> list[str]:
             out.append(f"**Rank {e.rank} ended with an error** after {e.steps} steps: {untrusted(e.reason)}")
         elif isinstance(e, LogLine) and e.level == "error":
             out.append(f"**{'Rank ' + str(e.rank) if e.rank != FRONT else e.who}**: {untrusted(e.message)}")
+        elif isinstance(e, RankShifted):  # a change point (metrics.changes): the figures after it are another rank's
+            out.append(f"**Rank {e.rank} shifted:** {e.describe()}")
     return out
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ddptop.events import (ConfigApplied, ControlRefused, Event, EventsRefused, LogLine, ModelsDiverged, OutOfMemory, RankBack,
-                           RankLost, RecorderFailed, RunState, StoreFlooded, TelemetryGap, TuneNote)
+                           RankLost, RankShifted, RecorderFailed, RunState, StoreFlooded, TelemetryGap,
+                           TuneNote)
 from ddptop.metrics.tables import describe
 
 MB = 1e6
@@ -52,7 +53,7 @@ def _other(event: Event) -> str | None:
     if isinstance(event, EventsRefused):
         return (f"rank {event.rank}: refused {event.count} event{'s' if event.count != 1 else ''} of batch {event.seq} "
                 f"that did not check out ({event.reason})")
-    if isinstance(event, TuneNote):
+    if isinstance(event, (TuneNote, RankShifted)):
         return event.describe()
     if isinstance(event, LogLine):
         return f"{event.who} {event.level}: {event.message}"

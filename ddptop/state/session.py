@@ -10,7 +10,8 @@ from typing import Iterable, Mapping
 from ddptop import metrics
 from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine,
                            MemorySample, ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed,
-                           RunFinished, RunStarted, RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap, TuneNote)
+                           RunFinished, RunStarted, RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap, TuneNote,
+                           RankShifted)
 from ddptop.metrics.expected import expected_bytes
 from ddptop.metrics.memory import MemoryTable
 from ddptop.metrics.learning import RECENT_STEPS as LOSS_RECENT, START_STEPS as LOSS_START, loss_flag
@@ -65,7 +66,7 @@ class SessionState:
                           ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._notice,
                           RecorderFailed: self._notice, StoreFlooded: self._notice,
                           OutOfMemory: self._notice, EventsRefused: self._events_refused, ClockSync: self._clocks,
-                          TuneNote: self._notice, MemorySample: self.memory.apply}
+                          TuneNote: self._notice, MemorySample: self.memory.apply, RankShifted: self._notice}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
