@@ -29,7 +29,7 @@ def _hostile(value, accept):
     """`value` with HOSTILE appended to each string leaf that `accept` (ddptop's decoder) still takes."""
     if isinstance(value, dict):
         for key in value:
-            if key not in ("kind", "strategy", "compress"):  # names ddptop checks against its own list (a bad one: exit 6)
+            if key not in ("kind", "strategy", "compress", "shard_unit"):  # checked by ddptop (a bad one: exit 6)
                 value[key] = _hostile_leaf(value, key, accept)
     elif isinstance(value, list):
         for i in range(len(value)):

@@ -30,7 +30,7 @@ def test_a_switch_swaps_the_inner_module_and_the_optimizer_trains_the_same_tenso
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     held = [id(p) for group in optimizer.param_groups for p in group["params"]]
     wrapper = api.OwnModel(model)
-    probe = make_probe(RunConfig(), 0, torch.device("cpu"), [].append)
+    probe = make_probe(RunConfig(), 0, 1, torch.device("cpu"), [].append)
     x, y = torch.randn(16, 4), torch.randn(16, 1)
     strategy = None
     for name, inner_type in (("ddp", nn.parallel.DistributedDataParallel), ("allreduce", nn.Sequential),
