@@ -6,7 +6,7 @@ step and stayed so: a CPU quota halved, a thermal throttle, a neighbour's job (G
 
 The series. Under synchronous data parallelism every rank's step time carries the slowest rank's: the others wait
 for it at the collectives, so one slowed rank shifts every rank's step time alike (a 40 ms straggle on rank 1 of 2
-raised both ranks' step time by ~40 ms in tests/ranks/test_change_points.py) and the step time alone cannot name
+raised both ranks' step time by ~40 ms in tests/ranks/test_rank_shift_truth.py) and the step time alone cannot name
 it. Its *busy time* can: step time less exposed communication (metrics.busy_s), the part of a step the rank spends
 on its own work. The slowed rank's busy time rises; the others' exposed communication (their waiting) rises instead.
 Without probes (`--probes off|system`) there is no exposed communication to take out and a shift shows on every

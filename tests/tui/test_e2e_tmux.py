@@ -161,8 +161,13 @@ def _form(name: str) -> dict[str, str]:
 
 
 def _tab_to(name: str, label: str) -> None:
-    """Tab until the number field `label` is drawn focused (bold): each Tab waits for the form to be redrawn."""
+    """Tab until the number field `label` is drawn focused (bold): each Tab waits for the form to be redrawn. A Tab
+    that reached the app instead of the form (a CI run under load: the form lost the focus as the strategy list
+    closed) picks the next panel: back to the controls (7) first, whose form keeps its edits."""
     for _ in range(12):
+        if "Change the running job" not in _screen(name):
+            _tmux("send-keys", "-t", name, "7")
+            _wait_for(name, "Change the running job", 10)
         form = _form(name)
         if "\x1b[1m" in form.get(label, ""):
             return
