@@ -297,7 +297,12 @@ def _remove(path: str) -> None:
 def _nothing_beside(path: str) -> None:
     """SQLite opens FILE-wal and FILE-shm beside a recording as it finds them: one already there (planted by someone
     who may write the folder, or left by a crash) would be read as this new file's log, or refused in SQLite's
-    words. Refused first, in one line naming it (RecordingError, exit 6); nothing is removed or followed."""
+    words. Refused first, in one line naming it (RecordingError, exit 6); nothing is removed or followed. When the
+    recording itself exists, another run took the name (its -journal may be beside it already: two jobs started in
+    one second in one runs folder, a CI run): RecordingExists, so a name ddptop chose becomes the next free one."""
+    if os.path.lexists(path):
+        what = "a ddptop recording" if _is_recording(path) else "not a ddptop recording"
+        raise RecordingExists(f"{path} already exists ({what}): remove it or record to another file")
     for side in ("-wal", "-shm", "-journal"):
         try:
             st = os.lstat(path + side)

@@ -165,7 +165,7 @@ def _tab_to(name: str, label: str) -> None:
     that reached the app instead of the form (a CI run under load: the form lost the focus as the strategy list
     closed) picks the next panel: back to the controls (7) first, whose form keeps its edits."""
     for _ in range(12):
-        if "Change the running job" not in _screen(name):
+        if not _form(name):  # no field drawn: another panel (a 7 typed into a drawn form would be a digit)
             _tmux("send-keys", "-t", name, "7")
             _wait_for(name, "Change the running job", 10)
         form = _form(name)
