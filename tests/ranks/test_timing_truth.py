@@ -50,7 +50,8 @@ def test_an_injected_forward_delay_shows_up_in_compute_not_in_communication(runs
     assert 0.9 * DELAY_S <= added["fwd_s"] <= 1.3 * DELAY_S, added
     # the step grows by the delay; communication may take a little more too (waiting for a peer that slept a
     # little longer: skew on this 2-core machine), never the delay itself
-    assert 0.9 * DELAY_S <= added["iter_s"] <= 1.5 * DELAY_S, added
+    # (or a little less by what the waiting shrank: a fresh-clone run saw compute +99 ms, comm −4.8 ms, the step +89.7)
+    assert 0.9 * DELAY_S - abs(added["comm_s"]) <= added["iter_s"] <= 1.5 * DELAY_S, added
     assert abs(added["comm_s"]) < 0.3 * DELAY_S and abs(added["data_s"]) < 0.1 * DELAY_S, added
 
 
