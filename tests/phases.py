@@ -18,7 +18,7 @@ LAB = "tests/lab/"
 ALONE = ("tests/lab/test_course.py", "tests/lab/test_truth.py", "tests/lab/test_links.py",
          "tests/lab/test_cgroup_weight.py", "tests/lab/test_wire_bytes.py", "tests/lab/test_straggler_clocks.py",
          "tests/lab/test_hints_link.py", "tests/lab/test_outage.py", "tests/lab/test_tune_lab.py",
-         "tests/lab/test_change_point_lab.py",
+         "tests/lab/test_change_point_lab.py", "tests/lab/test_zero_lab.py",
          "tests/ranks/test_timing_truth.py", "tests/ranks/test_micro_steps_truth.py")
 
 
