@@ -1,6 +1,6 @@
 """The GPU checks of issue 17, for a session that has a GPU machine: what the CPU development machine cannot run.
 
-    scripts/gpu_check.sh cuda | oom | bench | suite [pytest args]     (from the repository root; logs go to $OUT)
+    scripts/gpu_check.sh cuda | oom | sharded | bench | suite [pytest args]     (from the repository root; logs go to $OUT)
 
 Each check prints `PASS name: what it saw` or `FAIL name: ...`; the exit code is the number of failures.
 `--cpu` runs the same plumbing on a CPU machine (gloo, the tiny model, the test-only OOM hook, no NVML) to check the
@@ -15,6 +15,10 @@ script itself, leaving out what means nothing without a GPU; `make test` runs `c
          allocator's (at least what is held, at most what is reserved).
 - oom:   a real CUDA out-of-memory: `ctl set` of a batch that does not fit rolls back and the job trains on; the
          memory comes back; the hpml-lab4-q1 profile grows the batch until it does not fit.
+- sharded: issue 43's strategies on the device: a sweep ddp -> zero3 -> zero1 -> zero2 -> single -> ddp in one job
+         (nccl, world size 1; --cpu: gloo, 2 ranks), every switch on one step with one fingerprint, each
+         segment's memory by kind from the CUDA allocator against torch's sizes of the model divided as the
+         strategy shards it, a peak at least what is held; then zero1 with 2 gloo ranks on CUDA tensors.
 - bench: step time of plain torch, ddptop --probes off and --probes all on VGG-11 and ResNet-18 (separate runs,
          interleaved, wall clock from the recordings' step end times), then the repository's CPU benchmarks.
 """
@@ -357,6 +361,81 @@ def check_q1_profile() -> None:
     print("\n".join(table[:10]))
 
 
+# ---- sharded ------------------------------------------------------------------------------------------------------
+
+SHARDED_SWEEP = ("ddp", "zero3", "zero1", "zero2", "single", "ddp")  # single trains apart: not last
+
+
+def check_sharded() -> None:
+    """Issue 43 on the device: every strategy switch of a sweep lands on one step with one fingerprint on every rank;
+    each sharded segment's memory by kind is torch's size of the model as the strategy divides it."""
+    from ddptop.examples.wide_mlp import mlp  # imports torch: only here, the runs are subprocesses
+
+    world = 2 if CPU else 1
+    profile = OUT / "sharded.toml"
+    configs = ",\n  ".join(f'{{ strategy = "{s}" }}' for s in SHARDED_SWEEP)
+    profile.write_text('[run]\nmodel = "ddptop.examples.wide_mlp:mlp"\nbatch_size = 32\nsynthetic_size = 2400\n'
+                       f'seed = 3\nno_eval = true\n\n[sweep]\nwarmup = 3\nmeasure = 8\nconfigs = [\n  {configs},\n]\n')
+    db = fresh("sharded.db")
+    run = ddptop("--headless", "--profile", str(profile), "--local", str(world), *backend(), "--record", db,
+                 log="sharded")
+    if not check("sharded sweep", run.returncode == 0, run.stderr.strip().splitlines()[-1:]):
+        return
+    applied = events(db, "config_applied")
+    by_segment: dict[int, list[dict]] = {}
+    for e in applied:
+        by_segment.setdefault(e["segment"], []).append(e)
+    landed = [(seg, {e["step"] for e in es}, {e["fingerprint"] for e in es}, es[0]["config"]["strategy"])
+              for seg, es in sorted(by_segment.items())]
+    check("every switch on one step, one fingerprint",
+          [s for *_, s in landed][-len(SHARDED_SWEEP):] == list(SHARDED_SWEEP)
+          and all(len(steps) == 1 and len(prints) == 1 and len(es) == world
+                  for (seg, steps, prints, _), es in zip(landed, [by_segment[k] for k in sorted(by_segment)])),
+          f"{[(seg, sorted(steps), strategy) for seg, steps, _, strategy in landed]}")
+    prints = {e["fingerprint"] for e in events(db, "run_finished")}
+    check("one final fingerprint", len(prints) == 1, f"{len(prints)} distinct over {world} ranks")
+    size = sum(p.numel() * p.element_size() for p in mlp().parameters())
+    strategy_of = {seg: strategy for seg, _, _, strategy in landed}
+    samples = rows(db, "SELECT segment, rank, param_bytes, grad_bytes, optim_bytes, peak_bytes, reserved_bytes, by "
+                       "FROM memory ORDER BY seq")
+    by = {b for *_, b in samples}
+    off, seen, momentum = [], {}, {}
+    for seg, rank, params, grads, optim, peak, reserved, _ in samples:
+        momentum.setdefault((seg, rank), []).append(optim)
+        strategy = strategy_of.get(seg)
+        if strategy is None:
+            continue
+        # what the rank holds: zero3 and zero2 shard parameters, gradients and momentum (FSDP2, dim 0, padded to
+        # the world size); zero1 the momentum only (whole parameters per rank: at most the model, at least none)
+        share = size / world
+        want = {"zero3": (share, share, share), "zero2": (share, share, share)}.get(strategy, (size, size, size))
+        got = (params, grads, optim)
+        ok_kinds = (all(abs(g - w) <= 0.02 * size for g, w in zip(got, want)) if strategy != "zero1"
+                    else params == size and grads == size and 0 <= optim <= size)
+        ok_peak = params + grads + optim <= peak and (CPU or peak <= reserved)
+        seen.setdefault(strategy, set()).add((round(params / 1e6, 2), round(grads / 1e6, 2), round(optim / 1e6, 2)))
+        if not (ok_kinds and ok_peak):
+            off.append((strategy, rank, got, peak, reserved))
+    # zero1: the ranks' momentum shares add up to the model's (ZeroRedundancyOptimizer partitions whole parameters)
+    zero1 = [seg for seg, strategy in strategy_of.items() if strategy == "zero1"]
+    shares = [sum(momentum[(seg, r)][-1] for r in range(world) if (seg, r) in momentum) for seg in zero1]
+    check("zero1 momentum shares add up to the model", bool(shares) and all(s == size for s in shares),
+          f"{shares} B against {size} B")
+    check("memory by kind per strategy", bool(samples) and set(seen) == set(SHARDED_SWEEP) and not off
+          and by == {"process USS" if CPU else "cuda allocator"},
+          f"{world} rank(s), model {size / 1e6:.2f} MB; held (params, grads, optim MB) {dict(sorted(seen.items()))}; "
+          f"by {sorted(by)}; outside: {off[:3]}")
+    if CPU:
+        return
+    db = fresh("gloo-cuda-zero1.db")  # several ranks on one GPU: gloo only (nccl refuses two ranks on one device)
+    run = ddptop("--headless", "--local", "2", "--backend", "gloo", "--device", "cuda", "--model",
+                 "ddptop.examples.wide_mlp:mlp", "--strategy", "zero1", "--steps", "12", "--no-eval", "--record", db,
+                 log="gloo-cuda-zero1")
+    prints = {e["fingerprint"] for e in events(db, "run_finished")} if run.returncode == 0 else set()
+    check("2 ranks, gloo on CUDA tensors, zero1", run.returncode == 0 and len(prints) == 1,
+          run.stderr.strip().splitlines()[-1:])
+
+
 # ---- bench --------------------------------------------------------------------------------------------------------
 
 def plain_loop(model_name: str, batch: int, steps: int, warmup: int) -> float:
@@ -438,7 +517,7 @@ def check_bench(rounds: int, steps: int, models: list[str]) -> None:
 def main() -> int:
     global CPU
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("cuda", "oom", "bench", "plain"))
+    p.add_argument("what", choices=("cuda", "oom", "sharded", "bench", "plain"))
     p.add_argument("rest", nargs="*")
     p.add_argument("--cpu", action="store_true", help="dry run on a machine without a GPU")
     p.add_argument("--rounds", type=int, default=2)
@@ -454,7 +533,7 @@ def main() -> int:
     if not CPU and gpu_count() == 0:
         print("FAIL no CUDA device: run this on the GPU machine (or --cpu for a dry run)")
         return 1
-    {"cuda": check_cuda, "oom": check_oom,
+    {"cuda": check_cuda, "oom": check_oom, "sharded": check_sharded,
      "bench": lambda: check_bench(args.rounds, args.steps, args.models.split(","))}[args.what]()
     print(f"{len(FAILED)} failed: {', '.join(FAILED) or 'none'}")
     return len(FAILED)

@@ -82,3 +82,9 @@ def test_placement_gloo_on_cuda_tensors_and_the_uuid_device(checks):
 
 def test_a_real_out_of_memory_is_rolled_back_by_ctl_set_and_the_memory_comes_back(checks):
     checks.check_live_roll_back()
+
+
+def test_zero_stages_switch_on_one_step_and_hold_memory_as_they_shard(checks):
+    """Issue 43 on the device: ddp -> zero3 -> zero1 -> zero2 -> single -> ddp in one nccl job; zero1 on 2 gloo
+    ranks sharing the GPU."""
+    checks.check_sharded()

@@ -14,10 +14,12 @@ REPO = Path(__file__).resolve().parents[2]
 SEEN = {"cuda": ("nccl world size 1", "rank on cuda:0 with nccl", "CUDA-event spans", "memory by kind", "GPU step time vs wall clock",
                  "nccl with two ranks on a GPU is refused", "2 ranks, gloo on CUDA tensors, ddp"),
         "oom": ("ctl set of a batch that does not fit", "the job keeps the previous batch",
-                "a batch that fits is applied after the trial step", "the job trains on and ends cleanly")}
+                "a batch that fits is applied after the trial step", "the job trains on and ends cleanly"),
+        "sharded": ("sharded sweep", "every switch on one step, one fingerprint", "one final fingerprint",
+                    "zero1 momentum shares add up to the model", "memory by kind per strategy")}
 
 
-@pytest.mark.parametrize("what", ["cuda", "oom"])
+@pytest.mark.parametrize("what", ["cuda", "oom", "sharded"])
 def test_gpu_check_runs_every_check_on_the_cpu_and_each_passes(what, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OUT": str(tmp_path)}
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", what, "--cpu"], cwd=REPO, env=env,
