@@ -11,6 +11,7 @@ from torch import nn
 
 from ddptop.events import MemorySample
 from ddptop.probes.own import OwnTime, now
+from ddptop.probes.tensors import leaves
 
 EVERY_S = 5.0  # one sample every 5 s at most: a CPU sample's read of the unique memory took 32-52 ms here (a rank of
 #               the wide MLP, 290 MB unique, 2 busy cores; sources.memory): under 1% of the training thread
@@ -20,18 +21,6 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     """The part of `tensor` this rank stores: a DTensor's local shard (FSDP2's fully_shard), else the tensor."""
     inner = getattr(tensor, "_local_tensor", None)  # DTensor.to_local() without autograd's wrapper
     return inner if isinstance(inner, torch.Tensor) else tensor
-
-
-def _tensors(value: Any) -> Iterable[torch.Tensor]:
-    """Every tensor in an optimizer state entry (a dict of tensors and numbers, possibly nested)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
 
 
 class _Storages:
@@ -76,7 +65,7 @@ def held_bytes(model: nn.Module | list, optimizer: Any) -> tuple[int, int, int]:
     param_bytes = storages.bytes(params)
     grad_bytes = storages.bytes(p.grad for p in params if p.grad is not None)
     states = [value for state in optimizer_states(optimizer) for value in state.values()]
-    optim_bytes = storages.bytes(t for value in states for t in _tensors(value))
+    optim_bytes = storages.bytes(t for value in states for t in leaves(value))
     return param_bytes, grad_bytes, optim_bytes
 
 

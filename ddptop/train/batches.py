@@ -13,25 +13,14 @@ from typing import Any
 
 import torch
 
+from ddptop.probes.tensors import leaves
+
 
 def split(batch: Any) -> tuple[Any, Any]:
     """(what the model gets, what the loss gets after the output) under the rule above."""
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
     return batch, batch
-
-
-def leaves(value: Any):
-    """Every tensor in a batch: tensors, tuples, lists, dicts (and their subclasses: a namedtuple, a ModelOutput),
-    in the loader's order."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from leaves(item)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from leaves(item)
 
 
 def size(batch: Any) -> int | None:
