@@ -78,6 +78,16 @@ def runs_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def config_home(tmp_path_factory):
+    """The screen keeps its preferences in the user's config folder (tui.prefs): the suite's screens read and write
+    a folder of their own, so a developer's saved light theme changes no snapshot, and no test changes theirs."""
+    folder = tmp_path_factory.mktemp("config-home")
+    os.environ["XDG_CONFIG_HOME"] = str(folder)
+    os.environ.pop("DDPTOP_THEME", None)
+    return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_tmux_server_left():
     """The tests that drive a terminal each start a tmux server of their own (terminals.py) and kill it: none is
     left when this pytest process ends (one that is, is killed, and the session ends in an error naming it)."""

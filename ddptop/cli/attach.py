@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Sequence
 
-from ddptop.cli.parser import Parser, add_job_flags, add_metrics_flags, check_port, metrics_flags
+from ddptop.cli.parser import Parser, add_job_flags, add_metrics_flags, add_screen_flags, check_port, metrics_flags, \
+    screen_flags
 from ddptop.errors import UsageError
 
 
@@ -16,6 +17,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--headless", action="store_true", help="progress lines instead of the screen")
     p.add_argument("--log-every", type=int, default=10, metavar="N")
     add_metrics_flags(p)
+    add_screen_flags(p)
     return p
 
 
@@ -25,6 +27,7 @@ def cmd_attach(argv: Sequence[str]) -> int:
         raise UsageError("--log-every must be at least 1")
     check_port(args.port)
     metrics = metrics_flags(args.metrics_port, args.metrics_addr)
+    screen_flags(args.theme)
     from ddptop.control.client import ControlClient
     from ddptop.front.attach import watch
 

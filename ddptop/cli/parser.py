@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ddptop.errors import UsageError
 
@@ -32,6 +33,22 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="the job's store port (default: from this machine's job file)")
     p.add_argument("--token", help="the job token (default: DDPTOP_TOKEN, then this machine's job file)")
     p.add_argument("--prefix", help="key prefix of a job under torchrun's agent store (/attempt_N)")
+
+
+def add_screen_flags(p: argparse.ArgumentParser) -> None:
+    """--theme (run, replay and attach say it alike)."""
+    from ddptop.tui.prefs import THEMES  # no textual: the preferences module reads and writes one file
+
+    p.add_argument("--theme", choices=THEMES, help="the screen's colours for this session (default: the last one "
+                   "chosen with t on the screen, else dark)")
+
+
+def screen_flags(theme: str | None) -> None:
+    """The screen reads --theme where it reads its saved preferences (tui.prefs.load), through the environment."""
+    if theme:
+        from ddptop.tui.prefs import THEME_ENV
+
+        os.environ[THEME_ENV] = theme
 
 
 METRICS_ADDR = "0.0.0.0"  # every interface, as node_exporter listens: Prometheus scrapes from another machine

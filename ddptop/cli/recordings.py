@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Iterator, Sequence
 
-from ddptop.cli.parser import Parser
+from ddptop.cli.parser import Parser, add_screen_flags, screen_flags
 from ddptop.errors import RecordingError, UsageError
 from ddptop.record.info import note_incomplete
 from ddptop.record.reader import DAMAGE, Recording, damaged
@@ -128,6 +128,7 @@ def replay_parser() -> Parser:
     p.add_argument("--instant", action="store_true", help="print the whole recording's lines at once (implies --headless)")
     p.add_argument("--step", type=int, metavar="N", help="start at step N")
     p.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
+    add_screen_flags(p)
     return p
 
 
@@ -137,6 +138,7 @@ def cmd_replay(argv: Sequence[str]) -> int:
         raise UsageError(f"--speed must be between {MIN_SPEED:g} and {MAX_SPEED:g}, got {args.speed:g}")
     if args.log_every < 1:
         raise UsageError("--log-every must be at least 1")
+    screen_flags(args.theme)
     from ddptop.front import replay
     from ddptop.record.replay import ReplaySource
 

@@ -8,7 +8,8 @@ import sys
 from typing import Sequence
 
 from ddptop import __version__
-from ddptop.cli.parser import Parser, add_metrics_flags, check_port, metrics_flags, parse_bool
+from ddptop.cli.parser import (Parser, add_metrics_flags, add_screen_flags, check_port, metrics_flags, parse_bool,
+                               screen_flags)
 from ddptop.config import (BACKENDS, BUCKETED, DATASETS, DEVICES, LOSSES, MODELS, PROBE_LEVELS, SHARDED,
                            STRATEGIES, RunConfig, SyncConfig, is_spec)
 from ddptop.errors import UsageError
@@ -123,6 +124,7 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--profile", metavar="NAME|FILE.toml", help="one of ddptop's profiles (below), or a file of "
                       "your own by its path; flags you type override it")
     look.add_argument("--log-every", type=int, default=10, metavar="N", help="headless: a line every N steps (10)")
+    add_screen_flags(look)
     look.add_argument("--record", metavar="FILE", help="record the run to FILE (SQLite; FILE must not exist); "
                       "default: a new file in ./ddptop-runs/ named by date, time and strategy")
     look.add_argument("--no-record", action="store_true", help="do not record the run")
@@ -207,6 +209,7 @@ def cmd_run(argv: Sequence[str]) -> int:
         raise UsageError(f"--timeout must be a number of seconds in (0, 86400], got {args.timeout:g}")
     check_port(args.port)
     metrics = metrics_flags(args.metrics_port, args.metrics_addr)
+    screen_flags(args.theme)
     if not 1 <= args.lost_after <= 3600:
         raise UsageError(f"--lost-after must be 1 to 3600 seconds, got {args.lost_after:g}")
     if not 1 <= args.collective_timeout <= 86400:

@@ -10,6 +10,8 @@ GLOBAL_KEYS = (
     ("tab / shift+tab", "next / previous panel (in the controls: next / previous field)"),
     ("pgup / pgdn", "scroll the panel a page (the mouse wheel scrolls too)"),
     ("home / end", "scroll to the panel's top / bottom"),
+    ("o", "the overview's sections: show or hide each (kept for the next screen)"),
+    ("t", "theme: dark / light (kept for the next screen; --theme for one session)"),
 )
 PANEL_KEYS = (
     ("overview", "everything at a glance: ranks, where the time goes, the segment table, plots, network"),

@@ -38,6 +38,13 @@ class RankChosen(Message):
 
 
 @dataclass
+class SectionsChosen(Message):
+    """The sections chooser changed what the overview shows: these are hidden (tui.prefs.SECTIONS' keys)."""
+
+    hidden: frozenset[str]
+
+
+@dataclass
 class TransportCommand(Message):
     """Replay transport: toggle, speed, seek_step, segment."""
 

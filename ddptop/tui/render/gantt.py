@@ -11,6 +11,7 @@ from rich.text import Text
 from ddptop.events import Span
 from ddptop.metrics.timeline import span_overlap
 from ddptop.tui.render.cells import styled_runs
+from ddptop.tui.render import palette
 from ddptop.tui.render.palette import SPANS
 from ddptop.safe import clean
 from ddptop.tui.render.units import ellipsize, fmt_s
@@ -32,7 +33,7 @@ def _lane(name: str, spans: Sequence[Span], total: float, cols: int, label_w: in
         for c in _cells(s.start_s, s.end_s, total, cols):
             cells[c] = (glyph, style)
     label = Text(ellipsize(clean(name), label_w - 1).ljust(label_w), style="bold" if not name.startswith(" ") else "")
-    return styled_runs((cell or ("·", "grey23") for cell in cells), label)
+    return styled_runs((cell or ("·", palette.EMPTY) for cell in cells), label)
 
 
 def _overlap_lane(spans: Sequence[Span], total: float, cols: int, label_w: int = LABEL) -> Text:

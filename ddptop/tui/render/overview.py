@@ -13,7 +13,8 @@ from rich.text import Text
 from ddptop.state.session import Snapshot
 from ddptop.state.snapshot import RECENT_STEPS
 from ddptop.tui.render.breakdown import OTHER_NOTE, breakdown_bar, breakdown_legend
-from ddptop.tui.render.palette import MARKER, ORANGE, SKY, VERMILLION, part_style
+from ddptop.tui.render import palette
+from ddptop.tui.render.palette import VERMILLION, part_style
 from ddptop.tui.render.plot import Marker, Series, line_plot
 from ddptop.tui.render.slurm import expected_line, slurm_graph
 from ddptop.tui.render.spark import sparkline
@@ -30,8 +31,9 @@ def markers(snap: Snapshot) -> list[Marker]:
     return [Marker(s.step, f"{s.index} {s.label()}") for s in snap.segments if s.who != "start" or s.index > 0]
 
 
-def overview(snap: Snapshot, width: int, banner: str = "") -> Group:
-    """The overview at `width` columns: two columns of plots from WIDE on, sparklines below it."""
+def overview(snap: Snapshot, width: int, banner: str = "", hidden: frozenset[str] = frozenset()) -> Group:
+    """The overview at `width` columns: two columns of plots from WIDE on, sparklines below it. `hidden`: sections
+    the user turned off (tui.prefs.SECTIONS' keys); the warnings always show."""
     parts: list[RenderableType] = []
     if banner:
         parts += [Text(banner, style="bold"), Text("")]
@@ -39,17 +41,17 @@ def overview(snap: Snapshot, width: int, banner: str = "") -> Group:
     if not snap.ranks:
         return Group(*parts, Text("waiting for the ranks to join", style="dim"))
     wide = width >= WIDE
-    parts += [hint_line(snap, width)]
-    ranks = [_title("ranks", f"latest step, then means over each rank's last {RECENT_STEPS} steps "
+    parts += [] if "hints" in hidden else [hint_line(snap, width)]
+    ranks = [] if "ranks" in hidden else [_title("ranks", f"latest step, then means over each rank's last {RECENT_STEPS} steps "
                              "(* a sampled step: layer hooks slow it, means leave it out)", width),
              ranks_table(snap, width=width), Text("")]
-    time = [_title("where a step's time goes", f"mean of the last {RECENT_STEPS} steps, by rank", width),
+    time = [] if "time" in hidden else [_title("where a step's time goes", f"mean of the last {RECENT_STEPS} steps, by rank", width),
             time_bars(snap, width), Text("")]
-    segments = [_title("segments", "as `ddptop info` shows them: " + short_note(snap), width),
+    segments = [] if "segments" in hidden else [_title("segments", "as `ddptop info` shows them: " + short_note(snap), width),
                 segment_table(snap, width, last=None if wide else 4), Text("")]
     if wide:
-        return Group(*parts, *ranks, *time, *segments, _columns(snap, width))
-    return Group(*parts, *ranks, *segments, *time, *_narrow(snap, width))
+        return Group(*parts, *ranks, *time, *segments, _columns(snap, width, hidden))
+    return Group(*parts, *ranks, *segments, *time, *_narrow(snap, width, hidden))
 
 
 def hint_line(snap: Snapshot, width: int) -> Text:
@@ -57,9 +59,9 @@ def hint_line(snap: Snapshot, width: int) -> Text:
     found, best = snap.hints, whatif_line(snap)
     out = Text("hints  ", style="bold", no_wrap=True, overflow="ellipsis")
     if best:  # the What-if panel's best configuration first: it is there whenever the model fits
-        out.append(best + (" · " if found else ""), style=SKY)
+        out.append(best + (" · " if found else ""), style=palette.SKY)
     if found:
-        out.append(" · ".join(clean(h.text) for h in found), style=ORANGE)
+        out.append(" · ".join(clean(h.text) for h in found), style=palette.ORANGE)
     elif not best:
         out.append(f"none for segment {snap.segment}" if snap.segment_figures else "none yet", style="dim")
     out.truncate(width, overflow="ellipsis")
@@ -84,7 +86,7 @@ def warnings(snap: Snapshot) -> list[Text]:
     if lost:
         out.append(Text(f"⚠ rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} lost", style=f"bold {VERMILLION}"))
     if snap.straggler:  # README: Stragglers
-        out.append(Text(f"straggler: {clean(snap.straggler)}", style=f"bold {ORANGE}"))
+        out.append(Text(f"straggler: {clean(snap.straggler)}", style=f"bold {palette.ORANGE}"))
     return out
 
 
@@ -126,9 +128,9 @@ def _series(snap: Snapshot) -> dict[str, list[Series]]:
     step_max = snap.per_step(lambda d: d.iter_s, reduce=max)
     comm = snap.per_step(lambda d: 100 * d.comm_s / d.iter_s if d.iter_s > 0 else 0.0)
     exposed = snap.per_step(lambda d: 100 * d.exposed_comm_s / d.iter_s if d.iter_s > 0 else 0.0)
-    return {"loss": [Series("mean", SKY, snap.mean_loss())],
-            "step time": [Series("slowest", ORANGE, step_max), Series("mean", SKY, step_mean)],
-            "comm": [Series("comm", ORANGE, comm), Series("exposed", VERMILLION, exposed)]}
+    return {"loss": [Series("mean", palette.SKY, snap.mean_loss())],
+            "step time": [Series("slowest", palette.ORANGE, step_max), Series("mean", palette.SKY, step_mean)],
+            "comm": [Series("comm", palette.ORANGE, comm), Series("exposed", VERMILLION, exposed)]}
 
 
 def _plot(title: str, note: str, series: list[Series], snap: Snapshot, width: int, **kw) -> Text:
@@ -143,19 +145,34 @@ def _x_range(snap: Snapshot) -> tuple[float, float]:
     return first, max([first + 1, snap.step - 1] + [m.x for m in markers(snap)])
 
 
-def _columns(snap: Snapshot, width: int) -> Table:
+def _columns(snap: Snapshot, width: int, hidden: frozenset[str] = frozenset()) -> Table | Text:
+    """The plots, network and utilization in two columns (the first half of what is shown on the left)."""
     half = (width - 3) // 2
-    series = _series(snap)
-    left = Group(_plot("loss", "mean over ranks  ┊ a configuration change", series["loss"], snap, half), Text(""),
-                 _plot("step time", "over ranks; sampled steps left out; top at 3× the median", series["step time"],
-                       snap, half, fmt=fmt_s, y_range=(0.0, step_top(series["step time"]))))
-    right = Group(_plot("communication", "% of the step: comm, and exposed (nothing hid it)", series["comm"], snap,
-                        half, fmt=lambda v: f"{v:.0f}%", y_range=(0.0, 100.0)), Text(""),
-                  *network(snap, half, rows=4), Text(""), *utilization(snap, half))
+    blocks: list[list[RenderableType]] = []
+    if "trends" not in hidden:
+        series = _series(snap)
+        blocks += [[_plot("loss", "mean over ranks  ┊ a configuration change", series["loss"], snap, half)],
+                   [_plot("step time", "over ranks; sampled steps left out; top at 3× the median",
+                          series["step time"], snap, half, fmt=fmt_s, y_range=(0.0, step_top(series["step time"])))],
+                   [_plot("communication", "% of the step: comm, and exposed (nothing hid it)", series["comm"], snap,
+                          half, fmt=lambda v: f"{v:.0f}%", y_range=(0.0, 100.0))]]
+    if "network" not in hidden:
+        blocks.append(network(snap, half, rows=4))
+    if "utilization" not in hidden:
+        blocks.append(utilization(snap, half))
+    if not blocks:
+        return Text("")
+
+    def column(chosen: list[list[RenderableType]]) -> Group:
+        out: list[RenderableType] = []
+        for block in chosen:
+            out += ([Text("")] if out else []) + block
+        return Group(*out)
+
     grid = Table.grid(padding=(0, 3))
     grid.add_column(width=half)
     grid.add_column(width=half)
-    grid.add_row(left, right)
+    grid.add_row(column(blocks[:max(1, len(blocks) // 2)]), column(blocks[max(1, len(blocks) // 2):]))
     return grid
 
 
@@ -179,7 +196,7 @@ def network(snap: Snapshot, width: int, rows: int = 4) -> list[Text]:
             continue
         head.append("  RX ", style=part_style("forward"))
         head.append(fmt_rate(nic.stat.rx_rate))
-        head.append("  TX ", style=ORANGE)
+        head.append("  TX ", style=palette.ORANGE)
         head.append(fmt_rate(nic.stat.tx_rate))
         out += [head, slurm_graph(nic.rx_history, nic.tx_history, width, rows)]
         out.append(expected_line(node, node.job_iface, strategy, short=True))
@@ -204,8 +221,17 @@ def utilization(snap: Snapshot, width: int) -> list[Text]:
     return out
 
 
-def _narrow(snap: Snapshot, width: int) -> list[RenderableType]:
+def _narrow(snap: Snapshot, width: int, hidden: frozenset[str] = frozenset()) -> list[RenderableType]:
     """Below WIDE columns: sparklines for the plots, one line per node and per rank."""
+    out: list[RenderableType] = [] if "trends" in hidden else _trends(snap, width)
+    for name, lines in (("network", lambda: network(snap, width, rows=3)),
+                        ("utilization", lambda: utilization(snap, width))):
+        if name not in hidden:
+            out += ([Text("")] if out else []) + lines()
+    return out
+
+
+def _trends(snap: Snapshot, width: int) -> list[RenderableType]:
     series = _series(snap)
     spark = max(8, width - 34)
     out = [_title("trends", f"the last {spark} steps; sampled steps left out", width)]
@@ -220,6 +246,6 @@ def _narrow(snap: Snapshot, width: int) -> list[RenderableType]:
         out.append(line)
     marks = markers(snap)
     if marks:
-        out.append(Text("switches: " + ", ".join(f"step {m.x:.0f} → {m.label}" for m in marks[-3:]), style=MARKER))
-    out += [Text("")] + network(snap, width, rows=3) + [Text("")] + utilization(snap, width)
+        out.append(Text("switches: " + ", ".join(f"step {m.x:.0f} → {m.label}" for m in marks[-3:]),
+                        style=palette.MARKER))
     return out

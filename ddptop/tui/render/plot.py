@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 
 from rich.text import Text
 
+from ddptop.tui.render import palette
 from ddptop.tui.render.cells import styled_runs
 
 # braille dot bits by (column within the cell, row within the cell)
@@ -109,7 +110,7 @@ def _y_label(row: int, rows: int, y0: float, y1: float, fmt: Callable[[float], s
 
 def _row(canvas: _Canvas, r: int, marker_cols: dict, label: str) -> Text:
     bits, styles = canvas.bits[r], canvas.style[r]
-    cells = ((chr(0x2800 + bits[c]), styles[c] or "") if bits[c] else ("┊", "yellow") if c in marker_cols else (" ", "")
+    cells = ((chr(0x2800 + bits[c]), styles[c] or "") if bits[c] else ("┊", palette.NOTE) if c in marker_cols else (" ", "")
              for c in range(canvas.cols))
     return styled_runs(cells, Text(label[: AXIS - 1].rjust(AXIS - 1) + "┤", style="dim"))
 
@@ -130,7 +131,7 @@ def _label_markers(top: Text, marker_cols: dict, cols: int) -> None:
         if len(label) >= 3:
             plain = top.plain
             top.plain = plain[: AXIS + at] + label + plain[AXIS + at + len(label):]
-            top.stylize("bold yellow", AXIS + at, AXIS + at + len(label))
+            top.stylize(f"bold {palette.NOTE}", AXIS + at, AXIS + at + len(label))
             taken = at + len(label) + 1
         else:
             taken = col + 1

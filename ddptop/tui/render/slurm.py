@@ -10,7 +10,7 @@ from ddptop.events import NicStat
 from ddptop.metrics.expected import formula
 from ddptop.state.views import NodeView
 from ddptop.metrics.traffic import SHARED_IFACES, not_comparable
-from ddptop.tui.render.palette import RX as RX_STYLE, TX as TX_STYLE
+from ddptop.tui.render import palette
 from ddptop.safe import clean
 from ddptop.tui.render.units import fmt_bits, fmt_bytes, fmt_count, fmt_rate
 
@@ -36,11 +36,11 @@ def slurm_graph(rx: Sequence[float], tx: Sequence[float], width: int, height: in
     lines = []
     for row in range(up):  # row 0 is the top: a column reaches it when its height is `up`
         need = up - row
-        lines.append(Text(" " * pad_rx + "".join("X" if h >= need else " " for h in rx_h), style=RX_STYLE))
+        lines.append(Text(" " * pad_rx + "".join("X" if h >= need else " " for h in rx_h), style=palette.RX))
     lines.append(Text("─" * width, style="dim"))
     for row in range(down):
         need = row + 1
-        lines.append(Text(" " * pad_tx + "".join("X" if h >= need else " " for h in tx_h), style=TX_STYLE))
+        lines.append(Text(" " * pad_tx + "".join("X" if h >= need else " " for h in tx_h), style=palette.TX))
     return Text("\n").join(lines)
 
 
@@ -60,8 +60,8 @@ def slurm_stats(nic: NicStat, rx: Sequence[float], tx: Sequence[float], width: i
     for i, (a, b) in enumerate(rows):
         if i:
             out.append("\n")
-        out.append(a.ljust(left)[:left], style=RX_STYLE if "RX" in a or "Received" in a else "")
-        out.append(b[: max(0, width - left)], style=TX_STYLE if "TX" in b or "Transmi" in b else "")
+        out.append(a.ljust(left)[:left], style=palette.RX if "RX" in a or "Received" in a else "")
+        out.append(b[: max(0, width - left)], style=palette.TX if "TX" in b or "Transmi" in b else "")
     return out
 
 
@@ -92,11 +92,11 @@ def expected_line(node: NodeView, iface: str, strategy: str, short: bool = False
         out = Text("expected ", style="bold")
         same = node.expected_tx == node.expected_rx
         out.append(f"{fmt_bytes(node.expected_tx, 0)}/step each way" if same else
-                   f"TX {fmt_bytes(node.expected_tx, 0)} RX {fmt_bytes(node.expected_rx, 0)}/step", style=TX_STYLE)
+                   f"TX {fmt_bytes(node.expected_tx, 0)} RX {fmt_bytes(node.expected_rx, 0)}/step", style=palette.TX)
         out.append(f" (Σ {whose})")
     else:
         out = Text("per step  expected ", style="bold")
-        out.append(f"TX {fmt_bytes(node.expected_tx)} RX {fmt_bytes(node.expected_rx)}", style=TX_STYLE)
+        out.append(f"TX {fmt_bytes(node.expected_tx)} RX {fmt_bytes(node.expected_rx)}", style=palette.TX)
         out.append(f" (sum over {whose}: {formula(strategy)}, S = gradient bytes)")
     counted = nic.per_step_tx if nic is not None else None
     why = not_comparable(iface, counted, node.expected_tx)
@@ -106,7 +106,7 @@ def expected_line(node: NodeView, iface: str, strategy: str, short: bool = False
     elif why:
         out.append(f"  NIC: no comparison: {why}", style="dim")
     elif counted is not None:
-        out.append(f"  NIC counted TX {fmt_bytes(counted)} RX {fmt_bytes(nic.per_step_rx)}", style=RX_STYLE)
+        out.append(f"  NIC counted TX {fmt_bytes(counted)} RX {fmt_bytes(nic.per_step_rx)}", style=palette.RX)
         if node.expected_tx:
             out.append(f" ({(counted - node.expected_tx) / node.expected_tx:+.0%})")
     else:

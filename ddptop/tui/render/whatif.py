@@ -11,7 +11,8 @@ from rich.text import Text
 from ddptop.metrics.whatif.rows import recommended
 from ddptop.state.advising import STATED_ERROR, WhatIf, describe
 from ddptop.state.session import Snapshot
-from ddptop.tui.render.palette import GREEN, ORANGE, VERMILLION
+from ddptop.tui.render import palette
+from ddptop.tui.render.palette import GREEN, VERMILLION
 from ddptop.tui.render.units import fmt_s
 
 WIDE = 100  # from this width on, the table shows each row's measured segment too
@@ -111,7 +112,7 @@ def _checks(w: WhatIf, width: int) -> list[Text]:
             line.append("measured: no measured step yet", style="dim")
         else:
             line.append(f"measured {fmt_s(c.measured_s)}  error ")
-            line.append(f"{c.error:+.1%}", style=ORANGE if abs(c.error) > 0.10 else GREEN)
+            line.append(f"{c.error:+.1%}", style=palette.ORANGE if abs(c.error) > 0.10 else GREEN)
             if c.error_se > 0:  # how far the two means may differ by the segments' step-to-step noise alone
                 line.append(f" ±{c.error_se:.1%}", style="dim")
         lines.append(line)

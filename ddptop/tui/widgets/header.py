@@ -9,6 +9,7 @@ from textual.widget import Widget
 
 from ddptop.metrics import tables
 from ddptop.state.session import Snapshot
+from ddptop.tui.render import palette
 from ddptop.tui.render.palette import STATES, VERMILLION
 from ddptop.tui.render.tables import rate_unit
 from ddptop.safe import clean
@@ -69,7 +70,7 @@ class StatusHeader(Widget):
     def _first_line(self, snap: Snapshot, wide: bool) -> Text:
         out = Text()
         live = self.mode != "replay"
-        out.append(" LIVE " if live else " REPLAY ", style="bold reverse " + ("#009E73" if live else "#56B4E9"))
+        out.append(" LIVE " if live else " REPLAY ", style="bold reverse " + (palette.GREEN if live else palette.SKY))
         word, style = run_state(snap, self.mode, self.replay)
         out.append(f" {word}", style=f"bold {style}")
         steps = self.total_steps or getattr(snap.run, "total_steps", 0)  # replays: the recorded run's plan
@@ -77,7 +78,7 @@ class StatusHeader(Widget):
         sweep = getattr(snap.run, "sweep_segments", 0)  # a profile's sweep: which configuration of how many
         out.append(f" · segment {snap.segment}" + (f" (sweep {min(snap.segment + 1, sweep)}/{sweep})" if sweep else ""))
         if snap.paused and live:
-            out.append(f" · {rate_unit(snap)} paused", style="yellow")
+            out.append(f" · {rate_unit(snap)} paused", style=palette.NOTE)
         elif not snap.finished:
             out.append(f" · {snap.images_per_s:,.0f} {rate_unit(snap)}")
         cost = own_cost(snap)
@@ -97,7 +98,7 @@ class StatusHeader(Widget):
     def _second_line(self, snap: Snapshot, wide: bool) -> Text:
         out = Text()
         config = snap.config
-        out.append(clean(tables.describe(config)) if config else "config: -", style="bold #F0E442")
+        out.append(clean(tables.describe(config)) if config else "config: -", style=f"bold {palette.MARKER}")
         run = snap.run
         if run is None:
             out.append(" · waiting for rank 0 to describe the run", style="dim")

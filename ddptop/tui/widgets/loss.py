@@ -9,7 +9,8 @@ from textual.widget import Widget
 from ddptop.state.session import Snapshot
 from ddptop.tui.render.cells import wrap_items
 from ddptop.tui.render.overview import markers as _markers
-from ddptop.tui.render.palette import MARKER, series_style
+from ddptop.tui.render import palette
+from ddptop.tui.render.palette import series_style
 from ddptop.tui.render.plot import Series, line_plot
 from ddptop.tui.render.units import fmt_s
 
@@ -57,7 +58,7 @@ class LossPanel(Widget, can_focus=True):
         items = [Text(name, style="bold")]
         for label, style in legend:
             items.append(Text("━ ", style=style).append(label, style="default"))
-        items.append(Text("┊ config change", style=MARKER))
+        items.append(Text("┊ config change", style=palette.MARKER))
         out = wrap_items(items, max(30, self.size.width))
         out.append("\n")
         return out

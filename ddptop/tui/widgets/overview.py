@@ -19,6 +19,8 @@ class OverviewPanel(Widget, can_focus=True):
     """The session as of the last tick."""
     banner: reactive[str] = reactive("", layout=True)
     """A line above everything: how the session ended, where it was recorded."""
+    hidden: reactive[frozenset[str]] = reactive(frozenset(), layout=True)
+    """The sections the user turned off (key o; tui.prefs.SECTIONS)."""
 
     def render(self) -> Group:
-        return overview(self.snapshot or Snapshot(), max(40, (self.size.width or 80)), self.banner)
+        return overview(self.snapshot or Snapshot(), max(40, (self.size.width or 80)), self.banner, self.hidden)
