@@ -375,7 +375,7 @@ def check_sharded() -> None:
     profile = OUT / "sharded.toml"
     configs = ",\n  ".join(f'{{ strategy = "{s}" }}' for s in SHARDED_SWEEP)
     profile.write_text('[run]\nmodel = "ddptop.examples.wide_mlp:mlp"\nbatch_size = 32\nsynthetic_size = 2400\n'
-                       f'seed = 3\nno_eval = true\n\n[sweep]\nwarmup = 3\nmeasure = 8\nconfigs = [\n  {configs},\n]\n')
+                       f'seed = 3\nno_eval = true\n\n[sweep]\nwarmup = 2\nmeasure = 3\nconfigs = [\n  {configs},\n]\n')
     db = fresh("sharded.db")
     run = ddptop("--headless", "--profile", str(profile), "--local", str(world), *backend(), "--record", db,
                  log="sharded")
