@@ -79,8 +79,10 @@ def test_zero2_with_accumulation_trains_one_model_on_every_rank(which, tmp_path)
     if which == "mine":
         size = _param_bytes(_mine(tmp_path))
         # the default units: each top-level block holding parameters (stem, body, head; not act), then the root
-        assert {name.split(" reduce-scatter ")[1] for name in spans} == {"stem (formula)", "body (formula)",
-                                                                          "head (formula)"}
+        # each a span of its own (zero2: one gather per micro-step, "(2)" the second; one reduce-scatter)
+        assert spans == {f"{what} {unit}" for what in ("all-gather", "reduce-scatter") for unit in ("stem", "body",
+                                                                                                    "head")} | {
+            f"all-gather {unit} ({ACCUM})" for unit in ("stem", "body", "head")}
     else:
         from ddptop.train.models import build_model
 
