@@ -3,7 +3,8 @@
 100 ms inside each of FSDP2's all-gathers and reduce-scatters (zero2, zero3) and inside ZeroRedundancyOptimizer's
 parameter broadcast (zero1), so each of its spans is the same span on rank 1 plus the delay. On a CPU these
 collectives stop the training thread: the wait is exposed communication, never overlap (one definition with the
-other strategies: metrics.timeline.breakdown). Timing bounds: the alone phase, 2 ranks (as tests/ranks/test_stragglers)."""
+other strategies: metrics.timeline.breakdown). Timing bounds: the alone phase, 2 ranks (as
+tests/ranks/test_stragglers)."""
 
 from __future__ import annotations
 
