@@ -77,3 +77,21 @@ class MemoryTable:
 
 def memory_table(samples: Iterable[MemorySample]) -> list[RankMemory]:
     return MemoryTable().apply_all(samples).rows()
+
+
+SHARDED_HELD = {"zero1": (False, False, True), "zero2": (True, True, True), "zero3": (True, True, True)}
+
+
+def held_by_formula(strategy: str, param_bytes: int, world_size: int, momentum: bool = True) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer state) one rank holds at a step's end by its strategy's formula, for a
+    model of `param_bytes` trained with the loop's SGD (`momentum`: one buffer of the parameters' size, O = P).
+    Replicated strategies hold all three whole (P, G = P, O). DeepSpeed's stages: ZeRO-1 shards the optimizer state
+    (O/N), ZeRO-2 also the gradients; torch's ZeRO-2 (FSDP2 without resharding after forward) keeps the parameters
+    sharded between steps too, as ZeRO-3 does: (P + G + O)/N. The drop from DDP to ZeRO-3 is (1 − 1/N)(P + G + O).
+    ZeroRedundancyOptimizer's shares are whole parameters (wire.zero1_owners), so a rank's O can be far from O/N:
+    this is the even share."""
+    world = max(1, world_size)
+    whole = (param_bytes, param_bytes, param_bytes if momentum else 0)
+    sharded = SHARDED_HELD.get(strategy, (False, False, False))
+    return tuple(-(-b // world) if cut else b for b, cut in zip(whole, sharded))  # type: ignore[return-value]
+

@@ -37,12 +37,34 @@ def intersection(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]
     return out
 
 
-def breakdown(compute: list[Interval], comm: list[Interval]) -> tuple[float, float, float, float]:
+def difference(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
+    """The parts of `a` outside every interval of `b`."""
+    out = []
+    cuts = union(b)
+    for start, end in union(a):
+        for cut_start, cut_end in cuts:
+            if cut_end <= start or cut_start >= end:
+                continue
+            if cut_start > start:
+                out.append((start, cut_start))
+            start = max(start, cut_end)
+        if end > start:
+            out.append((start, end))
+    return out
+
+
+def breakdown(compute: list[Interval], comm: list[Interval],
+              blocking: Iterable[Interval] = ()) -> tuple[float, float, float, float]:
     """(compute_s, comm_s, exposed_comm_s, overlap).
 
     overlap follows HTA: time computing while communicating / time communicating (0 when nothing is sent).
-    Exposed communication is communication time with no compute running beside it.
+    Exposed communication is communication time with no compute running beside it. `blocking`: collectives that
+    stopped the computing thread itself (FSDP2's all-gathers inside a forward phase on a CPU): no compute runs
+    beside them, however the phases around them are drawn, so they are cut out of `compute` first.
     """
+    blocking = union(blocking)
+    if blocking:
+        compute = difference(compute, blocking)
     compute_s = length(compute)
     comm_s = length(comm)
     hidden = length(intersection(compute, comm))

@@ -22,6 +22,7 @@ class CommMark:
     tx_bytes: int
     rx_bytes: int
     kind: str = "comm"
+    blocking: bool = False  # the training thread waited inside it: no compute ran beside it (timeline.breakdown)
 
 
 class CommRecorder:
@@ -48,10 +49,11 @@ class CommRecorder:
             time.sleep(self.delay_s)
         return self.now()
 
-    def add(self, name: str, start: Any, end: Any, nbytes: int, tx: int, rx: int, kind: str = "comm") -> None:
+    def add(self, name: str, start: Any, end: Any, nbytes: int, tx: int, rx: int, kind: str = "comm",
+            blocking: bool = False) -> None:
         began = now()
         with self._lock:
-            self._marks.append(CommMark(name, start, end, nbytes, tx, rx, kind))
+            self._marks.append(CommMark(name, start, end, nbytes, tx, rx, kind, blocking))
         self.own.since(began)
 
     def take(self) -> list[CommMark]:

@@ -235,7 +235,9 @@ class StepProbe:
         fwd_s, bwd_s = net("fwd", fwd_from, at[fwd_from], at["fwd"]), net("bwd", "fwd", at["fwd"], bwd_end)
         opt_s = net("opt", "sync", at["sync"], at["opt"])
         compute = [(at["data"], at["fwd"]), (at["fwd"], bwd_end), (at["sync"], at["opt"])]
-        _, comm_s, exposed_s, overlap = breakdown(compute, [(s.start_s, s.end_s) for s in comm if s.kind == "comm"])
+        blocking = [(s.start_s, s.end_s) for s, c in zip(comm, p.comm) if c.blocking]
+        _, comm_s, exposed_s, overlap = breakdown(compute, [(s.start_s, s.end_s) for s in comm if s.kind == "comm"],
+                                                  blocking)
         done = StepDone(
             rank=self.rank, step=p.step, epoch=p.epoch, segment=p.segment, t=p.wall_end, iter_s=iter_s,
             data_s=data_s, compute_s=micro_s + fwd_s + bwd_s + opt_s, comm_s=comm_s, exposed_comm_s=exposed_s,

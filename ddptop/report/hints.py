@@ -58,6 +58,7 @@ def inputs(s: SegmentStats, run: RunData) -> rules.Inputs:
         formula={r.rank: (r.sent_mb * 1e6, r.recv_mb * 1e6) for r in s.ranks},
         least_comm_s=min((r.comm_s for r in s.ranks), default=0.0),
         gradient_bytes=s.param_bytes, buckets=buckets, buckets_by=by, link_bytes_per_s=rate, link_by=rate_by,
+        accum=s.config.accum,
         predicted=None if not recommended(best) else (whatif.name(best), best["saving_s"], (
             f"measured in segment {best['segment']}" if best["by"] == "measured" else "predicted")))
 

@@ -9,7 +9,7 @@ from ddptop import metrics
 from ddptop.metrics import stragglers
 from ddptop.metrics.memory import GLOSSARY as MEMORY_GLOSSARY
 from ddptop.record import whatif
-from ddptop.report import handin, hints, markdown, reference, settings
+from ddptop.report import handin, hints, markdown, reference, settings, strategies
 from ddptop.report.analysis import Scaling, SegmentStats
 from ddptop.report.runs import RunData
 
@@ -87,6 +87,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks += versus_blocks(runs)
     blocks += straggler_blocks(runs)
     blocks += memory_blocks(runs)
+    blocks += strategies.blocks(runs)
     gpu = markdown.gpu_table(stats)
     if gpu:
         blocks += [("h2", "GPU memory and utilization per configuration"), gpu,

@@ -25,7 +25,7 @@ def live_inputs(snap) -> rules.Inputs | None:
         moved_by="formula", formula=formula,
         least_comm_s=min((f.comm_s for f in fig.ranks.values() if f.steps), default=0.0),
         gradient_bytes=run.param_bytes if run else 0,
-        buckets=buckets, buckets_by="layout")
+        buckets=buckets, buckets_by="layout", accum=max(1, int(fig.config.get("accum", 1) or 1)))
 
 
 def live_hints(snap) -> tuple[rules.Hint, ...]:

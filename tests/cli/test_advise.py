@@ -14,7 +14,7 @@ from in_process import cli_json, run_cli, slowest_rank_means, slowest_rank_stand
 
 REC = Path(__file__).resolve().parents[2] / "recordings"
 KEYS = ["strategy", "bucket_mb", "async_op", "accum", "compress", "world_size", "link", "step_s", "exposed_comm_s",
-        "overlap", "measured_step_s", "segment", "step_se_s", "measured_step_se_s"]
+        "overlap", "held_bytes", "measured_step_s", "segment", "step_se_s", "measured_step_se_s"]
 
 
 def advise(*argv: str) -> dict:

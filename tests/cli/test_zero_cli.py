@@ -79,8 +79,10 @@ def test_zero2_with_accumulation_trains_one_model_on_every_rank(which, tmp_path)
     if which == "mine":
         size = _param_bytes(_mine(tmp_path))
         # the default units: each top-level block holding parameters (stem, body, head; not act), then the root
-        assert {name.split(" reduce-scatter ")[1] for name in spans} == {"stem (formula)", "body (formula)",
-                                                                          "head (formula)"}
+        # each a span of its own (zero2: one gather per micro-step, "(2)" the second; one reduce-scatter)
+        assert spans == {f"{what} {unit}" for what in ("all-gather", "reduce-scatter") for unit in ("stem", "body",
+                                                                                                    "head")} | {
+            f"all-gather {unit} ({ACCUM})" for unit in ("stem", "body", "head")}
     else:
         from ddptop.train.models import build_model
 
@@ -89,6 +91,13 @@ def test_zero2_with_accumulation_trains_one_model_on_every_rank(which, tmp_path)
     reduce_scatter = 2 * (WORLD - 1) * size // WORLD  # gloo runs a reduce-scatter as an all-reduce (the lab's NICs)
     assert len(steps) == WORLD * STEPS
     assert {(tx, rx) for _, _, tx, rx in steps} == {(ACCUM * share + reduce_scatter, ACCUM * share + reduce_scatter)}
+    # info's hint names accumulation that saves little communication, with the bytes per step and per micro-step
+    # (the steps table's, SQL above; local ranks share one interface: the formulas' bytes)
+    info = ddptop("info", record, cwd=tmp_path)
+    sent = ACCUM * share + reduce_scatter
+    line = next(x for x in info.stdout.splitlines() if "saves little communication" in x)
+    assert (f"accum {ACCUM} under zero2 saves little communication: rank 0 sent {sent / 1e6:.3g} MB a step, "
+            f"{sent / ACCUM / 1e6:.3g} MB each micro-step") in line, line
 
 
 @pytest.mark.parametrize("flags, words", [

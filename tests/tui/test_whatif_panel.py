@@ -106,6 +106,7 @@ def test_the_table_is_advises_on_the_segment_in_force(played):
             {k: want[k] for k in ("strategy", "bucket_mb", "async_op", "world_size", "segment")}
         for key in ("step_s", "exposed_comm_s", "overlap", "measured_step_s"):
             assert got[key] == pytest.approx(want[key], abs=2e-6), key  # advise rounds to 1 µs
+        assert got["held_bytes"] == want["held_bytes"]
     best, saving_ms = ranked_best(expected)
     words = best["strategy"] + (f" {best['bucket_mb']:g} MB" if best["bucket_mb"] is not None else "")
     assert f"best: {words}, −{saving_ms:.0f} ms/step" in wide, wide
@@ -114,6 +115,11 @@ def test_the_table_is_advises_on_the_segment_in_force(played):
     assert "fitted from segment 7 (gather-scatter, 3 ranks)" in wide
     for text in (wide, narrow):  # every configuration's row, at both sizes
         assert text.count(" ddp ") >= 6 and "gather-scatter" in text
+    # the wide table's memory per rank: each ZeRO stage's by its formula, as advise --json has it
+    for stage in ("zero1", "zero2", "zero3"):
+        held = next(r["held_bytes"] for r in expected if r["strategy"] == stage and r["world_size"] == 3)
+        line = next(x for x in wide.splitlines() if x.strip().startswith(stage))
+        assert f"{held / 1e6:.2f}" in line.split(), line
 
 
 def test_each_switch_shows_its_prediction_its_measurement_and_the_running_error(played):

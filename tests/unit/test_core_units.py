@@ -14,7 +14,7 @@ from ddptop.events import (EpochDone, EventDecodeError, GpuStat, NicStat, RankLo
                            StepSpans, SystemSample, decode_events, encode_events, event_from_dict)
 from ddptop.front.headless import HeadlessPrinter, evaluation_line, progress_line, traffic_lines
 from ddptop.metrics import wire
-from ddptop.metrics.timeline import breakdown, intersection, length, union
+from ddptop.metrics.timeline import breakdown, difference, intersection, length, union
 from ddptop.rendezvous import first_slurm_host, resolve
 
 
@@ -31,6 +31,15 @@ def test_breakdown_follows_hta_overlap():
     assert (compute_s, comm_s, exposed_s) == (4, 3, 2)
     assert overlap == pytest.approx(1 / 3)
     assert breakdown(compute, []) == (4, 0, 0, 0.0)
+
+
+def test_a_collective_that_stops_the_computing_thread_is_exposed_inside_a_compute_phase():
+    """FSDP2's all-gather on a CPU runs inside the forward phase on the training thread: no compute beside it."""
+    assert difference([(0, 4), (6, 9)], [(1, 2), (3, 7), (8, 8.5)]) == [(0, 1), (2, 3), (7, 8), (8.5, 9)]
+    forward, gather, bucket = (0, 10), (2, 5), (9, 12)  # the bucket: asynchronous, beside the forward's end
+    compute_s, comm_s, exposed_s, overlap = breakdown([forward], [gather, bucket], blocking=[gather])
+    assert (compute_s, comm_s, exposed_s) == (7, 6, 5) and overlap == pytest.approx(1 / 6)
+    assert breakdown([forward], [gather, bucket])[2] == 2  # not blocking: 3 s hidden behind the phase
 
 
 def test_wire_formulas():

@@ -57,6 +57,14 @@ class SegmentData:
     # DDP buckets that no other bucket ran beside (on every rank), each on its own: what tells a transfer beside the
     # backward pass from one alone within one segment (link.fit_comm_slowdown)
     isolated: tuple[CommSample, ...] = ()
+    backend: str = "gloo"  # the run's (RunStarted.backend): gloo runs a reduce-scatter as an all-reduce
+
+    def units(self) -> list[int]:
+        """Bytes per top-level block of the model, in order: the zero strategies' default sharding units."""
+        out: dict[str, float] = {}
+        for name, count in self.layers:
+            out[name.split(".")[0]] = out.get(name.split(".")[0], 0.0) + count * self.bytes_per_param
+        return [round(b) for b in out.values() if b > 0]
 
     @property
     def bytes_per_param(self) -> float:

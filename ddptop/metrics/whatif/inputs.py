@@ -77,6 +77,10 @@ def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], sp
     backward, comm, isolated = samples(spans, first, is_async)
     if not backward:  # a sweep's warm-up can hold a segment's only sampled step: any but its very first will do
         backward, comm, isolated = samples(spans, fig.first_step + 1, is_async)
+    if fig.config.get("strategy") in ("zero2", "zero3") and world_size > 1:
+        raise NoFit(f"segment {fig.index} ran {fig.config.get('strategy')}: FSDP2's collectives run inside its forward "
+                    "and backward passes, so its backward cannot be told from them: pick a ddp or allreduce --segment "
+                    "(its what-if table has rows for zero1, zero2 and zero3)")
     if not comm and world_size > 1:
         raise NoFit(f"segment {fig.index} has no sampled collectives to fit the link on "
                     f"({fig.config.get('strategy')}; spans are recorded every --span-every steps): "
@@ -86,7 +90,7 @@ def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], sp
                        step_s=fig.slowest.step_s, step_se_s=fig.slowest.step_se_s, backward=backward, comm=comm,
                        link_bps=link_bps,
                        param_shapes=tuple(tuple(s) for s in getattr(run, "param_shapes", ()) or ()),
-                       isolated=isolated, **parts(rows))
+                       isolated=isolated, backend=getattr(run, "backend", "") or "gloo", **parts(rows))
 
 
 def samples(spans: Iterable, first: int, is_async: bool) -> tuple[tuple, tuple[CommSample, ...],

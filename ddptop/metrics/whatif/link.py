@@ -26,6 +26,8 @@ def wire_bytes(kind: str, nbytes: float, world: int) -> float:
         return 0.0
     if kind == "allreduce":
         return 2 * (world - 1) / world * nbytes
+    if kind == "allgather":  # a ring all-gather of S (and NCCL's reduce-scatter): (N−1)/N·S each way
+        return (world - 1) / world * nbytes
     return (world - 1) * nbytes  # gather, scatter, broadcast (gloo's broadcast and scatter send from the root)
 
 
@@ -121,4 +123,4 @@ def fit_links(samples: Iterable[CommSample], world: int, slowdown: float = 0.0) 
     if not lines:
         return {}
     best = max(lines.values(), key=lambda line: line.samples)
-    return {k: lines.get(k, best) for k in ("allreduce", "gather", "scatter", "broadcast")}
+    return {k: lines.get(k, best) for k in ("allreduce", "gather", "scatter", "broadcast", "allgather")}

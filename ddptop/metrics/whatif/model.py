@@ -8,11 +8,14 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 from ddptop.metrics.buckets import ddp_buckets
+from ddptop.metrics.memory import held_by_formula
 from ddptop.metrics.whatif.compute import COMM_SLOWDOWN, COMPUTE_SLOWDOWN, Backward, fit_backward
 from ddptop.metrics.whatif.data import SegmentData
 from ddptop.metrics.whatif.link import Line, fit_comm_slowdown, fit_links
 from ddptop.metrics.whatif.settings import accum_of, check, compress_of, micro_s, transfer
 from ddptop.metrics.whatif.simulate import Timeline, after_backward, overlapped
+
+ZERO = ("zero1", "zero2", "zero3")
 
 BUCKETS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0)
 # async_op launches every all_reduce at once: the transfers still share the link, but the training thread's
@@ -67,6 +70,7 @@ class Prediction:
     overlap: float
     bwd_s: float
     comm_s: float
+    held_bytes: int = 0  # parameters + gradients + optimizer state per rank (metrics.memory.held_by_formula)
 
 
 def fit(seg: SegmentData) -> Model:
@@ -126,6 +130,8 @@ def timeline(model: Model, config: Config) -> Timeline:
         return after_backward(back.total, 0.0)
     if config.strategy == "ddp":
         return _ddp(model, config, world, beta)
+    if config.strategy in ZERO:
+        return _zero(model, config, world, beta)
 
     def time(kind: str, nbytes: float) -> float:
         return transfer(model.links[kind], kind, nbytes, world, beta, config.compress, seg.param_shapes,
@@ -154,19 +160,43 @@ def _ddp(model: Model, config: Config, world: int, beta: float | None) -> Timeli
     return replace(tl, bwd_s=tl.bwd_s + DDP_COPY_S_PER_BYTE * seg.param_bytes)
 
 
+def _zero(model: Model, config: Config, world: int, beta: float | None) -> Timeline:
+    """ZeRO as torch runs it (train/strategies): zero1 is DDP's buckets, then each share's owner broadcasts the
+    updated share (every rank receives (N−1)/N·S: priced as a ring all-gather of S, the even shares' case) after the
+    optimizer step, exposed. zero2/zero3: per unit (each top-level block) K or 2K all-gathers of (N−1)/N·S_u and one
+    reduce-scatter (gloo: an all-reduce, 2(N−1)/N·S_u), all exposed: on a CPU FSDP2 calls them on the training
+    thread (tests/ranks/test_zero_timing.py). On a GPU its prefetch can hide some: there this is an upper bound."""
+    seg, line = model.seg, model.links["allreduce"]
+
+    def gather(nbytes: float) -> float:
+        return line.time("allgather", nbytes, world, beta)
+
+    if config.strategy == "zero1":
+        buckets = float(seg.config.get("bucket_mb", 25.0)) if seg.config.get("strategy") in ("ddp", "zero1") else 25.0
+        tl = _ddp(model, replace(config, strategy="ddp", bucket_mb=buckets), world, beta)
+        broadcast = gather(seg.param_bytes)
+        comm = tl.comm_s + broadcast
+        return Timeline(tl.bwd_s, comm, tl.exposed_s + broadcast, tl.overlap * tl.comm_s / comm if comm else 0.0)
+    scatter = "allreduce" if seg.backend != "nccl" else "allgather"  # NCCL's ring reduce-scatter: (N−1)/N·S
+    gathers = (2 if config.strategy == "zero3" else 1) * config.accum
+    comm = sum(gathers * gather(b) + line.time(scatter, b, world, beta) for b in seg.units())
+    return after_backward(model.backward.total, comm)
+
+
 def predict(model: Model, config: Config) -> Prediction:
     """One configuration's step: the fixed parts, its K−1 unsynchronized micro-steps, then the last micro-step's
     backward pass and the communication it leaves exposed."""
     check(config.strategy, config.compress, config.accum)
     tl = timeline(model, config)
     step = model.fixed_s + (config.accum - 1) * model.micro_s + tl.bwd_s + tl.exposed_s
-    return Prediction(config, step, tl.exposed_s, tl.overlap, tl.bwd_s, tl.comm_s)
+    held = sum(held_by_formula(config.strategy, model.seg.param_bytes, config.world_size or model.seg.world_size))
+    return Prediction(config, step, tl.exposed_s, tl.overlap, tl.bwd_s, tl.comm_s, held)
 
 
 def grid(seg: SegmentData, buckets_mb: Sequence[float] = BUCKETS_MB, worlds: Sequence[int] = (),
          links_bps: Sequence[float | None] = (None,), settings: Sequence[tuple[int, str]] = ()) -> list[Config]:
-    """Every strategy (DDP at each bucket size, allreduce sync and async) at each world size and link, at the
-    fitted segment's accum, uncompressed; then the fitted configuration under each (accum, compress) of
+    """Every strategy (DDP at each bucket size, allreduce sync and async, ZeRO-1/2/3) at each world size and link, at
+    the fitted segment's accum, uncompressed; then the fitted configuration under each (accum, compress) of
     `settings` that it can run (on the recorded world size and link)."""
     out = []
     k = accum_of(seg.config)
@@ -176,6 +206,7 @@ def grid(seg: SegmentData, buckets_mb: Sequence[float] = BUCKETS_MB, worlds: Seq
             out += [Config("ddp", mb, False, w, link, k) for mb in buckets_mb]
             out += [Config("allreduce", None, False, w, link, k), Config("allreduce", None, True, w, link, k),
                     Config("gather-scatter", None, False, w, link, k)]
+            out += [Config(z, None, False, w, link, k) for z in ZERO]
     return out + [c for c in _settings(seg, settings) if c not in out]
 
 

@@ -59,7 +59,7 @@ def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float, float]], re
     return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "accum": c.accum,
             "compress": c.compress, "world_size": world,
             "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
-            "overlap": round(p.overlap, 4), "measured_step_s": None if match is None else round(match[1], 6),
+            "overlap": round(p.overlap, 4), "held_bytes": p.held_bytes, "measured_step_s": None if match is None else round(match[1], 6),
             "segment": None if match is None else match[0], "step_se_s": round(seg.step_se_s, 6),
             "measured_step_se_s": None if match is None else round(match[2], 6)}
 

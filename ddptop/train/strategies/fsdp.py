@@ -6,8 +6,13 @@ unit's parameters are sharded (DTensor, dim 0) between steps; forward all-gather
 ((N−1)/N·P_u received per rank), backward reduce-scatters its gradients ((N−1)/N·G_u each way) and each rank steps
 only its shard (SGD's momentum: sharded too). `reshard_after_forward` is the difference: zero2 (False) keeps the
 gathered parameters from forward to backward, zero3 (True) frees them after forward and all-gathers again in
-backward. Per step and rank: zero2 ≈ 2·(N−1)/N·S, zero3 ≈ 3·(N−1)/N·S; counted per unit by those formulas and
-labelled so (FSDP2 exposes no hook on its collectives). With accum K the first K−1 micro-steps run with
+backward. Per step and rank: zero2 ≈ 2·(N−1)/N·S, zero3 ≈ 3·(N−1)/N·S (gloo: reduce-scatter runs as an
+all-reduce, +1·(N−1)/N·S). Each collective is a span of its unit ("all-gather body", "reduce-scatter body"; a
+unit's second gather in a step "all-gather body (2)"), timed through FSDP2's own hook for them (`set_custom_all_gather`,
+`set_custom_reduce_scatter`: torch's default collectives, stamped before and after), its bytes by the formulas above
+for the unit's parameters. On a CPU FSDP2 calls them synchronously on the training thread, so they are exposed
+communication (`blocking`: metrics.timeline.breakdown); on a GPU they run on FSDP2's own streams, where forward
+prefetch can overlap them with compute. With accum K the first K−1 micro-steps run with
 `set_requires_gradient_sync(False)`: no reduce-scatter, gradients accumulate unsharded.
 
 fully_shard changes a module in place and has no undo, so it shards a copy: the plain model stays the home copy
@@ -24,6 +29,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+# the collectives FSDP2 runs unless told otherwise; set_custom_all_gather is public, its default is not exported
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 from torch.distributed.tensor import distribute_tensor
 
 from ddptop.errors import UsageError
@@ -71,7 +78,14 @@ class Sharded(Strategy):
         fully_shard(self.sharded, mesh=mesh, reshard_after_forward=self.reshard)
         self.sharded.set_requires_gradient_sync(True)
         self.shards = dict(self.sharded.named_parameters())
-        self._formula = self._unit_bytes()
+        self._formula = dict(self._unit_bytes())
+        self._calls: dict[str, int] = {}
+        self._blocking = self.named_params[0][1].device.type == "cpu"
+        if self.world_size > 1:
+            for name in [*self.units, ""]:
+                unit = modules[name]
+                unit.set_custom_all_gather(_TimedAllGather(self, name or "root"))
+                unit.set_custom_reduce_scatter(_TimedReduceScatter(self, name or "root"))
         with torch.no_grad():
             for param in model.parameters():  # the home copy keeps its tensors, not their storage
                 param.grad = None
@@ -108,18 +122,28 @@ class Sharded(Strategy):
         return _no_gradient_sync(self.sharded)
 
     def after_backward(self) -> None:
-        """Each unit's bytes this step by the formula (all-gathers and reduce-scatter), as zero-length marks."""
-        if self.world_size < 2:
-            return
-        at = self.comm.now()
-        # every micro-step's forward gathers (zero3: its backward again); one reduce-scatter, after the last
-        gathers = (2 if self.reshard else 1) * self.sync.accum
-        backend = dist.get_backend()
-        for unit, size in self._formula:
+        self._calls = {}  # the next step's collectives are numbered afresh
+
+    def timed(self, what: str, unit: str, call):
+        """Run FSDP2's collective `call()` as a span of `unit` with its bytes by the formulas (`what`: "all-gather" or
+        "reduce-scatter"). The start is the rank's arrival (comm.arrive: the straggle test hook sleeps there)."""
+        comm = self.comm
+        key = f"{what} {unit}"
+        count = self._calls[key] = self._calls.get(key, 0) + 1
+        name = key if count == 1 else f"{key} ({count})"
+        size = self._formula.get(unit, 0)
+        if what == "all-gather":
             sent, received = wire.ring_all_gather(size, self.world_size)
-            rs_sent, rs_received = wire.reduce_scatter(size, self.world_size, backend)  # gloo: an all-reduce
-            self.comm.add(f"all-gather ×{gathers} + reduce-scatter {unit} (formula)", at, at, size * (gathers + 1),
-                          sent * gathers + rs_sent, received * gathers + rs_received)
+        else:
+            sent, received = wire.reduce_scatter(size, self.world_size, dist.get_backend())  # gloo: an all-reduce
+        start = comm.arrive()
+        work = call()
+        if work is None:
+            comm.add(name, start, comm.now(), size, sent, received, blocking=self._blocking)
+            return None
+        # an asynchronous one (FSDP2's unshard_async_op): its end is stamped when it completes, as DDP's buckets are
+        work.get_future().then(lambda _: comm.add(name, start, comm.now(), size, sent, received))
+        return work
 
     def full_parameters(self):
         return ((name, self.shards[name].full_tensor()) for name, _ in self.model.named_parameters())
@@ -167,6 +191,30 @@ def _no_gradient_sync(module):
         yield
     finally:
         module.set_requires_gradient_sync(True)
+
+
+class _TimedAllGather(DefaultAllGather):
+    """torch's default all-gather for one unit, timed by the strategy (FSDP2's set_custom_all_gather)."""
+
+    def __init__(self, strategy: Sharded, unit: str):
+        self.strategy, self.unit = strategy, unit
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        parent = super().__call__
+        return self.strategy.timed("all-gather", self.unit,
+                                   lambda: parent(output_tensor, input_tensor, group=group, async_op=async_op))
+
+
+class _TimedReduceScatter(DefaultReduceScatter):
+    """torch's default reduce-scatter for one unit, timed by the strategy (FSDP2's set_custom_reduce_scatter)."""
+
+    def __init__(self, strategy: Sharded, unit: str):
+        self.strategy, self.unit = strategy, unit
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        parent = super().__call__
+        return self.strategy.timed("reduce-scatter", self.unit, lambda: parent(output_tensor, input_tensor,
+                                                                               group=group, op=op, async_op=async_op))
 
 
 class Zero2(Sharded):

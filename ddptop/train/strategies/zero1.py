@@ -4,8 +4,10 @@ Gradients travel as under `ddp` (DistributedDataParallel, bucket_mb buckets, rin
 the optimizer is torch.distributed.optim.ZeroRedundancyOptimizer around SGD: each rank keeps the momentum of its
 share of the parameters only, steps that share, and broadcasts the updated share to the others. Its shares are whole
 parameters (torch's partition), so they can be far from S/N: the broadcasts' bytes per rank come from the partition
-torch made (wire.broadcast_shares; gloo: the owner of a share sends it to every other rank), counted at each step
-and labelled "(formula)": torch exposes no hook on them.
+torch made (wire.broadcast_shares; gloo: the owner of a share sends it to every other rank). The broadcasts are one
+span, "zero1 parameter broadcast": ZeroRedundancyOptimizer.step runs the local optimizer's step, then broadcasts
+every share and waits for them, so the span runs from the local optimizer's step-post hook to ZeRO's own (both
+torch's public optimizer hooks). Nothing computes beside it (the step waits for the new parameters): `blocking`.
 """
 
 from __future__ import annotations
@@ -42,13 +44,17 @@ class Zero1(DDP):
             shares = [int(t.item()) for t in told]
         sent, received = wire.broadcast_shares(shares, self.rank, dist.get_backend())
         comm = self.comm
+        started = []
 
-        def counted(optimizer, args, kwargs):  # the step's broadcast of every share: bytes by formula, no time
-            if self.world_size > 1:
-                at = comm.now()
-                comm.add("zero1 parameter broadcast (formula)", at, at, size, sent, received)
+        def arrived(optimizer, args, kwargs):  # the local step is done: the broadcasts start now
+            started[:] = [comm.arrive()] if self.world_size > 1 else []
 
-        zero.register_step_post_hook(counted)
+        def broadcast(optimizer, args, kwargs):  # every share is broadcast and waited for
+            if started:
+                comm.add("zero1 parameter broadcast", started.pop(), comm.now(), size, sent, received, blocking=True)
+
+        zero.optim.register_step_post_hook(arrived)
+        zero.register_step_post_hook(broadcast)
         return zero
 
     def export_momentum(self) -> dict[str, torch.Tensor]:

@@ -69,7 +69,7 @@ def _table(w: WhatIf, width: int) -> Table:
                   caption_style="dim")
     wide = width >= WIDE
     for name in ("strategy", "bucket", "async", "acc/cmp", "step", "exposed", "overlap", "gain vs now", *(
-            ("measured",) if wide else ())):
+            ("MB/rank", "measured") if wide else ())):
         table.add_column(name, justify="left" if name in ("strategy", "acc/cmp") else "right", no_wrap=True)
     now = w.seg.step_s
     best = w.best
@@ -80,7 +80,8 @@ def _table(w: WhatIf, width: int) -> Table:
                  "yes" if r["async_op"] else "", f"{r['accum']}/{r['compress']}", fmt_s(r["step_s"]),
                  fmt_s(r["exposed_comm_s"]), f"{r['overlap']:.0%}",
                  _gain(now - ranked_s(r), now, r["segment"] == w.seg.segment, w.seg.step_se_s)]
-        if wide:
+        if wide:  # memory per rank by the strategy's formula (metrics.memory.held_by_formula)
+            cells.append(f"{r['held_bytes'] / 1e6:.2f}" if r.get("held_bytes") else "")
             cells.append("" if r["measured_step_s"] is None else f"{fmt_s(r['measured_step_s'])} (#{r['segment']})")
         table.add_row(*cells, style=style)
     return table
