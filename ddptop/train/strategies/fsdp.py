@@ -28,9 +28,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-# the collectives FSDP2 runs unless told otherwise; set_custom_all_gather is public, its default is not exported
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+from torch.distributed.fsdp import FSDPModule, fully_shard
+try:  # the collectives FSDP2 runs unless told otherwise; set_custom_all_gather is public, its default is not exported
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+except ImportError:  # a torch that moved or lacks them (a private module): the units run untimed, bytes still counted
+    DefaultAllGather = DefaultReduceScatter = None
 from torch.distributed.tensor import distribute_tensor
 
 from ddptop.errors import UsageError
@@ -81,7 +83,7 @@ class Sharded(Strategy):
         self._formula = dict(self._unit_bytes())
         self._calls: dict[str, int] = {}
         self._blocking = self.named_params[0][1].device.type == "cpu"
-        if self.world_size > 1:
+        if self.world_size > 1 and TIMED:
             for name in [*self.units, ""]:
                 unit = modules[name]
                 unit.set_custom_all_gather(_TimedAllGather(self, name or "root"))
@@ -123,6 +125,15 @@ class Sharded(Strategy):
 
     def after_backward(self) -> None:
         self._calls = {}  # the next step's collectives are numbered afresh
+        if not TIMED and self.world_size > 1:  # a torch without the hooks: each unit's bytes by the formula, untimed
+            at = self.comm.now()
+            # every micro-step's forward gathers (zero3: its backward again); one reduce-scatter, after the last
+            gathers = (2 if self.reshard else 1) * self.sync.accum
+            for unit, size in self._formula.items():
+                sent, received = wire.ring_all_gather(size, self.world_size)
+                rs_sent, rs_received = wire.reduce_scatter(size, self.world_size, dist.get_backend())
+                self.comm.add(f"all-gather ×{gathers} + reduce-scatter {unit} (formula)", at, at,
+                              size * (gathers + 1), sent * gathers + rs_sent, received * gathers + rs_received)
 
     def timed(self, what: str, unit: str, call):
         """Run FSDP2's collective `call()` as a span of `unit` with its bytes by the formulas (`what`: "all-gather" or
@@ -193,7 +204,11 @@ def _no_gradient_sync(module):
         module.set_requires_gradient_sync(True)
 
 
-class _TimedAllGather(DefaultAllGather):
+TIMED = DefaultAllGather is not None and all(hasattr(FSDPModule, hook) for hook in ("set_custom_all_gather",
+                                                                                  "set_custom_reduce_scatter"))
+
+
+class _TimedAllGather(DefaultAllGather or object):
     """torch's default all-gather for one unit, timed by the strategy (FSDP2's set_custom_all_gather)."""
 
     def __init__(self, strategy: Sharded, unit: str):
@@ -205,7 +220,7 @@ class _TimedAllGather(DefaultAllGather):
                                    lambda: parent(output_tensor, input_tensor, group=group, async_op=async_op))
 
 
-class _TimedReduceScatter(DefaultReduceScatter):
+class _TimedReduceScatter(DefaultReduceScatter or object):
     """torch's default reduce-scatter for one unit, timed by the strategy (FSDP2's set_custom_reduce_scatter)."""
 
     def __init__(self, strategy: Sharded, unit: str):
