@@ -1,11 +1,11 @@
-"""Job keys, and sealed values for the two paths no library protects (the join handshake in torch's store,
-rank 0's decisions over the process group).
+"""Job keys, and sealed values for the one path no library protects (rank 0's decisions over the process group).
 
 Anyone who reaches the store's port can list, read, write and delete any key (torch's TCPStore has no
-authentication), so after the join nothing of ddptop's goes there: it travels over the front's ZeroMQ sockets
-with CURVE (transport.py), whose keys derive from the ones here. What still goes through the store (the join
-handshake) or the process group (decisions) is sealed: `MAC \n body`, an HMAC-SHA256 over a context string and
-the body, so a value moved to another key, job or request does not verify either.
+authentication), so nothing of ddptop's goes there but the public keys (and, in a job without a token, its join in
+clear): the join of a job with a token and everything after it travel over the front's ZeroMQ sockets with CURVE
+(transport.py), whose keys derive from the ones here. Rank 0's decisions still cross the process group, sealed:
+`MAC \n body`, an HMAC-SHA256 over a context string and the body, so a value moved to another job or request does
+not verify either.
 
 The *control* key is stretched from the token with scrypt and a random per-job salt (stretch: each guess at a
 token costs an attacker SCRYPT_N's milliseconds, and nothing can be precomputed before the job starts); every
@@ -80,7 +80,7 @@ def stretch(token: str, salt: bytes) -> bytes:
 
 
 def namespace(control: bytes) -> str:
-    """The key prefix of the job's handshake and process-group keys when every rank knows the token."""
+    """The key prefix of the job's process-group keys when every rank knows the token."""
     return derive(control, "namespace").hex()[:NAMESPACE_HEX]
 
 
