@@ -31,8 +31,3 @@ MAX_SMALL_BYTES = 4096  # heartbeats, requests, answers
 MAX_STATUS_BYTES = 16 * 1024
 MAX_COUNTER = 1 << 53  # a counter beyond this is not ours
 MAX_RECENT = 10  # recent steps per rank the front keeps for `ctl status` (hub.RECENT)
-
-# -- seal contexts: what a sealed value says it is (auth.seal binds the context into the MAC), for the one path no
-# library protects: rank 0's decisions over the process group
-def ctx_decision(job_id: str, request_id: int) -> str:
-    return f"decision {job_id} {request_id}"
