@@ -98,7 +98,8 @@ def test_the_hub_keeps_the_first_hello_per_rank_and_only_the_join_role_may_join(
     assert list(served.hub.hellos) == [1] and served.hub.made == 0
 
 
-def _join_in_thread(served: Served, rank: int, hello: dict, job: JobKeys, timeout_s: float, out: dict) -> threading.Thread:
+def _join_in_thread(served: Served, rank: int, hello: dict, job: JobKeys, timeout_s: float,
+                    out: dict) -> threading.Thread:
     def run() -> None:
         try:
             out[rank] = join(FrontBoard("127.0.0.1", served.ports["ctl"], job), rank, 2, hello, timeout_s, True)
