@@ -1,8 +1,8 @@
 """What one guess at a job token costs an attacker offline (issue 27: ~336k guesses/s against the old plain HMAC).
 
-Someone who watched the network (or listed the store's keys) holds a sealed value and the job's salt, and tries
-tokens until one opens it. Each try costs one derivation of the job key: before, one HMAC-SHA256 of the token;
-now auth.stretch (scrypt with ddptop's parameters and the job's salt). This times both in the same process, on
+Anyone who reaches the store's port reads the job's salt and the front's public CURVE key (both public keys),
+and tries tokens until one derives that key. Each try costs one derivation of the job key: before, one
+HMAC-SHA256 of the token; now auth.stretch (scrypt with ddptop's parameters and the job's salt). This times both in the same process, on
 one core, and prints the ratio. A GPU or many cores speed up both; scrypt's 16 MiB per guess limits how far.
 
     .venv/bin/python benchmarks/guess_cost.py [--seconds 3]

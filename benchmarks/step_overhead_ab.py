@@ -58,7 +58,7 @@ from ddptop.probes.step import StepProbe  # noqa: E402
 from ddptop.sources.sampler import SystemSampler  # noqa: E402
 from ddptop.train.loop import Trainer  # noqa: E402
 
-BENCH_KEYS = JobKeys.from_token("benchmark-token", "0" * 32, b"benchmark-salt16")  # batches sealed as in a real job
+BENCH_KEYS = JobKeys.from_token("benchmark-token", "0" * 32, b"benchmark-salt16")  # batches over CURVE as in a real job
 
 CASES = [("single", False), ("gather-scatter", False), ("allreduce", False), ("allreduce", True), ("ddp", False)]
 MODES = ("plain", "off", "all")

@@ -424,7 +424,7 @@ class ModelsDiverged(Event):
 
 @dataclass(frozen=True)
 class ControlRefused(Event):
-    """Rank 0 ignored a control message: bad MAC, malformed, or a value out of range."""
+    """Rank 0 ignored a control message: stale, replayed, malformed, or a value out of range."""
 
     kind: ClassVar[str] = "control_refused"
     request_id: int

@@ -6,7 +6,7 @@ checked against it. Unset, as in every real run, each reads as "no hook". Produc
 from here and never names a variable itself (tests/unit/test_testhooks.py holds it to that). No torch: the front
 reads its hook without the training stack.
 
-- DDPTOP_TEST_RANK="straggle=1:40,from=1:60,clock=2:5,start=0:3000,join=0:3000" (`rank_hooks`)
+- DDPTOP_TEST_RANK="straggle=1:40,from=1:60,clock=2:5,start=0:3000,join=0:3000,pg=0:3000" (`rank_hooks`)
 - DDPTOP_TEST_MODEL="no-batch-norm,sleep-ms=40,data-sleep-ms=5,oom-batch=64,oom-rank=1" (`model_tweaks`)
 - DDPTOP_TEST_FRONT="teardown:MS" (`teardown_hold_s`)
 """
@@ -20,7 +20,7 @@ from ddptop.errors import UsageError
 
 PREFIX = "DDPTOP_TEST_"
 RANK_ENV, MODEL_ENV, FRONT_ENV = PREFIX + "RANK", PREFIX + "MODEL", PREFIX + "FRONT"
-_RANK_FORMS = "(straggle=RANK:MS, from=RANK:STEP, clock=RANK:SECONDS, start=RANK:MS, join=RANK:MS)"
+_RANK_FORMS = "(straggle=RANK:MS, from=RANK:STEP, clock=RANK:SECONDS, start=RANK:MS, join=RANK:MS, pg=RANK:MS)"
 _MODEL_FORMS = "(no-batch-norm, sleep-ms=N, data-sleep-ms=N, oom-batch=N, oom-rank=R)"
 
 
@@ -31,14 +31,16 @@ class RankHooks:
     start_s: float = 0.0  # slept before its first step (a slow start: a Ctrl-C before any step can be aimed at)
     join_s: float = 0.0  # slept before a local rank joins the job (a Ctrl-C while the ranks start can be aimed at)
     delay_from: int = 0  # the straggle starts at this step (a rank that becomes slow mid-run: a change point)
+    pg_s: float = 0.0  # slept after the join, before the process group starts (a stranger's window on torch's keys)
 
 
 def rank_hooks(rank: int, value: str | None = None) -> RankHooks:
     """DDPTOP_TEST_RANK="straggle=1:40,clock=2:5,start=0:3000": rank 1 sleeps 40 ms before each collective, rank 2's
     wall clock reads 5 s ahead, rank 0 sleeps 3 s before its first step; `join=0:3000`: before it joins;
-    `from=1:60`: rank 1's straggle starts at step 60 (before it, none). Unset: no hook."""
+    `from=1:60`: rank 1's straggle starts at step 60 (before it, none); `pg=0:3000`: after the join, before the
+    process group starts. Unset: no hook."""
     value = os.environ.get(RANK_ENV, "") if value is None else value
-    delay = offset = start = join = 0.0
+    delay = offset = start = join = pg = 0.0
     delay_from = 0
     for item in filter(None, (x.strip() for x in value.split(","))):
         key, _, rest = item.partition("=")
@@ -47,7 +49,7 @@ def rank_hooks(rank: int, value: str | None = None) -> RankHooks:
             who_rank, number = int(who), float(amount)
         except ValueError:
             raise UsageError(f"{RANK_ENV}: bad item {item!r} {_RANK_FORMS}") from None
-        if key not in ("straggle", "from", "clock", "start", "join") or (key == "from" and not number.is_integer()):
+        if key not in ("straggle", "from", "clock", "start", "join", "pg") or (key == "from" and not number.is_integer()):
             raise UsageError(f"{RANK_ENV}: unknown item {item!r} {_RANK_FORMS}")
         if who_rank == rank and key == "straggle":
             delay = number / 1000.0
@@ -55,11 +57,13 @@ def rank_hooks(rank: int, value: str | None = None) -> RankHooks:
             start = number / 1000.0
         elif who_rank == rank and key == "join":
             join = number / 1000.0
+        elif who_rank == rank and key == "pg":
+            pg = number / 1000.0
         elif who_rank == rank and key == "from":
             delay_from = int(number)
         elif who_rank == rank:
             offset = number
-    return RankHooks(delay, offset, start, join, delay_from)
+    return RankHooks(delay, offset, start, join, delay_from, pg)
 
 
 def model_tweaks(rank: int | None = None) -> dict:

@@ -162,7 +162,8 @@ def main(path: str) -> dict:
         listeners = [Attempt(ctx, zmq.SUB, at["pub"], public["key"], secrets["attach"], "subscribe")]
     else:  # what each role may ask (hub.RIGHTS), with a key of its own
         asks = [(None, "status", {"steps": True}), (None, "request", make_request("pause", None, "stranger")),
-                (None, "sync", {"seen": 10 ** 6, "status": {"note": MARK}}), (None, "answer", {"id": 1})]
+                (None, "sync", {"seen": 10 ** 6, "status": {"note": MARK}}), (None, "answer", {"id": 1}),
+                (None, "hello", {"hello": {"rank": 1, "world_size": 2, "host": MARK, "pid": 1, "nonce": MARK}})]
         listeners = [Attempt(ctx, zmq.SUB, at["pub"], public["key"], None, "subscribe")]
         pusher = Attempt(ctx, zmq.PUSH, at["tel"], public["key"], None, "push")
         for message in forged_telemetry():

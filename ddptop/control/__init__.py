@@ -1,1 +1,1 @@
-"""Control plane over torch.distributed's TCPStore: keys, the telemetry bus, handshake and commands."""
+"""Control plane: keys, the job's ZeroMQ sockets (hub, sessions), the telemetry bus, commands and the agent."""

@@ -17,8 +17,8 @@ from `ctl` down. An answer stays here until a sync that carried it was answered,
 that stalled; a front stopped for any length only delays them.
 
 Trust: only a `ctl` key can make a request (hub.RIGHTS); rank 0 accepts each once, within REQUEST_WINDOW_S
-(commands.read_request); what every rank applies comes from rank 0 over the process group, sealed with the
-ranks' key and bound to the request id.
+(commands.read_request); what every rank applies comes from rank 0 over the process group, naming the job and
+the request id (commands.decision_blob: the group is the ranks' own connection; no MAC, see there).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import torch.distributed as dist
 import zmq
 
 from ddptop.config import SyncConfig
-from ddptop.control import keys, transport
+from ddptop.control import transport
 from ddptop.control.auth import BadValue, JobKeys
 from ddptop.control.bus import BEAT
-from ddptop.control.commands import Replays, apply_changes, check_request, open_json, read_request, seal_json
+from ddptop.control.commands import Replays, apply_changes, check_request, decision_blob, read_decision, read_request
 from ddptop.control.session import Session, SessionError
 from ddptop.errors import DdptopError, PeerLost
 from ddptop.events import ControlRefused, Event, RunState, TuneAsked
@@ -48,7 +48,7 @@ POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step 
 STATUS_EVERY_S = 0.5
 HEARTBEAT_EVERY_S = 1.0
 SYNC_TIMEOUT_S = 2.0  # a sync the front does not answer in this long is sent again on a fresh socket
-DECISION_BYTES = 2048  # the sealed decision rank 0 broadcasts, padded (a config is ~150 bytes)
+DECISION_BYTES = 2048  # the decision rank 0 broadcasts, padded (a config is ~150 bytes)
 
 
 @dataclass(frozen=True)
@@ -217,11 +217,10 @@ class ControlAgent:
 
     def _decision(self, request_id: int) -> Decision:
         """Rank 0's decision for `request_id`, broadcast to every rank and checked there (never read from the store)."""
-        context = keys.ctx_decision(self.keys.job_id, request_id)
         buffer = torch.zeros(DECISION_BYTES, dtype=torch.uint8)
         mine = self._take_sent(request_id) if self.rank == 0 else None
         if mine is not None:
-            blob = seal_json(self.keys.ranks, context, {"config": mine.config.to_dict(), "who": mine.who})
+            blob = decision_blob(self.keys.job_id, request_id, mine.config.to_dict(), mine.who)
             buffer[:4] = torch.tensor(list(len(blob).to_bytes(4, "big")), dtype=torch.uint8)
             buffer[4:4 + len(blob)] = torch.tensor(list(blob), dtype=torch.uint8)
         if self.group is not None:
@@ -231,10 +230,11 @@ class ControlAgent:
         raw = bytes(buffer.tolist())
         try:
             size = int.from_bytes(raw[:4], "big")
-            body = open_json(self.keys.ranks, context, raw[4:4 + min(size, DECISION_BYTES - 4)], DECISION_BYTES)
+            body = read_decision(raw[4:4 + min(size, DECISION_BYTES - 4)], self.keys.job_id, request_id,
+                                 DECISION_BYTES)
             return Decision(request_id, SyncConfig(**body["config"]), str(body["who"]))
         except (BadValue, DdptopError, KeyError, TypeError) as exc:  # only a corrupted process group gets here
-            raise PeerLost(f"rank {self.rank}: rank 0's decision for request {request_id} does not verify ({exc}); "
+            raise PeerLost(f"rank {self.rank}: rank 0's decision for request {request_id} is refused ({exc}); "
                            "stopping rather than run another configuration than the other ranks") from None
 
     def _take_sent(self, request_id: int) -> Decision:

@@ -1,11 +1,9 @@
-"""Job keys, and sealed values for the two paths no library protects (the join handshake in torch's store,
-rank 0's decisions over the process group).
+"""Job keys: the token stretched, and every key derived from it. Nothing here tags or checks a message.
 
 Anyone who reaches the store's port can list, read, write and delete any key (torch's TCPStore has no
-authentication), so after the join nothing of ddptop's goes there: it travels over the front's ZeroMQ sockets
-with CURVE (transport.py), whose keys derive from the ones here. What still goes through the store (the join
-handshake) or the process group (decisions) is sealed: `MAC \n body`, an HMAC-SHA256 over a context string and
-the body, so a value moved to another key, job or request does not verify either.
+authentication), so nothing of ddptop's goes there but the public keys (and, in a job without a token, its join in
+clear): the join of a job with a token and everything after it travel over the front's ZeroMQ sockets with CURVE
+(transport.py, libzmq: the only handshake, MAC and framing), whose keys derive from the ones here.
 
 The *control* key is stretched from the token with scrypt and a random per-job salt (stretch: each guess at a
 token costs an attacker SCRYPT_N's milliseconds, and nothing can be precomputed before the job starts); every
@@ -22,12 +20,11 @@ import secrets
 from dataclasses import dataclass
 
 PROTOCOL = b"ddptop-auth-1"
-MAC_HEX = 64  # SHA-256 in hex
 NAMESPACE_HEX = 24  # 96 bits; not a secret (torch >= 2.x lists every key to anyone): keeps jobs apart
 
 
 class BadValue(ValueError):
-    """A store value that is too large, unsigned, signed with another key or for another place, or malformed."""
+    """A value read from the network that is too large, for another job or request, or malformed."""
 
 
 def token_bytes(token: str) -> bytes:
@@ -35,31 +32,8 @@ def token_bytes(token: str) -> bytes:
     return token.encode("utf-8", "surrogateescape")
 
 
-def _mac(key: bytes, context: str, body: bytes) -> str:
-    data = PROTOCOL + b"\0" + context.encode("utf-8", "surrogateescape") + b"\0" + body
-    return hmac.new(key, data, hashlib.sha256).hexdigest()
-
-
-def seal(key: bytes, context: str, body: bytes) -> bytes:
-    """`body` with a MAC that binds it to `key` and `context`."""
-    return _mac(key, context, body).encode() + b"\n" + body
-
-
-def unseal(key: bytes, context: str, blob: object, max_bytes: int) -> bytes:
-    """The body of a sealed value, or BadValue saying why it is refused (checked before any parsing)."""
-    if not isinstance(blob, (bytes, bytearray)):
-        raise BadValue(f"expected bytes, got {type(blob).__name__}")
-    if len(blob) > max_bytes + MAC_HEX + 1:
-        raise BadValue(f"value of {len(blob)} bytes is over the {max_bytes}-byte cap")
-    signature, sep, body = bytes(blob).partition(b"\n")
-    if not sep or len(signature) != MAC_HEX:
-        raise BadValue("value is not signed")
-    if not key or not hmac.compare_digest(signature, _mac(key, context, body).encode()):
-        raise BadValue("bad MAC: wrong token, another job, or an altered or moved value")
-    return body
-
-
 def derive(key: bytes, purpose: str) -> bytes:
+    """A key for `purpose` (a role's CURVE secret, the ranks key, the namespace): HMAC-SHA256 as a key derivation."""
     return hmac.new(key, PROTOCOL + b"\0" + purpose.encode(), hashlib.sha256).digest()
 
 
@@ -80,7 +54,7 @@ def stretch(token: str, salt: bytes) -> bytes:
 
 
 def namespace(control: bytes) -> str:
-    """The key prefix of the job's handshake and process-group keys when every rank knows the token."""
+    """The key prefix of the job's process-group keys when every rank knows the token."""
     return derive(control, "namespace").hex()[:NAMESPACE_HEX]
 
 

@@ -106,7 +106,7 @@ class Publisher:
             size += len(part) + 1
         return b"[" + b",".join(parts) + b"]"
 
-    def _seal_next(self) -> tuple[int, bytes]:
+    def _numbered_next(self) -> tuple[int, bytes]:
         """The next batch and its seq; items dropped since the last one cost a seq no batch takes (a gap)."""
         with self._drop_lock:
             lost, self._unreported = self._unreported, 0
@@ -123,7 +123,7 @@ class Publisher:
         with self._flush_lock:
             while self.sock is not None and (self._unsent or self._queue or self._ready or self._unreported):
                 if self._unsent is None:
-                    self._unsent = self._seal_next()
+                    self._unsent = self._numbered_next()
                 seq, blob = self._unsent
                 try:
                     self.sock.send_multipart([TEL, str(self.rank).encode(), str(seq).encode(), blob], zmq.NOBLOCK)

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from ddptop.config import SyncConfig
-from ddptop.control.auth import BadValue, seal, unseal
+from ddptop.control.auth import BadValue
 from ddptop.errors import UsageError
 from ddptop.safe import clean
 
@@ -141,14 +141,22 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def seal_json(key: bytes, context: str, value: dict[str, Any]) -> bytes:
-    """A JSON object sealed for a channel no library protects (the process group: rank 0's decisions)."""
-    return seal(key, context, json.dumps(value).encode())
+def decision_blob(job_id: str, request_id: int, config: dict[str, Any], who: str) -> bytes:
+    """Rank 0's decision for the process group: JSON naming its job and request. No MAC: the group is the ranks'
+    own connection, which carries the pause/stop flags and the gradients as they are; whoever can write into it
+    can change those already (README's trust model), so a tag on this one message bought nothing."""
+    return json.dumps({"job": job_id, "request": request_id, "config": config, "who": who}).encode()
 
 
-def open_json(key: bytes, context: str, raw: Any, cap: int) -> dict[str, Any]:
-    """A sealed JSON object, or BadValue (ValueError) saying why not."""
-    return load_object(unseal(key, context, raw, cap), cap)
+def read_decision(raw: Any, job_id: str, request_id: int, cap: int) -> dict[str, Any]:
+    """{"config", "who"} of a decision for this job and request, or BadValue (ValueError) saying why not."""
+    body = load_object(raw, cap)
+    if type(body.get("request")) is not int or not isinstance(body.get("config"), dict) \
+            or not isinstance(body.get("who"), str):
+        raise BadValue("not a decision")
+    if body.get("job") != job_id or body["request"] != request_id:
+        raise BadValue(f"a decision for another job or request ({clean(body['request'], 20)})")
+    return {"config": body["config"], "who": body["who"]}
 
 
 def load_object(body: Any, cap: int) -> dict[str, Any]:

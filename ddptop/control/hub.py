@@ -3,10 +3,13 @@
     ranks ── PUSH ─▶ PULL ─┬─▶ Collector, Liveness ─▶ LiveSource ─▶ the front's pipeline
                            └─▶ PUB ─▶ SUB (`ddptop attach`: Subscriber, its own Collector and Liveness)
     ctl, attach, rank 0's agent ── DEALER ─▶ ROUTER: request/reply, each request's role checked (RIGHTS)
+    a joining rank (the join role: it knows the token) ── DEALER ─▶ ROUTER: its hello; rank 0 reads them, answers
 
 The hub keeps what clients ask about, never more than a bound: rank 0's newest status, each rank's newest
 heartbeat and last RECENT steps, the requests rank 0 has not taken yet (MAX_REQUESTS), the answers (MAX_ANSWERS,
-oldest first out), the front's word on where it records and how the job ended. Requests go to rank 0 when its
+oldest first out), the front's word on where it records and how the job ended, and the join: each rank's first hello (at most
+world size, each under keys.MAX_HELLO_BYTES) and rank 0's verdict. Only a key derived from the token reaches them:
+ZeroMQ's CURVE handshake and the ZAP handler (transport.py) refuse any other before a byte of it is read here. Requests go to rank 0 when its
 agent syncs (every 50 ms: status and answers up, new requests down); rank 0 checks each (commands.read_request).
 """
 
@@ -26,7 +29,9 @@ from ddptop.control.bus import Collector, LiveSource, Liveness, receive
 from ddptop.control.commands import OPS
 from ddptop.events import StepDone
 
-RIGHTS = {"ctl": {"status", "request", "answer", "forget", "say"}, "attach": {"status"}, "agent": {"sync"}}
+RIGHTS = {"ctl": {"status", "request", "answer", "forget", "say"}, "attach": {"status"}, "agent": {"sync"},
+          "join": {"hello", "joined", "judge", "verdict"}}
+JOIN_OPS = RIGHTS["join"]
 RECENT = keys.MAX_RECENT  # StepDone per rank kept for `ctl status`
 MAX_REQUESTS = 64  # requests rank 0 has not taken: a client past that is refused (rank 0 gone or stuck)
 MAX_ANSWERS = 4096
@@ -38,6 +43,7 @@ class Hub:
 
     def __init__(self, host: str, job: JobKeys, world_size: int, lost_after_s: float = 10.0, public=None):
         self.server = transport.Server(host, job)
+        self.world_size = world_size
         self.collector = Collector(world_size)
         self.liveness = Liveness(world_size, lost_after_s, public=public, stats=self.stats)
         self.source = LiveSource(closer=self.drain)
@@ -48,6 +54,8 @@ class Hub:
         self.made = 0  # requests handed an id
         self.ended: dict | None = None
         self.recording: dict | None = None
+        self.hellos: dict[int, dict] = {}  # the join: each rank's first hello
+        self.verdict: dict | None = None  # rank 0's answer to them
         self.counts = {"bad_messages": 0, "dropped": 0}
         self.listened = False  # someone subscribed to the republished stream (attach, ctl watch)
         self._lock = threading.Lock()
@@ -156,6 +164,8 @@ class Hub:
 
     def _answer(self, op: str, body: dict) -> dict[str, Any]:
         with self._lock:
+            if op in JOIN_OPS:
+                return self._join(op, body)
             if op == "status":
                 beats = {str(r): step for r, (_, step) in self.liveness.beats.items()}
                 steps = {str(r): [e.to_dict() for e in d] for r, d in self.recent.items()} if body.get("steps") else {}
@@ -193,6 +203,28 @@ class Hub:
         for request_id in [i for i in self.requests if i <= seen]:
             del self.requests[request_id]
         return {"requests": [self.requests[i] for i in sorted(self.requests)]}
+
+    def _join(self, op: str, body: dict) -> dict[str, Any]:
+        """A rank's hello (the first for its rank stays: the reply says whose it is), the ranks that joined (`all`:
+        their hellos, for rank 0), rank 0's verdict (`judge`) and reading it."""
+        if op == "hello":
+            hello = body.get("hello")
+            rank = hello.get("rank") if isinstance(hello, dict) else None
+            if type(rank) is not int or not 0 <= rank < self.world_size:
+                raise ValueError(f"a hello for no rank of this job (world size {self.world_size})")
+            if len(json.dumps(hello)) > keys.MAX_HELLO_BYTES:
+                raise ValueError(f"a hello over {keys.MAX_HELLO_BYTES} bytes")
+            return {"hello": self.hellos.setdefault(rank, hello)}
+        if op == "joined":
+            if body.get("all"):
+                return {"hellos": [self.hellos[r] for r in sorted(self.hellos)]}
+            return {"ranks": sorted(self.hellos)}
+        if op == "judge":
+            if not isinstance(body.get("verdict"), dict):
+                raise ValueError("malformed verdict")
+            self.verdict = body["verdict"]
+            return {}
+        return {"verdict": self.verdict}
 
     def _keep(self, request_id: Any, answer: Any) -> None:
         if not isinstance(request_id, int) or not isinstance(answer, dict):

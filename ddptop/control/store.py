@@ -80,13 +80,13 @@ def connect(host: str, port: int, timeout_s: float, source: str = "flags") -> di
 
 
 def ddptop_view(store: dist.Store, attempt_prefix: str = "") -> dist.Store:
-    """The public keys (the join handshake)."""
+    """The public keys: the salt, where the front listens, a tokenless job's join (keys.py)."""
     return dist.PrefixStore(keys.DDPTOP_PREFIX + attempt_prefix, store)
 
 
 def job_view(store: dist.Store, attempt_prefix: str, namespace: str) -> dist.Store:
-    """The job's namespace in the store: the sealed handshake and the process group's keys when every rank knows the
-    token (keys.py); listable by anyone on torch >= 2.x, so nothing after the join lives here (hub.py)."""
+    """The job's namespace in the store: the process group's keys when every rank knows the token (keys.py);
+    listable by anyone on torch >= 2.x, so nothing of ddptop's own lives here (hub.py)."""
     return dist.PrefixStore(f"{keys.DDPTOP_PREFIX}{attempt_prefix}/{namespace}", store)
 
 

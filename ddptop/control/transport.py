@@ -6,7 +6,8 @@ MACs or shakes hands: it picks keys, socket options and the ZAP policy (pyzmq's 
 
 Keys, all from the job's control key (scrypt(token, per-job salt), auth.stretch), never sent anywhere:
 - the server (the front's hub): `derive(control, "curve server")`;
-- `ctl`, `attach`, and rank 0's `agent`: `derive(control, "curve <role>")`;
+- `ctl`, `attach`, rank 0's `agent`, and `join` (a rank that knows the token, proving it to the job at start-up:
+  hub.py keeps its hello for rank 0): `derive(control, "curve <role>")`;
 - every `rank`: the job's ranks key (auth.JobKeys.ranks), which ranks that know the token derive themselves and
   ranks started without it (torchrun, Slurm) receive from rank 0 over the process group, with the server's public
   key (worker.share_job_keys): such a rank can only PUSH telemetry, never send or answer a request.
@@ -27,10 +28,10 @@ from zmq.utils import z85
 from ddptop.control.auth import JobKeys, derive
 from ddptop.errors import RendezvousError
 
-ROLES = ("rank", "agent", "ctl", "attach")
+ROLES = ("rank", "agent", "ctl", "attach", "join")
 # which roles each server socket admits: telemetry in (PULL), requests (ROUTER), the republished stream (XPUB: it
 # also says when someone listens, so the front republishes nothing while nobody does)
-DOMAINS = {"tel": ("rank",), "ctl": ("agent", "ctl", "attach"), "pub": ("ctl", "attach")}
+DOMAINS = {"tel": ("rank",), "ctl": ("agent", "ctl", "attach", "join"), "pub": ("ctl", "attach")}
 MAX_TEL_BYTES = 9 << 20  # one telemetry batch (keys.MAX_BATCH_BYTES, 4 MiB) with room; a larger message is dropped
 MAX_CTL_BYTES = 1 << 20  # a request, an agent's sync (status, answers): a few KiB
 MAX_REPLY_BYTES = 256 << 20  # what a client accepts: `ctl status` of 65,536 ranks' recent steps

@@ -22,7 +22,7 @@ import zmq
 import ddptop
 from ddptop import metrics
 from ddptop.config import RunConfig
-from ddptop.control import handshake, keys, session, transport
+from ddptop.control import keys, session, transport
 from ddptop.control.agent import ControlAgent, Link
 from ddptop.control.auth import JobKeys, namespace, new_job_id, stretch
 from ddptop.control import store as stores
@@ -35,6 +35,7 @@ from ddptop.sources.gpu import cuda_uuid
 from ddptop.sources.sampler import SystemSampler
 from ddptop.sources.system import job_interface
 from ddptop.train import devices, lifetime, specs
+from ddptop.train.join import PARAMS_SHOWN, FrontBoard, StoreBoard, join as join_job
 from ddptop.train.loop import Trainer
 from ddptop.rendezvous import Rendezvous
 from ddptop import testhooks
@@ -73,7 +74,7 @@ def hello(cfg: RunConfig, rdv: Rendezvous, device: torch.device, backend: str, t
     params = [[name, list(p.shape)] for name, p in model.named_parameters()] if model is not None else []
     # the digest covers every parameter; the first PARAMS_SHOWN name the first difference within the hello's 64 KB
     digest = hashlib.sha256(json.dumps(params).encode()).hexdigest()
-    return {"params_sha256": digest, "params": params[:handshake.PARAMS_SHOWN],
+    return {"params_sha256": digest, "params": params[:PARAMS_SHOWN],
         "rank": rdv.rank, "world_size": rdv.world_size, "host": socket.gethostname(), "pid": os.getpid(),
         "device": str(device), "backend": backend, "threads": threads, "torch_version": torch.__version__,
         "ddptop_version": ddptop.__version__, "protocol": ddptop.PROTOCOL_VERSION, "rank_source": rdv.source,
@@ -107,7 +108,7 @@ class Joined:
 
 @contextmanager
 def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, model: torch.nn.Module | None = None):
-    """Join the job (handshake, process groups, the front's sockets, system samples) for the block; on the way out
+    """Join the job (the join, process groups, the front's sockets, system samples) for the block; on the way out
     a peer's failure becomes PeerLost (one line), and the agent, sampler, publisher and process groups close.
     `model`: the user's own (ddptop/api.py); None builds ddptop's from cfg's spec (Joined.parts)."""
     threads = devices.thread_count(cfg.threads, rdv.local_world_size)
@@ -119,17 +120,19 @@ def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, model: torch
     base = stores.connect(rdv.master, rdv.port, options.timeout_s, rdv.source)
     prefix = rdv.key_prefix
     public = stores.ddptop_view(base, prefix)
-    # with a token every rank knows, the handshake is sealed with the job's key and the process group's keys live
-    # apart from the public ones; ddptop's own traffic then leaves the store for the front's sockets
+    # with a token every rank knows, the join goes over the front's sockets with the join role's CURVE key (a wrong
+    # token never gets a byte read) and the process group's keys live apart from the public ones
     secure = options.check_token
     control = _control_key(rdv.rank, options, public)
     view = stores.job_view(base, prefix, namespace(control)) if secure else public
-    # the model before the handshake: rank 0 compares every rank's parameter names and shapes (one spec, one model)
+    # the model before the join: rank 0 compares every rank's parameter names and shapes (one spec, one model)
     parts = specs.build(cfg, model_tweaks(rdv.rank)) if model is None else None
     me = hello(cfg, rdv, device, backend, threads, parts.model if parts is not None else model)
-    handshake.join(view, rdv.rank, rdv.world_size, me, options.timeout_s, control if secure else b"")
-    group, job = connect_ranks(rdv, backend, view, options, control)
     ports = session.read_endpoints(public, options.timeout_s)
+    board = FrontBoard(rdv.master, ports["ctl"], JobKeys.from_control(control, "")) if secure \
+        else StoreBoard(public, rdv.world_size)
+    join_job(board, rdv.rank, rdv.world_size, me, options.timeout_s, secure)
+    group, job = connect_ranks(rdv, backend, view, options, control)
 
     def connect():
         return Link(rdv.master, ports, job, rdv.rank)
@@ -181,6 +184,7 @@ def connect_ranks(rdv: Rendezvous, backend: str, view, options: WorkerOptions, c
     protected (README: trust model): a start someone disturbed by overwriting them is one line and exit 4, never
     torch's MemoryError or a C++ message."""
     pg_store = dist.PrefixStore(keys.PG_PREFIX, view)
+    time.sleep(rank_hooks(rdv.rank).pg_s)  # test-only (testhooks: pg=RANK:MS): 0 otherwise
     try:
         dist.init_process_group(backend, store=pg_store, rank=rdv.rank, world_size=rdv.world_size,
                                 timeout=timedelta(seconds=options.pg_timeout_s))

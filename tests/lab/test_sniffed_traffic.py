@@ -3,9 +3,9 @@
 A 2-host lab job (a token, as every lab job) runs while a raw packet socket on the lab's switch captures every frame
 that crosses the hosts' cables (tests/sniffing.py: the pcap is kept in the test's folder). Meanwhile its user runs
 `ddptop ctl status`, `pause` and `resume` from host 1, so the capture holds the control sessions a stranger would
-most like to replay next to rank 1's telemetry. Then a stranger on host 1 (tests/stranger.py) replays every
+most like to replay next to rank 1's join and telemetry. Then a stranger on host 1 (tests/stranger.py) replays every
 captured ZeroMQ session's client bytes to the front, reading its answers between, and tries each of the front's
-sockets with a keypair of its own. What is checked:
+sockets with a keypair of its own (a hello for rank 1 among them). What is checked:
 
 - the capture: every ZeroMQ connection greets with CURVE and carries only CURVE's commands and boxes; the token and
   every key of the job (derived here from the token and the public salt, as ddptop does) appear in no frame and no
@@ -202,7 +202,8 @@ def check_the_strangers_keys(attack: dict, control: dict) -> None:
     for tried in attack["attempts"]:
         print(f"stranger's key, {tried['what']}: handshakes {tried['handshakes']}, replies {tried['replies']}")
         assert tried["replies"] == [] and "succeeded" not in tried["handshakes"], tried
-    assert [a["what"] for a in attack["attempts"]] == ["status", "request", "sync", "answer", "subscribe", "push"]
+    assert [a["what"] for a in attack["attempts"]] == ["status", "request", "sync", "answer", "hello", "subscribe",
+                                                           "push"]
     answered, heard = control["attempts"]
     assert answered["handshakes"] == ["succeeded"] and '"status"' in answered["replies"][0], answered
     assert heard["handshakes"] == ["succeeded"] and heard["replies"], heard

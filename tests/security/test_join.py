@@ -1,4 +1,5 @@
-"""The join window of a job with a token: a stranger's hellos and verdicts neither abort it nor get in."""
+"""The join window of a job with a token: a stranger's hellos and verdicts, in the store or on the front's socket
+with a key of his own, neither abort it nor get in."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import socket
 import subprocess
 import time
 
+import zmq
+
 import ports
 from security_job import stranger
+from stranger import Attempt, attempt_all, look
 from test_run_cli import DDPTOP, TINY
 
 
@@ -38,6 +42,12 @@ def test_forged_hellos_and_verdicts_do_not_abort_a_job_with_a_token():
     s.set("join/verdict", json.dumps({"ok": False, "error": "FORGED: rank 0 refused this job", "world_size": 2,
                                       "nonces": {}}))
     s.set("pg/0", "a stranger's address")
+    front = look("127.0.0.1", int(port))  # the salt, the front's ports and key: public
+    hello = {"rank": 1, "world_size": 2, "host": "FORGED", "pid": 1, "nonce": "FORGED"}
+    ask = Attempt(zmq.Context.instance(), zmq.DEALER, f"tcp://127.0.0.1:{front['ctl']}", front["key"], None, "hello")
+    ask.send(b"1", b"hello", json.dumps({"hello": hello}).encode())
+    [tried] = attempt_all([ask], 3.0)
+    assert tried["replies"] == [] and "succeeded" not in tried["handshakes"], tried  # ZAP refused his key
     worker = subprocess.run([os.fsencode(a) for a in DDPTOP + ["--rank", "1", *common]], capture_output=True,
                             text=True, timeout=120)
     out, err = master.communicate(timeout=120)

@@ -8,7 +8,7 @@ import pytest
 
 from ddptop import metrics
 from ddptop.config import RunConfig, SyncConfig
-from ddptop.control.handshake import mismatch
+from ddptop.train.join import mismatch
 from ddptop.errors import UsageError
 from ddptop.events import (EpochDone, EventDecodeError, GpuStat, NicStat, RankLost, RunStarted, Span, StepDone,
                            StepSpans, SystemSample, decode_events, encode_events, event_from_dict)

@@ -34,17 +34,17 @@ def test_the_injection_module_imports_no_torch():
 def test_the_rank_hooks_parse_as_the_suite_sets_them(monkeypatch):
     from ddptop.testhooks import RankHooks, rank_hooks
 
-    monkeypatch.setenv("DDPTOP_TEST_RANK", "straggle=1:40,from=1:60,clock=2:5,start=0:3000,join=0:1500")
+    monkeypatch.setenv("DDPTOP_TEST_RANK", "straggle=1:40,from=1:60,clock=2:5,start=0:3000,join=0:1500,pg=2:700")
     assert rank_hooks(0) == RankHooks(start_s=3.0, join_s=1.5)
     assert rank_hooks(1) == RankHooks(delay_s=0.04, delay_from=60)
-    assert rank_hooks(2) == RankHooks(clock_offset_s=5.0)
+    assert rank_hooks(2) == RankHooks(clock_offset_s=5.0, pg_s=0.7)
     assert rank_hooks(3) == RankHooks()
     monkeypatch.delenv("DDPTOP_TEST_RANK")
     assert rank_hooks(1) == RankHooks()  # unset: every real run
     for bad, line in (("straggle=one:40", "DDPTOP_TEST_RANK: bad item 'straggle=one:40' (straggle=RANK:MS, "
-                                          "from=RANK:STEP, clock=RANK:SECONDS, start=RANK:MS, join=RANK:MS)"),
+                                          "from=RANK:STEP, clock=RANK:SECONDS, start=RANK:MS, join=RANK:MS, pg=RANK:MS)"),
                       ("drift=1:40", "DDPTOP_TEST_RANK: unknown item 'drift=1:40' (straggle=RANK:MS, "
-                                     "from=RANK:STEP, clock=RANK:SECONDS, start=RANK:MS, join=RANK:MS)")):
+                                     "from=RANK:STEP, clock=RANK:SECONDS, start=RANK:MS, join=RANK:MS, pg=RANK:MS)")):
         monkeypatch.setenv("DDPTOP_TEST_RANK", bad)
         with pytest.raises(UsageError) as err:
             rank_hooks(0)
