@@ -104,6 +104,15 @@ def test_the_transformer_runs_unchanged_from_the_command_line(tmp_path):
     assert header[header.index("samples/s") + 1] == "tokens/s", info
     # the row's cells after the config: s/step slowest, s/step mean, samples/s, tokens/s
     assert float(row[row.index("lr=0.1") + 4]) == round(_job_tokens_per_s(str(db))), (info, _job_tokens_per_s(str(db)))
+    # the report's segment table: tokens/s beside samples/s, the same figure
+    report = ddptop("report", str(db), "-o", str(tmp_path / "report"), "--formats", "png", timeout=300)
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "report" / "report.md").read_text().splitlines()
+    names = next(line for line in page if "| tokens/s |" in line).strip("|").split("|")
+    cells = next(line for line in page if line.startswith("| 0 |")).strip("|").split("|")
+    at = [n.strip() for n in names].index("tokens/s")
+    assert names[at - 1].strip() == "samples/s", names
+    assert float(cells[at]) == round(_job_tokens_per_s(str(db))), (cells, _job_tokens_per_s(str(db)))
 
 
 def test_the_transformer_runs_in_its_own_loop_under_torchrun(tmp_path):

@@ -87,16 +87,14 @@ def segment_table(snap: Snapshot, width: int = 160, last: int | None = None) -> 
     segment in force is marked ▶, one still in its warm-up says so; `last` keeps the newest segments only."""
     table = _table()
     wide = width >= WIDE
-    segments = list(snap.segment_figures)[-last:] if last else list(snap.segment_figures)
-    rows = metrics.table_rows(segments)
-    tokens = tables.has_tokens(rows)
-    header = list(tables.header(rate_unit(snap), tokens))
+    header = list(tables.header(rate_unit(snap)))
     keep = [i for i, name in enumerate(header) if wide or name in SEGMENT_NARROW or name == "samples/s"]
     for i in keep:
         table.add_column(header[i] if wide else NARROW_NAMES.get(header[i], header[i]), no_wrap=True,
                          justify="left" if header[i] == "config" else "right", min_width=2 if i == 0 else None)
-    for seg, row in zip(segments, rows):
-        cells = list(tables.cells(row, tokens))
+    segments = list(snap.segment_figures)[-last:] if last else list(snap.segment_figures)
+    for seg, row in zip(segments, metrics.table_rows(segments)):
+        cells = list(tables.cells(row))
         cells[2] = clean(cells[2] if wide else short_config(cells[2]))
         if seg.measured_steps == 0:  # still in its warm-up: no figure yet rather than zeros
             cells = cells[:3] + [f"warm-up ({row['warmup']} step{'s' if row['warmup'] != 1 else ''})"] + \
