@@ -9,7 +9,8 @@
             job.log(loss=loss)
 
 A batch of any structure your collate_fn makes (a dict, nested tuples): `job.step(batch=batch)` reads its size
-(the first dimension of its first tensor) and `job.to_device(batch)` moves every tensor in it.
+(the first dimension of its first tensor) and `job.to_device(batch)` moves every tensor in it. Tokens for tokens/s:
+`job.step(batch=batch, tokens=n)` (your count), or a dict batch's `attention_mask` summed when no count is given.
 An exception the loop does not catch (torch's "Expected to have finished reduction" when a parameter gets no
 gradient under ddp: join(find_unused_parameters=True)) ends the job cleanly: every rank's last word is recorded,
 the recording is closed, one line says what happened and the process exits 1 (DDPTOP_DEBUG=1: the traceback).
@@ -44,7 +45,7 @@ from torch import nn
 from ddptop import metrics, rendezvous
 from ddptop.config import MAX_BATCH_SIZE, ZERO, RunConfig, SyncConfig
 from ddptop.control.agent import ControlAgent, Decision
-from ddptop.errors import DdptopError, JobStopped, UsageError, say_line
+from ddptop.errors import DataError, DdptopError, JobStopped, UsageError, say_line
 from ddptop.events import ConfigApplied, RunFinished, RunStarted
 from ddptop.probes.own import now
 from ddptop.train import batches
@@ -190,9 +191,12 @@ class Job:
         optimizer.register_step_post_hook(self._after_optimizer)
         return self.wrapper, optimizer
 
-    def step(self, batch_size: int | None = None, epoch: int = 0, *, batch: Any = None) -> "_Step":
+    def step(self, batch_size: int | None = None, epoch: int = 0, *, batch: Any = None,
+             tokens: Any = None) -> "_Step":
         """`with job.step(batch_size=len(inputs)):` around one training step (forward, backward, optimizer); or
-        `job.step(batch=batch)`: the size is the first dimension of the batch's first tensor (any structure)."""
+        `job.step(batch=batch)`: the size is the first dimension of the batch's first tensor (any structure).
+        `tokens`: the step's token count (a whole number; tokens/s), else a dict batch's `attention_mask` summed
+        (train/batches.tokens), else none."""
         if self._stack is None:
             raise UsageError("job.step before job.prepare: prepare the model and optimizer first")
         if (batch_size is None) == (batch is None):
@@ -204,7 +208,12 @@ class Job:
                                  f"{batches.describe(batch)}: give batch_size= instead")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UsageError(f"job.step's batch_size must be a whole number ≥ 1, got {batch_size!r}")
-        return _Step(self, batch_size, epoch)
+        try:
+            count = batches.whole_tokens(tokens, "job.step's tokens") if tokens is not None else (
+                batches.tokens(batch) if batch is not None else 0)
+        except DataError as exc:  # a wrong argument of the API's: its usage error
+            raise UsageError(str(exc)) from None
+        return _Step(self, batch_size, epoch, count)
 
     def to_device(self, batch: Any) -> Any:
         """The batch with every tensor in it on this rank's device (non_blocking), its structure kept."""
@@ -253,7 +262,7 @@ class Job:
             self.finish()
 
     # -- step boundaries ------------------------------------------------------------------------------------
-    def _enter(self, batch_size: int, epoch: int) -> None:
+    def _enter(self, batch_size: int, epoch: int, tokens: int = 0) -> None:
         if self.stopped:
             raise JobStopped(f"stopped by ctl at step {self.step_count}")
         if self._in_step:
@@ -264,14 +273,14 @@ class Job:
         if self.stopped:
             raise JobStopped(f"stopped by ctl at step {self.step_count}")
         self._in_step, self._synced, self._loss = True, False, None
-        self._batch, self._epoch = batch_size, epoch
+        self._batch, self._epoch, self._tokens = batch_size, epoch, tokens
         self._mark("data")
 
     def _exit(self) -> None:
         self._in_step = False
         self._mark("opt")
         loss = self._loss if self._loss is not None else torch.tensor(math.nan)  # no job.log: shown as nan
-        self._probe.finish(loss, epoch=self._epoch, batch_size=self._batch)
+        self._probe.finish(loss, epoch=self._epoch, batch_size=self._batch, tokens=self._tokens)
         if self._memory is not None:  # what the rank holds as the step ends (zero_grad inside the step: no grads)
             self._memory.finish(self.optimizer, self.step_count, self._segment)
         self.step_count += 1
@@ -381,11 +390,11 @@ class Job:
 
 
 class _Step:
-    def __init__(self, job: Job, batch_size: int, epoch: int):
-        self.job, self.batch_size, self.epoch = job, batch_size, epoch
+    def __init__(self, job: Job, batch_size: int, epoch: int, tokens: int = 0):
+        self.job, self.batch_size, self.epoch, self.tokens = job, batch_size, epoch, tokens
 
     def __enter__(self) -> "_Step":
-        self.job._enter(self.batch_size, self.epoch)
+        self.job._enter(self.batch_size, self.epoch, self.tokens)
         return self
 
     def __exit__(self, kind, value, tb) -> None:

@@ -185,6 +185,7 @@ class RunConfig:
     dataset: str = "synthetic"
     loss: str = "cross-entropy"
     collate: str = ""  # --collate SPEC: the user's collate_fn for the loaders ("": torch's default_collate)
+    tokens: str = ""  # --tokens SPEC: the user's count of a batch's tokens ("": an `attention_mask` summed, else none)
     data_dir: str = "./data"
     sync: SyncConfig = field(default_factory=SyncConfig)
     epochs: int = 1
@@ -213,6 +214,8 @@ class RunConfig:
         _check_spec("loss", self.loss, LOSSES)
         if self.collate and not is_spec(self.collate):
             raise UsageError(f"--collate {self.collate!r}: give MODULE:CALLABLE or path/file.py:CALLABLE")
+        if self.tokens and not is_spec(self.tokens):
+            raise UsageError(f"--tokens {self.tokens!r}: give MODULE:CALLABLE or path/file.py:CALLABLE")
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("device", self.device, DEVICES)
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < -1:

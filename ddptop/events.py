@@ -135,6 +135,9 @@ class StepDone(Event):
     # added with the micro-step part (older files and ranks: 0, their micro-steps inside fwd_s as before)
     micro_s: float = 0.0  # accum K > 1: the K−1 unsynchronized micro-steps (each one's forward, backward and the
     #                       next batch's loading), carved out of fwd_s, which keeps the synchronized one's forward
+    # added with token counting (older files and ranks: 0, no count): the tokens the step trained, where its batches
+    # say how many (a dict batch's `attention_mask` summed, or the user's own `tokens` callable: train/batches.tokens)
+    tokens: int = 0
     # no rate of its own: img/s is a window's images over its time (metrics.rate); an `images_per_s` key that a
     # rank or file may hold is ignored like any unknown field
 

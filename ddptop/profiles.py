@@ -26,7 +26,7 @@ else:  # pragma: no cover - Python 3.10
 OWN_DIR = Path(str(resources.files("ddptop").joinpath("own_profiles")))  # ddptop's own: what a plain name means
 SWEEP_KEYS = {"strategy", "bucket_mb", "async_op", "batch_size", "lr", "accum", "compress", "lr_warmup_steps",
               "shard_unit"}
-CODE_KEYS = ("model", "dataset", "loss", "collate")  # settings whose value may name code (config.is_spec)
+CODE_KEYS = ("model", "dataset", "loss", "collate", "tokens")  # settings whose value may name code (config.is_spec)
 
 
 def find_profile(name: str) -> Path:

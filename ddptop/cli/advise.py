@@ -106,8 +106,9 @@ def render(out: dict, seg) -> str:
              if seg.step_se_s > 0 else "")
     lines = [f"fitted on segment {seg.segment} ({fitted}, {seg.world_size} ranks): measured {seg.step_s:.3f} s/step"
              + noise,
-             f"{'configuration':30} {'ranks':>5} {'link':>9} {'s/step':>8} {'exposed':>8} {'overlap':>7} "
-             f"{'MB/rank':>8} {'measured':>9} {'error':>7} {'±noise':>7}"]
+             f"{'configuration':30} {'accum':>5} {'compress':>11} {'ranks':>5} {'link':>9} {'s/step':>8} "
+             f"{'exposed':>8} {'overlap':>7} {'MB/rank':>8} "
+             f"{'measured':>9} {'error':>7} {'±noise':>7}"]
     for r in rows:
         measured = f"{r['measured_step_s']:.3f}" if r["measured_step_s"] is not None else "–"
         error = spread = "–"
@@ -115,7 +116,10 @@ def render(out: dict, seg) -> str:
             error = f"{100 * (r['step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1f}%"
         if r["measured_step_s"] and r["segment"] != seg.segment:  # the fitted row is exact by construction
             spread = f"{100 * error_se(r['step_se_s'], r['measured_step_se_s'], r['measured_step_s']):.1f}%"
-        lines.append(f"{_name(r):30} {r['world_size']:>5} {r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
+        # every row says its accum and compression in their own columns, 1 and none too (the screen's acc/cmp)
+        plain = _name({**r, "accum": 1, "compress": "none"})
+        lines.append(f"{plain:30} {r['accum']:>5} {r['compress']:>11} {r['world_size']:>5} "
+                     f"{r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
                      f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {r['held_bytes'] / 1e6:>8.2f} "
                      f"{measured:>9} {error:>7} {spread:>7}")
     best = out["best"]

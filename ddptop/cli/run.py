@@ -84,6 +84,9 @@ def run_parser() -> argparse.ArgumentParser:
                       help="your collate_fn for the loaders: MODULE:CALLABLE or path/file.py:CALLABLE; a batch that "
                            "is not an (inputs, target) pair goes to the model whole and the loss gets (output, batch) "
                            "(docs/how-to/own-model.md) (torch's default_collate)")
+    what.add_argument("--tokens", default="", metavar="SPEC",
+                      help="your count of a batch's tokens, for tokens/s: MODULE:CALLABLE or path/file.py:CALLABLE, "
+                           "called with the batch, returning a whole number (a dict batch's attention_mask summed)")
     what.add_argument("--data-dir", help="the existing folder that holds the cifar10 / mnist files (./data); "
                                          "refused with the synthetic set, which reads no files")
     what.add_argument("--batch-size", type=int, default=64, help="per rank (64)")
@@ -188,7 +191,8 @@ def config_from_args(args: argparse.Namespace, profile: dict | None = None) -> R
     extra = {"sweep": sweep, "sweep_warmup": profile["warmup"], "sweep_measure": profile["measure"],
              "sweep_until_oom": profile["until_oom"], "profile": profile["name"]} if profile else {}
     data_dir = os.path.abspath(args.data_dir or "./data")
-    return RunConfig(**extra, model=args.model, dataset=dataset, loss=args.loss, collate=args.collate, data_dir=data_dir, sync=sync,
+    return RunConfig(**extra, model=args.model, dataset=dataset, loss=args.loss, collate=args.collate, tokens=args.tokens,
+                     data_dir=data_dir, sync=sync,
                      epochs=args.epochs, steps=args.steps, seed=args.seed, backend=args.backend,
                      device=args.device, workers=args.workers, probes=args.probes,
                      span_every=args.span_every, iface=args.iface, threads=args.threads,
@@ -250,7 +254,7 @@ def cmd_run(argv: Sequence[str]) -> int:
     elif threads_set:
         os.environ.pop("OMP_NUM_THREADS")
     parts = None
-    if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss, cfg.collate)):
+    if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss, cfg.collate, cfg.tokens)):
         from ddptop.train import specs
 
         # the user's code on one sample batch, before any rank starts: one line for what is wrong
@@ -259,7 +263,8 @@ def cmd_run(argv: Sequence[str]) -> int:
             from ddptop.profiles import code_note
 
             note = code_note(profile["path"], profile["run"], {"model": cfg.model, "dataset": cfg.dataset,
-                                                                "loss": cfg.loss, "collate": cfg.collate})
+                                                                "loss": cfg.loss, "collate": cfg.collate,
+                                                                "tokens": cfg.tokens})
             if note:
                 print(note, file=sys.stderr)
     check_shard_units(cfg, parts)

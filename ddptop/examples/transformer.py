@@ -2,14 +2,16 @@
 them into {"ids", "mask", "label"}, a label-smoothed loss that reads the label from the batch.
 
     ddptop --model ddptop.examples.transformer:model --dataset ddptop.examples.transformer:data \\
-           --collate ddptop.examples.transformer:collate --loss ddptop.examples.transformer:loss
+           --collate ddptop.examples.transformer:collate --loss ddptop.examples.transformer:loss \\
+           --tokens ddptop.examples.transformer:tokens
 
 or the same parts in the script's own loop (ddptop's library API), unchanged:
 
     torchrun --nproc-per-node 2 -m ddptop.examples.transformer
 
 A batch that is not an (inputs, target) pair goes to the model whole, and the loss gets (output, batch)
-(docs/how-to/own-model.md).
+(docs/how-to/own-model.md). `tokens` counts a batch's real tokens, for tokens/s beside samples/s: its mask marks the
+padding (torch's convention), so ddptop is told rather than guessing (it sums only an `attention_mask` by itself).
 """
 
 import os
@@ -58,6 +60,11 @@ def collate(items: list[dict]) -> dict:
     return {"ids": ids, "mask": ids == PAD, "label": torch.tensor([item["label"] for item in items])}
 
 
+def tokens(batch: dict) -> int:
+    """The batch's real tokens: the positions its mask does not mark as padding."""
+    return int((~batch["mask"]).sum())
+
+
 class Classifier(nn.Module):
     def __init__(self, num_classes: int = CLASSES):
         super().__init__()
@@ -104,7 +111,8 @@ def main() -> None:
         for batch in loader:
             if job.step_count >= steps or job.stopped:
                 break
-            with job.step(batch=batch, epoch=epoch):  # the batch size is read from the batch itself
+            # the batch size is read from the batch itself; its tokens are ours to count (tokens/s)
+            with job.step(batch=batch, epoch=epoch, tokens=tokens(batch)):
                 batch = job.to_device(batch)
                 value = loss(net(batch), batch)
                 value.backward()

@@ -31,7 +31,8 @@ def progress_line(step: int, total: int, loss: float, recent: Figures, job: Figu
     whose it is: the job's step time is the slowest rank's and its img/s every rank's images over the slowest
     rank's time, as in the segment table (ddptop.metrics); comm, overlap and bytes (with --probes all) are rank 0's."""
     line = (f"step {step}{f'/{total}' if total else ''} loss {loss:.4f} (rank 0) | job: {job.step_s:.3f} s/it "
-            f"{job.images_per_s:.0f} {unit} (segment {segment}, {ranks} rank{'s' if ranks != 1 else ''})")
+            f"{job.images_per_s:.0f} {unit}{f' {job.tokens_per_s:.0f} tokens/s' if job.tokens_per_s > 0 else ''} "
+            f"(segment {segment}, {ranks} rank{'s' if ranks != 1 else ''})")
     if recent.comm_s > 0 or recent.tx_bytes > 0:
         line += (f" | rank 0: comm {recent.share(recent.comm_s):.0%} overlap {recent.overlap:.0%} exposed "
                  f"{recent.exposed_comm_s * 1e3:.0f} ms sent {recent.tx_bytes / MB:.1f} MB/step")

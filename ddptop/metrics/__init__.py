@@ -39,6 +39,10 @@ GLOSSARY: dict[str, tuple[str, str]] = {
     "images/s": ("img/s", "images trained in a window of steps divided by the wall time of those steps; for the "
                           "job, every rank's images divided by the slowest rank's time; samples/s (the same count) "
                           "where the inputs are not images: the token set and the user's own data sets"),
+    "tokens/s": ("tokens/s", "tokens trained in a window of steps divided by the wall time of those steps, counted "
+                             "the same way as images/s, where the batches say how many tokens they hold: a dict "
+                             "batch's attention_mask summed, or the user's own count (--tokens, job.step(tokens=)); "
+                             "not shown where they say nothing"),
     "data": ("s", "waiting for the next batch and copying it to the device"),
     "compute": ("s", "forward (with the loss), backward and the optimizer step, from the step's phase marks; "
                      "under DDP the backward ends when the last bucket is launched; per-layer hook time is "
@@ -151,12 +155,12 @@ def mean_parts(steps: Iterable[StepDone]) -> dict[str, float]:
 class _Sums:
     """Running sums over the steps of one rank in one window; `figures()` turns them into means."""
 
-    __slots__ = ("steps", "time", "images", "data", "compute", "micro", "comm", "exposed", "own", "other", "tx",
+    __slots__ = ("steps", "time", "images", "tokens", "data", "compute", "micro", "comm", "exposed", "own", "other", "tx",
                  "rx", "times", "loss", "sampled")
 
     def __init__(self) -> None:
         self.steps = 0
-        self.time = self.images = self.data = self.compute = self.micro = self.comm = self.exposed = 0.0
+        self.time = self.images = self.tokens = self.data = self.compute = self.micro = self.comm = self.exposed = 0.0
         self.own = self.other = 0.0
         self.tx = self.rx = 0
         self.times = array("d")
@@ -167,6 +171,7 @@ class _Sums:
         self.steps += 1
         self.time += d.iter_s
         self.images += d.batch_size
+        self.tokens += d.tokens
         self.data += d.data_s
         self.compute += d.compute_s
         self.micro += d.micro_s
@@ -192,7 +197,7 @@ class _Sums:
             exposed_comm_s=mean(self.exposed),
             overlap=(self.comm - self.exposed) / self.comm if self.comm > 0 else 0.0, own_s=mean(self.own),
             other_s=mean(self.other), tx_bytes=mean(self.tx), rx_bytes=mean(self.rx), loss=self.loss,
-            sampled=self.sampled, time_s=self.time)
+            sampled=self.sampled, time_s=self.time, tokens_per_s=rate(self.tokens, self.time))
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,7 @@ class Figures:
     sampled: int = 0  # sampled steps counted (only where the window had no other steps)
     time_s: float = 0.0  # the window's wall time: the sum of its step times
     step_sd_s: float = 0.0  # the sample standard deviation of the window's step times (0 with fewer than 2)
+    tokens_per_s: float = 0.0  # 0: the window's batches said no token count
 
     @property
     def step_se_s(self) -> float:
@@ -229,11 +235,17 @@ class Figures:
         return seconds / self.step_s if self.step_s > 0 else 0.0
 
 
-def job_images_per_s(figures: Iterable[Figures]) -> float:
-    """The job's rate over per-rank windows: every rank's images / the slowest rank's wall time."""
+def job_images_per_s(figures: Iterable[Figures], per_s: str = "images_per_s") -> float:
+    """The job's rate over per-rank windows: every rank's images / the slowest rank's wall time (`per_s`
+    "tokens_per_s": its tokens)."""
     figures = [f for f in figures if f.steps]
     slowest = max((f.time_s for f in figures), default=0.0)
-    return sum(f.images_per_s * f.time_s for f in figures) / slowest if slowest > 0 else 0.0
+    return sum(getattr(f, per_s) * f.time_s for f in figures) / slowest if slowest > 0 else 0.0
+
+
+def job_tokens_per_s(figures: Iterable[Figures]) -> float:
+    """The job's tokens/s: every rank's tokens / the slowest rank's wall time (0: no batch said its tokens)."""
+    return job_images_per_s(figures, "tokens_per_s")
 
 
 def job_figures(figures: Iterable[Figures]) -> Figures:
@@ -243,7 +255,7 @@ def job_figures(figures: Iterable[Figures]) -> Figures:
     if not figures:
         return Figures()
     slowest = max(figures, key=lambda f: f.step_s)
-    return replace(slowest, images_per_s=job_images_per_s(figures))
+    return replace(slowest, images_per_s=job_images_per_s(figures), tokens_per_s=job_tokens_per_s(figures))
 
 
 def window(steps: Iterable[StepDone], include_sampled: bool = False) -> Figures:
@@ -278,6 +290,7 @@ class SegmentFigures:
     switch_s: float = 0.0  # one-off time the switch took (rebuild, broadcast, fingerprint), rank 0
     fingerprints: Mapping[int, str] = field(default_factory=dict)  # at the segment's start, per rank
     steps_per_epoch: int = 0  # at the segment's batch size (0: unknown, an older recording)
+    tokens_per_s: float = 0.0  # the job's, as images_per_s (0: its batches said no token count)
 
     @property
     def measured_steps(self) -> int:
@@ -391,7 +404,7 @@ class SegmentTable:
             images_per_s=job_images_per_s(timed.values()),
             final_loss=self.final_loss(seg), sampled_left_out=left_out,
             switch_bytes=nbytes, switch_s=switch_s, fingerprints=dict(self._prints.get(seg, {})),
-            steps_per_epoch=per_epoch)
+            steps_per_epoch=per_epoch, tokens_per_s=job_tokens_per_s(timed.values()))
 
 
 def _mean_figures(figures: list[Figures]) -> Figures:
@@ -406,7 +419,7 @@ def _mean_figures(figures: list[Figures]) -> Figures:
         micro_s=mean("micro_s"), comm_s=mean("comm_s"), exposed_comm_s=mean("exposed_comm_s"),
         overlap=(comm - exposed) / comm if comm > 0 else 0.0, own_s=mean("own_s"), other_s=mean("other_s"),
         tx_bytes=mean("tx_bytes"), rx_bytes=mean("rx_bytes"), loss=mean("loss"), sampled=sum(f.sampled for f in figures),
-        time_s=mean("time_s"), step_sd_s=mean("step_sd_s"))
+        time_s=mean("time_s"), step_sd_s=mean("step_sd_s"), tokens_per_s=mean("tokens_per_s"))
 
 
 def table_rows(segments: Iterable[SegmentFigures]) -> list[dict[str, Any]]:
@@ -424,6 +437,6 @@ def table_rows(segments: Iterable[SegmentFigures]) -> list[dict[str, Any]]:
             "ddptop_s": s.mean.own_s, "ddptop_share": s.mean.share(s.mean.own_s), "other_s": s.mean.other_s,
             "sent_mb": s.mean.tx_bytes / 1e6, "recv_mb": s.mean.rx_bytes / 1e6, "final_loss": s.final_loss,
             "switch_mb": s.switch_bytes / 1e6, "switch_s": s.switch_s, "steps_per_epoch": s.steps_per_epoch,
-            "epoch_s": s.epoch_s,
+            "epoch_s": s.epoch_s, "tokens_per_s": s.tokens_per_s,
         })
     return rows

@@ -26,20 +26,31 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.1f} ms"
 
 
-def cells(row: dict[str, Any]) -> tuple[str, ...]:
-    """One segment's row (a `metrics.table_rows` row) as text cells under HEADER."""
+TOKENS = "tokens/s"  # a column after the rate, only where some segment's batches said their tokens
+
+
+def has_tokens(rows: Iterable[dict[str, Any]]) -> bool:
+    """Whether a table of these rows carries the tokens/s column (some batch said how many tokens it held)."""
+    return any(row.get("tokens_per_s", 0) > 0 for row in rows)
+
+
+def cells(row: dict[str, Any], tokens: bool = False) -> tuple[str, ...]:
+    """One segment's row (a `metrics.table_rows` row) as text cells under HEADER (`tokens`: with tokens/s)."""
     loss = row["final_loss"]
+    said = row.get("tokens_per_s", 0)
     return (str(row["segment"]), f"{row['first_step']}-{row['last_step']}", describe(row["config"]),
             f"{row['step_s_slowest']:.3f}", f"{row['step_s_mean']:.3f}", f"{row['images_per_s']:.0f}",
+            *((f"{said:.0f}" if said > 0 else "-",) if tokens else ()),
             f"{row['epoch_s']:.1f}" if row.get("epoch_s") else "-",
             _ms(row["compute_s"]), _ms(row["comm_s"]), _ms(row["exposed_comm_s"]), f"{row['overlap']:.0%}",
             f"{_ms(row['ddptop_s'])} {row['ddptop_share']:.1%}", f"{row['sent_mb']:.1f}",
             "nan" if math.isnan(loss) else f"{loss:.4f}")
 
 
-def header(unit: str = "img/s") -> tuple[str, ...]:
-    """HEADER with the run's rate unit (metrics.rate_unit)."""
-    return tuple(unit if name == "img/s" else name for name in HEADER)
+def header(unit: str = "img/s", tokens: bool = False) -> tuple[str, ...]:
+    """HEADER with the run's rate unit (metrics.rate_unit), and tokens/s after it with `tokens`."""
+    out = [unit if name == "img/s" else name for name in HEADER]
+    return tuple(out[:6] + [TOKENS] + out[6:] if tokens else out)
 
 
 def lines(segments: Iterable[SegmentFigures], indent: str = "", unit: str = "img/s") -> list[str]:
@@ -51,8 +62,9 @@ def row_lines(rows: list[dict[str, Any]], indent: str = "", unit: str = "img/s")
     """`lines` for rows already made by `metrics.table_rows`."""
     if not rows:
         return []
-    body = [header(unit), *(cells(r) for r in rows)]
-    widths = [max(len(line[i]) for line in body) for i in range(len(HEADER))]
+    tokens = has_tokens(rows)
+    body = [header(unit, tokens), *(cells(r, tokens) for r in rows)]
+    widths = [max(len(line[i]) for line in body) for i in range(len(body[0]))]
     out = [indent + "  ".join(c.rjust(w) if i not in (2,) else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
            for line in body]
     warmup = rows[0]["warmup"]
@@ -60,5 +72,5 @@ def row_lines(rows: list[dict[str, Any]], indent: str = "", unit: str = "img/s")
     out.append(f"{indent}(each segment's first {warmup} step{'s' if warmup != 1 else ''} left out as warm-up"
                f"{f', and {left} sampled steps (layer hooks)' if left else ''}; s/step of the slowest rank and the "
                f"mean over ranks; s/epoch: s/step slowest × steps per epoch; the rest are means over ranks; "
-               f"MB/step sent by the algorithm's formula)")
+               f"MB/step sent by the algorithm's formula{'; tokens/s: as the batches count them' if tokens else ''})")
     return out

@@ -40,6 +40,7 @@ class _Step:
     segment: int = 0
     epoch: int = 0
     batch_size: int = 0
+    tokens: int = 0
     sampled: bool = False
     overlapped_backward: bool = False  # the step's own segment's (a switch may come before it is resolved)
     marks: dict[str, Any] = field(default_factory=dict)
@@ -173,15 +174,16 @@ class StepProbe:
         cur.aside["micro"] = cur.aside.pop("fwd", 0.0)
         self.own.since(host)
 
-    def finish(self, loss: Any, epoch: int, batch_size: int) -> None:
-        """The step's training work is done; it ends at the next boundary (or `close`)."""
+    def finish(self, loss: Any, epoch: int, batch_size: int, tokens: int = 0) -> None:
+        """The step's training work is done; it ends at the next boundary (or `close`). `tokens`: 0 where the
+        batches say no count."""
         cur = self._cur
         if cur.sampled and self.layers is not None:
             cur.layers = self.layers.detach()  # counts its own cost: inside `began` below it counted twice
         began = now()
         cur.comm = self.comm.take()
         cur.loss = self.clock.hold(loss)  # read on the publisher's thread: the training thread never syncs
-        cur.epoch, cur.batch_size, cur.finished = epoch, batch_size, True
+        cur.epoch, cur.batch_size, cur.tokens, cur.finished = epoch, batch_size, tokens, True
         self.own.since(began)
 
     def close(self) -> None:
@@ -214,7 +216,7 @@ class StepProbe:
             return [StepDone(rank=self.rank, step=p.step, epoch=p.epoch, segment=p.segment, t=p.wall_end,
                              iter_s=iter_s, data_s=0.0, compute_s=0.0, comm_s=0.0, exposed_comm_s=0.0, overlap=0.0,
                              batch_size=p.batch_size, loss=loss, comm_bytes=0, tx_bytes=0, rx_bytes=0, sampled=False,
-                             own_s=own_s, aside_s=aside_s)]
+                             own_s=own_s, aside_s=aside_s, tokens=p.tokens)]
         at = {name: rel(mark) for name, mark in p.marks.items()}
         comm = [Span(c.kind, c.name, rel(c.start), rel(c.end) - rel(c.start), c.nbytes, c.tx_bytes, c.rx_bytes)
                 for c in p.comm]
@@ -244,7 +246,7 @@ class StepProbe:
             overlap=overlap,
             batch_size=p.batch_size, loss=loss, comm_bytes=sum(s.nbytes for s in comm),
             tx_bytes=sum(s.tx_bytes for s in comm), rx_bytes=sum(s.rx_bytes for s in comm), sampled=p.sampled,
-            fwd_s=fwd_s, bwd_s=bwd_s, opt_s=opt_s, own_s=own_s, aside_s=aside_s, micro_s=micro_s,
+            fwd_s=fwd_s, bwd_s=bwd_s, opt_s=opt_s, own_s=own_s, aside_s=aside_s, micro_s=micro_s, tokens=p.tokens,
         )
         if not p.sampled:
             return [done]

@@ -26,13 +26,13 @@ assert set(LANE_OF_KIND) == set(SPAN_KINDS)
 STEP_COLUMNS = ("rank", "step", "time", "iter_s", "data_s", "compute_s", "micro_s", "fwd_s", "bwd_s", "opt_s",
                 "comm_s", "exposed_comm_s", "overlap", "own_s", "other_s", "loss", "strategy", "bucket_mb", "async_op",
                 "batch_size", "accum", "compress", "segment", "epoch", "comm_bytes", "tx_bytes", "rx_bytes",
-                "images_per_s", "sampled", "wall_time")
+                "images_per_s", "sampled", "wall_time", "tokens")
 SEGMENT_COLUMNS = ("segment", "first_step", "last_step", "strategy", "bucket_mb", "async_op", "batch_size", "lr",
                    "accum", "compress", "lr_warmup_steps",
                    "warmup", "measured_steps", "sampled_left_out", "slowest_rank", "step_s_slowest",
                    "median_step_s_slowest", "step_s_mean", "images_per_s", "data_s", "compute_s", "micro_s",
                    "comm_s", "exposed_comm_s", "overlap", "ddptop_s", "ddptop_share", "other_s", "sent_mb", "recv_mb",
-                   "final_loss", "switch_mb", "switch_s", "steps_per_epoch", "epoch_s")
+                   "final_loss", "switch_mb", "switch_s", "steps_per_epoch", "epoch_s", "tokens_per_s")
 SYSTEM_COLUMNS = ("rank", "time", "host", "cpu_percent", "node_cpu_percent", "mem_rss_bytes", "node_mem_used_bytes",
                   "gpu_util", "gpu_mem_used_bytes", "net_iface", "net_rx_bytes", "net_tx_bytes", "net_rx_rate",
                   "net_tx_rate", "wall_time")
@@ -195,7 +195,7 @@ def step_rows(rec: Recording, first: int | None = None, stop: int | None = None)
                "batch_size": d.batch_size, "accum": config.get("accum", 1), "compress": config.get("compress", "none"),
                "segment": d.segment, "epoch": d.epoch, "comm_bytes": d.comm_bytes,
                "tx_bytes": d.tx_bytes, "rx_bytes": d.rx_bytes, "images_per_s": _r(metrics.rate(d.batch_size, d.iter_s)),
-               "sampled": int(d.sampled), "wall_time": d.t}
+               "sampled": int(d.sampled), "wall_time": d.t, "tokens": d.tokens}
 
 
 def segment_rows(rec: Recording) -> Iterator[dict]:

@@ -73,6 +73,7 @@ class SegmentStats:
     links: tuple[LinkStats, ...] = ()  # what each network interface counted per step
     param_bytes: int = 0
     own_recorded: bool = True  # False for files from before ddptop's own cost was measured (shown as –)
+    tokens_per_s: float = 0.0  # the whole job's, as images_per_s (0: the batches said no token count)
 
     @property
     def name(self) -> str:
@@ -333,7 +334,7 @@ def _stats(label: str, fig: metrics.SegmentFigures, seg: _Segment, ctx: _Context
         gpus=gpus(window, ctx.hosts),
         evals=tuple(e for e in ctx.evals if fig.first_step < e[0] <= fig.last_step + 1),
         links=links(wire_steps, window, ranks, overlapped),
-        buckets_mb=tuple(_bucket_mb(ctx.buckets)), param_bytes=ctx.param_bytes,
+        buckets_mb=tuple(_bucket_mb(ctx.buckets)), param_bytes=ctx.param_bytes, tokens_per_s=fig.tokens_per_s,
         own_recorded=seg.own)
 
 

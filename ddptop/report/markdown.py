@@ -61,7 +61,13 @@ def segment_table(stats: list[SegmentStats], unit: str = "img/s") -> tuple:
     """The page's table: the ESSENTIAL columns (all of them: `segment_csv`); `unit` names the images/s column
     (metrics.rate_unit of the runs' data sets)."""
     keep = [COLUMNS.index(c) for c in ESSENTIAL]
-    return ("table", [unit if c == "img/s" else c for c in ESSENTIAL], [[r[i] for i in keep] for r in (row(s) for s in stats)])
+    header, rows = [unit if c == "img/s" else c for c in ESSENTIAL], [[r[i] for i in keep] for r in (row(s) for s in stats)]
+    if any(s.tokens_per_s > 0 for s in stats):  # beside the rate, where some segment's batches said their tokens
+        at = ESSENTIAL.index("img/s") + 1
+        header.insert(at, "tokens/s")
+        for cells, s in zip(rows, stats):
+            cells.insert(at, f"{s.tokens_per_s:.0f}" if s.tokens_per_s > 0 else "–")
+    return ("table", header, rows)
 
 
 def segment_csv(stats: list[SegmentStats]) -> str:

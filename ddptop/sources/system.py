@@ -174,14 +174,14 @@ def quota_cgroup(proc: str = "/proc") -> QuotaCgroup | None:
     The quota: v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us. The CPU time: v2 cpu.stat usage_usec, v1
     cpuacct.usage where cpuacct shares the cgroup. A lab node runs under `ip netns exec`, which mounts a fresh /sys
     without the cgroup file systems: there the quota is the one the lab hands its jobs (CPUS_ENV) and the CPU time
-    the sum over the processes in the same cgroup, found through /proc (one that leaves takes its time with it)."""
+    the sum over the processes in the same cgroup, found through /proc (`_Members`: one that leaves keeps its time)."""
     line = _own_cgroup(f"{proc}/self/cgroup")
     if line is None:
         return None
     version, path = line
     root = _mount(proc, version)
     folder = root + path if root else ""
-    members = lambda: _members_cpu_s(proc, line)  # noqa: E731
+    members = _Members(proc, line)
     if version == 2 and folder:
         limit = read_text(f"{folder}/cpu.max").split()
         if len(limit) != 2 or limit[0] == "max":
@@ -219,18 +219,40 @@ def _mount(proc: str, version: int) -> str:
     return ""
 
 
-def _members_cpu_s(proc: str, line: tuple[int, str]) -> float:
-    """CPU seconds of every process in the cgroup `line` names (each one's /proc/<pid>/cgroup says where it is)."""
-    total = 0.0
-    for pid in psutil.pids():
-        if _own_cgroup(f"{proc}/{pid}/cgroup") != line:
-            continue
-        try:
-            times = psutil.Process(pid).cpu_times()
-        except psutil.Error:  # gone since the list was read
-            continue
-        total += times.user + times.system
-    return total
+class _Members:
+    """CPU seconds of the processes in one cgroup, a counter that only grows while they come and go.
+
+    The sum of each member's own and reaped children's CPU time: a worker reaped by a member moves its time into that
+    member's children's, so the sum stays whole. One that left unreaped by a member (its parent elsewhere, or gone
+    too) keeps the time last seen of it. Summing bare own times instead fell each time a DataLoader worker ended, and
+    the node read 0% while busy (issue 44)."""
+
+    def __init__(self, proc: str, line: tuple[int, str]) -> None:
+        self._proc, self._line = proc, line
+        self._last: dict[tuple[int, float], tuple[float, int]] = {}  # (pid, start) → (CPU seconds, parent pid)
+        self._kept = 0.0  # the time of members gone without a member to reap them
+
+    def __call__(self) -> float:
+        now = self._read()
+        alive = {pid for pid, _ in now}
+        self._kept += sum(seconds for key, (seconds, parent) in self._last.items()
+                          if key not in now and parent not in alive)
+        self._last = now
+        return self._kept + sum(seconds for seconds, _ in now.values())
+
+    def _read(self) -> dict[tuple[int, float], tuple[float, int]]:
+        found = {}
+        for pid in psutil.pids():
+            if _own_cgroup(f"{self._proc}/{pid}/cgroup") != self._line:
+                continue
+            try:
+                process = psutil.Process(pid)
+                with process.oneshot():
+                    t, start, parent = process.cpu_times(), process.create_time(), process.ppid()
+            except psutil.Error:  # gone since the list was read
+                continue
+            found[(pid, start)] = (t.user + t.system + t.children_user + t.children_system, parent)
+        return found
 
 
 def _stat(path: str) -> dict[str, str]:
@@ -277,7 +299,7 @@ class CpuMemReader:
 
     def _quota_share(self, cgroup: QuotaCgroup) -> float:
         """The cgroup's CPU time since the last read over what its quota allowed (a lab node's own CPU; psutil's
-        node CPU is the whole machine, the same on every node). 0 when the counter fell (a process left)."""
+        node CPU is the whole machine, the same on every node). The counter only grows (`_Members`); 0 if not."""
         (t0, used0), now, used = self._used, time.monotonic(), cgroup.usage_s()
         self._used = (now, used)
         return max(0.0, 100.0 * (used - used0) / ((now - t0) * cgroup.cores)) if now > t0 else 0.0

@@ -92,6 +92,14 @@ class Snapshot:
         return cached
 
     @property
+    def tokens_per_s(self) -> float:
+        """The job's tokens/s over the same steps as images_per_s (0: the batches said no token count)."""
+        cached = self.__dict__.get("_tokens")
+        if cached is None:
+            cached = self.__dict__["_tokens"] = metrics.job_tokens_per_s(self.recent(r) for r in self.running)
+        return cached
+
+    @property
     def hosts(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.host for r in self.ranks if r.host != "?"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -195,8 +196,14 @@ def make_loader(
     sampler = DistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=train, seed=seed, drop_last=train
     )
+    # workers fork from the rank, as torch's own default on Linux: a rank inherits its start method from how it was
+    # started (spawn on a GPU, the forkserver for CPU ranks), and there a worker unpickles the data set and collate_fn
+    # by module name, which a user's file loaded as `ddptop_user_…` (train/specs.py) has nowhere but in the rank: the
+    # worker died with ModuleNotFoundError. A forked worker has the rank's modules and never touches CUDA.
+    context = "fork" if workers > 0 and "fork" in multiprocessing.get_all_start_methods() else None
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, drop_last=train,
-                        pin_memory=pin, persistent_workers=workers > 0, collate_fn=collate)
+                        pin_memory=pin, persistent_workers=workers > 0, collate_fn=collate,
+                        multiprocessing_context=context)
     if len(loader) == 0:
         raise DataError(
             f"{len(dataset)} samples give no full batch of {batch_size} to each of {world_size} rank(s): "

@@ -55,6 +55,7 @@ class Trainer:
         self._layout = model_layout(self.model)  # before a sharded strategy releases the plain model's storage
         self.train_set, self.test_set = parts.train, parts.test
         self.criterion, self.unused, self.collate = parts.loss, parts.unused, parts.collate
+        self.count_tokens = parts.tokens  # None: batches.tokens' own rule (an attention_mask summed)
         self.evaluates = cfg.eval and parts.classification and parts.test is not None  # accuracy means something
         self.no_eval = ("" if self.evaluates else "--no-eval" if not cfg.eval else
                         f"the loss is {cfg.loss}, not cross-entropy: accuracy is measured for a classifier under "
@@ -248,14 +249,14 @@ class Trainer:
     def _train_step(self, batch: Any, criterion: nn.Module) -> None:
         probe = self.probe
         self.optimizer.zero_grad(set_to_none=True)
-        loss, samples = self._micro_steps(batch, criterion, self.forward_module, self.strategy.micro_step)
+        loss, samples, tokens = self._micro_steps(batch, criterion, self.forward_module, self.strategy.micro_step)
         self.strategy.after_backward()
         self.strategy.before_step()
         probe.mark("sync")
         self._set_lr()
         self.optimizer.step()
         probe.mark("opt")
-        probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        probe.finish(loss, epoch=self.epoch, batch_size=samples, tokens=tokens)
         self._measure_memory()
         self.step += 1
 
@@ -266,23 +267,25 @@ class Trainer:
             self.memory.finish(self.optimizer, self.step, self.segment)
 
     def _micro_steps(self, batch: Any, criterion: nn.Module, module: nn.Module,
-                     context: Callable[[bool], Any]) -> tuple[torch.Tensor, int]:
-        """The step's accum micro-steps, gradients summed in place; (the mean loss, samples trained).
+                     context: Callable[[bool], Any]) -> tuple[torch.Tensor, int, int]:
+        """The step's accum micro-steps, gradients summed in place; (the mean loss, samples, tokens trained).
 
         A batch is called as train/batches.py's rule says (a pair: loss(model(inputs), target); else
         loss(model(batch), batch)), every tensor in it moved to the device; its samples are its first tensor's
-        first dimension, so variable batches are counted as they come.
+        first dimension, so variable batches are counted as they come; its tokens as it says (batches.tokens), counted
+        before the move to the device.
 
         Each micro-step's loss is divided by accum, so the summed gradient is the mean over all accum·b samples;
         `context(last)` wraps each (DDP: no_sync() for all but the last). The phase marks belong to the last,
         synchronized micro-step (`data` the first batch's); the accum−1 before it are marked apart (their spans say
         "no sync"), the last of those marks ending them (StepDone.micro_s)."""
         probe, accum = self.probe, self.sync.accum
-        losses, samples = [], 0
+        losses, samples, tokens = [], 0, 0
         for index in range(accum):
             last = index == accum - 1
             if index:
                 batch = self._next_batch(criterion)
+            tokens += batches.tokens(batch, self.count_tokens)
             batch = batches.to_device(batch, self.device)
             inputs, targets = batches.split(batch)
             probe.mark("data") if index == 0 else probe.micro("data", last)
@@ -295,7 +298,7 @@ class Trainer:
             losses.append(loss.detach())
             samples += batches.size(batch) or 0
         probe.mark("bwd")
-        return (losses[0] if accum == 1 else torch.stack(losses).mean()), samples
+        return (losses[0] if accum == 1 else torch.stack(losses).mean()), samples, tokens
 
     def _trial_step(self, batch: Any, criterion: nn.Module, agent) -> bool:
         """The first step after the batch grew. Forward and backward run without any collective (DDP's plain
@@ -306,7 +309,7 @@ class Trainer:
         probe, loss = self.probe, None
         try:
             self.optimizer.zero_grad(set_to_none=True)
-            loss, samples = self._micro_steps(batch, criterion, self.strategy.trial_module(),
+            loss, samples, tokens = self._micro_steps(batch, criterion, self.strategy.trial_module(),
                                               lambda last: contextlib.nullcontext())
         except torch.cuda.OutOfMemoryError:  # leaving this block drops the traceback and the tensors it held
             loss = None
@@ -323,7 +326,7 @@ class Trainer:
         self._set_lr()
         self.optimizer.step()
         probe.mark("opt")
-        probe.finish(loss, epoch=self.epoch, batch_size=samples)
+        probe.finish(loss, epoch=self.epoch, batch_size=samples, tokens=tokens)
         self._measure_memory()
         self.step += 1
         if agent is not None:

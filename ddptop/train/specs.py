@@ -52,10 +52,12 @@ class Parts:
     num_classes: int | None
     unused: tuple[str, ...] = ()  # parameters that got no gradient on the sample batch
     collate: Callable[[list], Any] | None = None  # the loaders' collate_fn (None: torch's default_collate)
+    tokens: Callable[[Any], Any] | None = None  # a batch's token count (--tokens; None: batches.tokens' own rule)
 
 
 def is_builtin(cfg: RunConfig) -> bool:
-    return cfg.model in MODELS and cfg.dataset in DATASETS and not is_spec(cfg.loss) and not cfg.collate
+    return cfg.model in MODELS and cfg.dataset in DATASETS and not is_spec(cfg.loss) and not cfg.collate \
+        and not cfg.tokens
 
 
 def samples_are_images(dataset: str) -> bool:
@@ -76,7 +78,8 @@ def build(cfg: RunConfig, tweaks: dict | None = None, probe: bool | None = None)
     torch.manual_seed(cfg.seed)
     model = _model(cfg.model, classes, tweaks)
     parts = Parts(model, train, test, _loss(cfg.loss), classification, classes,
-                  collate=load("--collate", cfg.collate) if cfg.collate else None)
+                  collate=load("--collate", cfg.collate) if cfg.collate else None,
+                  tokens=load("--tokens", cfg.tokens) if cfg.tokens else None)
     if probe if probe is not None else not is_builtin(cfg):
         parts.unused = try_batch(parts, cfg)
     return parts
@@ -258,6 +261,9 @@ def try_batch(parts: Parts, cfg: RunConfig) -> tuple[str, ...]:
     """One sample batch forward, through the loss and backward, leaving the model as it was (weights, buffers, the
     random state): one line for what does not fit together; returns the parameters that got no gradient."""
     batch = sample_batch(parts.train, cfg.dataset, parts.collate)
+    if parts.tokens is not None:  # a count that raises or is no whole number: said now, not at some step
+        with _user_code(UsageError, f"--tokens {cfg.tokens} raised on a batch of {SAMPLE_ITEMS}"):
+            batches.tokens(batch, parts.tokens)
     inputs, targets = batches.split(batch)
     if inputs is batch and not is_spec(cfg.loss):
         raise DataError(f"--loss {cfg.loss} takes (output, target) from an (inputs, target) batch; this batch is "

@@ -9,6 +9,8 @@ below. In this process (cli.main): ~2 s."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import statistics
 
 import pytest
@@ -90,3 +92,32 @@ def test_the_best_configuration_trains_the_fitted_segments_samples_a_step():
     assert fastest["accum"] == 1, fastest  # the race the best line must not take part in
     best = out.strip().splitlines()[-1]
     assert best.startswith("best at 2 ranks: ") and "accum 8" in best, best
+
+
+def test_every_text_row_names_its_accum_and_compression_as_the_recording_ran_it():
+    """Issue 44: the text table named accum and compression only where they were not 1 and none ("allreduce yes
+    362 ms" carried no label; the screen's table shows both). Each row now has an accum and a compress column (the
+    first two after the 30-character configuration), one row per prediction; a measured row's pair is its segment's
+    as the recording holds it (SQL on wire-lab.db's segments: none, fp16, bf16, powersgd:32, accum 4)."""
+    db = REC / "wire-lab.db"
+    code, out, err = run_cli("advise", str(db))
+    assert code == 0, err
+    advice = cli_json("advise", str(db), "--json")
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        ran = {s: json.loads(c) for s, c in con.execute("SELECT segment, config FROM segments")}
+    lines = out.splitlines()
+    assert lines[1].split()[:3] == ["configuration", "accum", "compress"], lines[1]
+    table = [(line[:30].strip(), *line[30:].split()[:2]) for line in lines[2:-1]]
+    assert len(table) == len(advice["predictions"]) == 13, out
+    by_name = {}
+    for config, accum, compress in table:
+        by_name.setdefault(config, set()).add((int(accum), compress))
+    for r in advice["predictions"]:
+        base = r["strategy"] + (f" {r['bucket_mb']:g} MB" if r["bucket_mb"] is not None else "") + (
+            " async" if r["async_op"] else "")
+        setting = (r["accum"], r["compress"])
+        if r["segment"] is not None:
+            assert setting == (ran[r["segment"]]["accum"], ran[r["segment"]]["compress"]), r
+        assert setting in by_name.get(base, set()), (base, setting, out)
+    assert by_name["ddp 25 MB"] == {(1, "none"), (1, "fp16"), (1, "bf16"), (1, "powersgd:32"), (4, "none")}, by_name
+    assert by_name["allreduce async"] == {(1, "none")}, by_name

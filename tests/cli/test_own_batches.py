@@ -33,6 +33,25 @@ WITNESS = textwrap.dedent("""
 """)
 
 
+def _tokens(db: str) -> dict[int, list[int]]:
+    """Each rank's recorded tokens per step, in step order."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT rank, tokens FROM steps ORDER BY rank, step").fetchall()
+    out: dict[int, list[int]] = {}
+    for rank, tokens in rows:
+        out.setdefault(rank, []).append(tokens)
+    return out
+
+
+def _job_tokens_per_s(db: str, warmup: int = 1) -> float:
+    """The glossary's tokens/s by SQL: every rank's tokens over its measured steps (warm-up and sampled steps left
+    out) divided by the slowest rank's time over them."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT rank, SUM(tokens), SUM(iter_s) FROM steps WHERE step >= ? AND sampled = 0 "
+                            "GROUP BY rank", (warmup,)).fetchall()
+    return sum(tokens for _, tokens, _ in rows) / max(seconds for _, _, seconds in rows)
+
+
 def _steps(db: str) -> dict[int, list[tuple[int, int]]]:
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT rank, step, batch_size FROM steps ORDER BY rank, step").fetchall()
@@ -51,12 +70,16 @@ def _closed(db: str) -> str:
 
 
 def test_the_transformer_runs_unchanged_from_the_command_line(tmp_path):
+    """... and its tokens are counted as its batches hold them (`--tokens`, the example's count of the positions its
+    mask does not mark as padding): each step's recorded tokens are the lengths of the items the collate function
+    padded for that rank's step (the witness reads them off the data set's items), and info's tokens/s is the
+    glossary's by SQL."""
     (tmp_path / "witness.py").write_text(WITNESS)
     db, log = tmp_path / "run.db", tmp_path / "batches.jsonl"
     result = ddptop("--headless", "--local", "2", "--backend", "gloo", "--steps", "6", "--batch-size", "8",
                     "--model", f"{EXAMPLE}:model", "--dataset", f"{EXAMPLE}:data", "--collate", "witness.py:collate",
-                    "--loss", f"{EXAMPLE}:loss", "--synthetic-size", "256", "--record", str(db), cwd=tmp_path,
-                    env={"WITNESS": str(log)}, timeout=300)
+                    "--loss", f"{EXAMPLE}:loss", "--tokens", f"{EXAMPLE}:tokens", "--synthetic-size", "256",
+                    "--record", str(db), "--log-every", "3", cwd=tmp_path, env={"WITNESS": str(log)}, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "finished: 6 steps on 2 ranks (done)" in result.stdout, result.stdout
     made = [json.loads(line) for line in log.read_text().splitlines()]
@@ -67,7 +90,29 @@ def test_the_transformer_runs_unchanged_from_the_command_line(tmp_path):
     assert len({m["ids"][1] for m in trained}) > 1 and sum(m["pads"] for m in trained) > 0, trained
     # every step recorded on both ranks with the samples it trained: 8 per rank, whatever their lengths
     assert _steps(str(db)) == {r: [(s, 8) for s in range(6)] for r in (0, 1)}
-    _closed(str(db))
+    # tokens: each rank's steps are its loader's batches in order (no workers on CPU: one collate per step)
+    made_by = {}
+    for m in trained:
+        made_by.setdefault(m["pid"], []).append(sum(m["lengths"]))
+    assert sorted(_tokens(str(db)).values()) == sorted(sums[:6] for sums in made_by.values()), (made_by, _tokens(str(db)))
+    assert all(sum(sums[:6]) > 0 for sums in made_by.values())
+    said = [line for line in result.stdout.splitlines() if line.startswith("step 6/6")]
+    assert said and " tokens/s (segment 0" in said[0], result.stdout
+    info = _closed(str(db))
+    header = next(line for line in info.splitlines() if "s/step slowest" in line).split()
+    row = next(line for line in info.splitlines() if line.split()[:2] == ["0", "0-5"]).split()
+    assert header[header.index("samples/s") + 1] == "tokens/s", info
+    # the row's cells after the config: s/step slowest, s/step mean, samples/s, tokens/s
+    assert float(row[row.index("lr=0.1") + 4]) == round(_job_tokens_per_s(str(db))), (info, _job_tokens_per_s(str(db)))
+    # the report's segment table: tokens/s beside samples/s, the same figure
+    report = ddptop("report", str(db), "-o", str(tmp_path / "report"), "--formats", "png", timeout=300)
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "report" / "report.md").read_text().splitlines()
+    names = next(line for line in page if "| tokens/s |" in line).strip("|").split("|")
+    cells = next(line for line in page if line.startswith("| 0 |")).strip("|").split("|")
+    at = [n.strip() for n in names].index("tokens/s")
+    assert names[at - 1].strip() == "samples/s", names
+    assert float(cells[at]) == round(_job_tokens_per_s(str(db))), (cells, _job_tokens_per_s(str(db)))
 
 
 def test_the_transformer_runs_in_its_own_loop_under_torchrun(tmp_path):
@@ -79,6 +124,18 @@ def test_the_transformer_runs_in_its_own_loop_under_torchrun(tmp_path):
     assert "ddptop: rank 0 finished 5 steps" in err and "ddptop: rank 1 finished 5 steps" in err, err
     [db] = glob.glob(str(tmp_path / "ddptop-runs" / "*.db"))
     assert _steps(db) == {r: [(s, 32) for s in range(5)] for r in (0, 1)}  # job.step(batch=...) read 32
+    # job.step(tokens=...): each rank's first 5 batches of epoch 0 as torch's DistributedSampler deals the example's
+    # data set to it, each item's tokens its length
+    from torch.utils.data import DistributedSampler
+
+    from ddptop.examples.transformer import data
+
+    train, _ = data()
+    truth = {}
+    for rank in (0, 1):
+        order = list(DistributedSampler(train, num_replicas=2, rank=rank))
+        truth[rank] = [sum(len(train[i]["ids"]) for i in order[32 * s:32 * (s + 1)]) for s in range(5)]
+    assert _tokens(db) == truth
     _closed(db)
 
 

@@ -1,7 +1,8 @@
 """The user's own code that raises while training (issue 44: not at the sample batch ddptop checks before any rank
 starts, but at batch 7 or step 3) is the user's error, said as such: one line per rank naming the file, line and
 function of their code and the exception, exit 3 (docs/reference/exit-codes.md), never "internal error" (exit 70,
-a bug of ddptop's) and never a traceback."""
+a bug of ddptop's) and never a traceback; the same from a DataLoader worker process, where torch keeps the user's
+frame only in the text of the exception it raises again in the rank."""
 
 from __future__ import annotations
 
@@ -55,7 +56,11 @@ def line_of(text: str) -> int:
      f"user_code.py:{line_of('item 3 has no label')} in collate: ValueError: item 3 has no label"),
     (["--model", "{code}:model"],
      f"user_code.py:{line_of('shape mismatch on purpose')} in forward: RuntimeError: shape mismatch on purpose"),
-])
+    # in a DataLoader worker process (GPU runs have workers): torch re-raises it in the rank without the user's frame,
+    # the worker's traceback only as text in the message
+    (["--model", "tiny", "--collate", "{code}:collate", "--workers", "1"],
+     f"user_code.py:{line_of('item 3 has no label')} in collate: ValueError: item 3 has no label"),
+], ids=["collate", "forward", "collate in a loader worker"])
 def test_the_users_code_raising_mid_run_is_one_line_each_rank_and_exit_3(tmp_path, flags, where):
     code = tmp_path / "user_code.py"
     code.write_text(CODE)

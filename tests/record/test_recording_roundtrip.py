@@ -229,3 +229,22 @@ def test_lab_recordings_from_before_nic_speeds_replay_the_job_interfaces_rate_fr
     with Recording.open(str(tmp_path / "plain.db")) as rec:
         (sample,) = [e for e in rec.events() if isinstance(e, SystemSample)]
     assert sample.nics[0].speed_bits_per_s is None
+
+
+def test_recordings_from_before_the_tokens_column_read_no_token_count(tmp_path):
+    """StepDone.tokens (issue 44) was added last: a file without the column reads 0 (no count), the rest unchanged."""
+    events = one_of_each()
+    steps = [e for e in events if isinstance(e, StepDone)]
+    steps[0] = dataclasses.replace(steps[0], tokens=1234)  # a batch that said its tokens
+    path = str(tmp_path / "old.db")
+    write(path, steps)
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT tokens FROM steps").fetchall() == [(1234,)] + [(0,)] * (len(steps) - 1)
+    db.execute("ALTER TABLE steps DROP COLUMN tokens")
+    db.commit()
+    db.close()
+    with Recording.open(path) as rec:
+        back = [e for e in rec.events() if isinstance(e, StepDone)]
+    assert [s.tokens for s in back] == [0] * len(steps)
+    assert as_json([dataclasses.replace(s, tokens=0) for s in back]) == as_json(
+        [dataclasses.replace(s, tokens=0) for s in steps])

@@ -204,3 +204,28 @@ def test_a_host_name_with_a_lone_surrogate_and_control_characters_is_shown_escap
                        for c in text), ascii(text)
     assert shown["ranks"].count("node\\ud800\\x1b]0;owned\\x07\\u202e7") == 2, shown["ranks"]
     assert shown["util"].count("node\\ud800") == 2, shown["util"]  # the utilisation rows cut the host to 10
+
+
+def test_tokens_per_s_shows_beside_the_rate_where_the_steps_carry_tokens(events):
+    """Issue 44: each step of the fixture given 10 tokens a sample (the test's own count): the header shows tokens/s
+    beside the rate, ten times it (the same steps over the same time); without tokens it shows none. The screen's
+    segment table keeps its columns (a tokens/s column squeezed every other at 160 columns: info and the report
+    carry it), so it reads the same either way."""
+    import dataclasses
+
+    from ddptop.events import StepDone
+    from ddptop.tui.render.tables import segment_table
+    from ddptop.tui.widgets.header import StatusHeader
+
+    def shown(stream):
+        state = SessionState()
+        state.apply_all(stream)
+        snap = state.snapshot()
+        return snap, StatusHeader("replay", None)._first_line(snap, True).plain, _plain(segment_table(snap, 160))
+
+    said = [dataclasses.replace(e, tokens=10 * e.batch_size) if isinstance(e, StepDone) else e for e in events[:300]]
+    snap, header, table = shown(said)
+    assert snap.tokens_per_s == pytest.approx(10 * snap.images_per_s) and snap.images_per_s > 0
+    assert f" {snap.images_per_s:,.0f} img/s {snap.tokens_per_s:,.0f} tokens/s" in header, header
+    plain, header, plain_table = shown(events[:300])
+    assert "tokens/s" not in header and plain_table == table and "…" not in table

@@ -394,6 +394,43 @@ def test_node_cpu_in_a_quota_cgroup_is_its_share_of_the_quota(netns):
     quota, checked against the kernel's own cpuacct.usage for the same cgroup (a twin in the cpuacct hierarchy) over
     the same window, and far from the whole machine's share. Under `ip netns exec` (how the lab starts its ranks)
     no cgroup files are mounted: the lab's DDPTOP_LAB_CPUS gives the quota there."""
+    share, quota, truth = _node_cpu_in_a_quota_cgroup(BUSY_NODE, netns)
+    assert quota == 0.5 and truth > 70  # the busy loop fills its quota: the kernel counted it
+    assert abs(share - truth) < 15, (share, truth)
+    assert share > 100 * 0.5 / psutil.cpu_count() + 25  # not the machine's share: a half core of all of them
+
+
+# A DataLoader worker's life inside a lab node: busy when the reader starts, gone (killed and reaped) mid-interval.
+WORKER_LEAVES = """
+import json, subprocess, sys, time
+from ddptop.sources.system import CpuMemReader
+busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+time.sleep(0.5)
+reader = CpuMemReader()
+print("ready", flush=True)
+time.sleep(0.5)
+busy.kill()
+busy.wait()  # reaped by its parent, a member of the same cgroup, as torch reaps its DataLoader workers
+time.sleep(0.5)
+cpu = reader.read()
+print(json.dumps([cpu.node_cpu_percent, cpu.node_cpu_quota]), flush=True)
+"""
+
+
+@pytest.mark.alone
+def test_node_cpu_keeps_the_time_of_a_process_that_left_the_quota_cgroup():
+    """Issue 44: under `ip netns exec` the node's CPU time is the sum over its processes, and one that left took
+    its time with it: the sum fell and the node read 0% while it had been busy (the report's "node at 0%" on a
+    saturated machine, each time the DataLoader's workers ended). The kernel's cpuacct.usage for the same cgroup
+    counts the worker's half second; the node CPU must say the same share, not 0."""
+    share, quota, truth = _node_cpu_in_a_quota_cgroup(WORKER_LEAVES, netns=True)
+    assert quota == 0.5 and truth > 35  # busy for half of the window at its quota: the kernel counted it
+    assert abs(share - truth) < 15, (share, truth)
+
+
+def _node_cpu_in_a_quota_cgroup(script, netns):
+    """Run `script` in a fresh cgroup with a 0.5-core quota: (its node CPU share, its quota, the kernel's share over
+    the window from its "ready" line to its result line)."""
     tag = f"ddptop-test-{uuid.uuid4().hex[:8]}"
     cpu, acct = _v1_cgroup("cpu") / tag, _v1_cgroup("cpuacct") / tag
     made, ns = [], f"ddptop-c-{tag[-8:]}"
@@ -408,7 +445,7 @@ def test_node_cpu_in_a_quota_cgroup_is_its_share_of_the_quota(netns):
             for group in (cpu, acct):
                 (group / "cgroup.procs").write_text(str(os.getpid()))
 
-        argv = [sys.executable, "-c", BUSY_NODE]
+        argv = [sys.executable, "-c", script]
         if netns:
             ip("netns", "add", ns)
             argv = ["ip", "netns", "exec", ns, *argv]
@@ -419,10 +456,7 @@ def test_node_cpu_in_a_quota_cgroup_is_its_share_of_the_quota(netns):
         share, quota = json.loads(proc.stdout.readline())
         used1, t1 = int((acct / "cpuacct.usage").read_text()), time.monotonic()
         proc.wait(timeout=10)
-        truth = 100 * (used1 - used0) / 1e9 / ((t1 - t0) * 0.5)
-        assert quota == 0.5 and truth > 70  # the busy loop fills its quota: the kernel counted it
-        assert abs(share - truth) < 15, (share, truth)
-        assert share > 100 * 0.5 / psutil.cpu_count() + 25  # not the machine's share: a half core of all of them
+        return share, quota, 100 * (used1 - used0) / 1e9 / ((t1 - t0) * 0.5)
     finally:
         if netns:
             ip("netns", "del", ns, check=False)

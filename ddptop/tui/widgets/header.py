@@ -81,6 +81,8 @@ class StatusHeader(Widget):
             out.append(f" · {rate_unit(snap)} paused", style=palette.NOTE)
         elif not snap.finished:
             out.append(f" · {snap.images_per_s:,.0f} {rate_unit(snap)}")
+            if snap.tokens_per_s > 0:  # the batches say how many tokens they hold
+                out.append(f" {snap.tokens_per_s:,.0f} tokens/s")
         cost = own_cost(snap)
         if cost and wide and not snap.finished:
             out.append(f" · {cost}")
