@@ -57,6 +57,9 @@ class SegmentData:
     # DDP buckets that no other bucket ran beside (on every rank), each on its own: what tells a transfer beside the
     # backward pass from one alone within one segment (link.fit_comm_slowdown)
     isolated: tuple[CommSample, ...] = ()
+    # α (seconds per ring step) fitted on another segment of the recording, and which (inputs.latency); None: none
+    latency: tuple[int, float] | None = None
+    backend: str = ""  # the collectives' ("gloo", "nccl"; older files: "", all gloo): which constants hold (constants.py)
 
     @property
     def bytes_per_param(self) -> float:
