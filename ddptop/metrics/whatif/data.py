@@ -59,7 +59,7 @@ class SegmentData:
     isolated: tuple[CommSample, ...] = ()
     # α (seconds per ring step) fitted on another segment of the recording, and which (inputs.latency); None: none
     latency: tuple[int, float] | None = None
-    backend: str = ""  # the collectives' ("gloo", "nccl"; older files: "", all gloo): which constants hold (constants.py)
+    backend: str = ""  # the collectives' ("gloo", "nccl"; older files: "", all gloo): which constants hold there
 
     @property
     def bytes_per_param(self) -> float:
