@@ -249,6 +249,9 @@ class GpuStat:
     nvlink_tx_bytes_s: float | None = None
     proc_mem_bytes: int | None = None  # this rank's process alone (context and allocator), as NVML counts it
     uuid: str = ""
+    # NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ since the driver loaded) in joules; None
+    # before Volta, on MIG slices, and in recordings from before it (metrics.energy: power × time then)
+    energy_j: float | None = None
 
 
 @dataclass(frozen=True)

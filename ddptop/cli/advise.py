@@ -80,7 +80,10 @@ def cmd_advise(argv: Sequence[str]) -> int:
     with reading(args.file) as rec:
         seg, rows = predictions(rec, args.segment, _rate(args.link) if args.link else None, buckets, worlds, links,
                                 args.links and args.link, settings=settings)
-    out = {"from_segment": seg.segment, "predictions": rows, "best": best(rows, seg, rows[0]["link"])}
+    from ddptop.metrics.whatif.rows import fitted_constants
+
+    out = {"from_segment": seg.segment, "predictions": rows, "best": best(rows, seg, rows[0]["link"]),
+           "constants": fitted_constants(seg)}
     emit(json.dumps(out, indent=1) if args.json else render({**out, "link": rows[0]["link"]}, seg))
     return 0
 
@@ -97,7 +100,11 @@ def best(rows: list[dict], seg, link: str | None) -> dict:
 def render(out: dict, seg) -> str:
     """The table, best first (each row by its measurement where the recording ran it, else its prediction), with
     the fitted segment's line and out["best"]'s gain, or why there is none."""
+    from ddptop.metrics.whatif.model import fit
     from ddptop.metrics.whatif.rows import config_name, error_se, ranked_s
+
+    def fit_constants(seg):
+        return fit(seg).constants
     from ddptop.record.whatif import name as _name
 
     rows = sorted(out["predictions"], key=ranked_s)  # the order the advice ranks them in
@@ -112,16 +119,20 @@ def render(out: dict, seg) -> str:
     for r in rows:
         measured = f"{r['measured_step_s']:.3f}" if r["measured_step_s"] is not None else "–"
         error = spread = "–"
-        if r["measured_step_s"]:
+        if r["measured_step_s"] and r["step_s"] is not None:
             error = f"{100 * (r['step_s'] - r['measured_step_s']) / r['measured_step_s']:+.1f}%"
         if r["measured_step_s"] and r["segment"] != seg.segment:  # the fitted row is exact by construction
             spread = f"{100 * error_se(r['step_se_s'], r['measured_step_se_s'], r['measured_step_s']):.1f}%"
         # every row says its accum and compression in their own columns, 1 and none too (the screen's acc/cmp)
         plain = _name({**r, "accum": 1, "compress": "none"})
+        step = "n/a" if r["step_s"] is None else f"{r['step_s']:.3f}"
         lines.append(f"{plain:30} {r['accum']:>5} {r['compress']:>11} {r['world_size']:>5} "
-                     f"{r['link'] or 'as run':>9} {r['step_s']:>8.3f} "
+                     f"{r['link'] or 'as run':>9} {step:>8} "
                      f"{r['exposed_comm_s']:>8.3f} {100 * r['overlap']:>6.0f}% {r['held_bytes'] / 1e6:>8.2f} "
                      f"{measured:>9} {error:>7} {spread:>7}")
+    lines += [f"  {r['n_a']} ({_name(r)}, {r['world_size']} ranks)" for r in rows if r["step_s"] is None]
+    lines += ["constants (each fitted on the segment where it can tell, else where it came from):"]
+    lines += [f"  {c.describe()}" for c in fit_constants(seg)]
     best = out["best"]
     gain, ranks = best["saving_s"], best["world_size"]
     if best["verdict"] == "in force":

@@ -27,7 +27,8 @@ def candidates(rows: Sequence[Mapping[str, Any]], world_size: int, current_mb: f
                ) -> list[float]:
     """The `trials` (at most MAX_TRIALS) DDP bucket sizes predicted fastest on the run's own world size and link,
     ties by size; the size in force is left out (the starting segment measures it)."""
-    ddp = sorted((r for r in _ddp_rows(rows, world_size) if float(r["bucket_mb"]) != float(current_mb)),
+    ddp = sorted((r for r in _ddp_rows(rows, world_size)
+                  if float(r["bucket_mb"]) != float(current_mb) and r["step_s"] is not None),
                  key=lambda r: (r["step_s"], r["bucket_mb"]))
     out: list[float] = []
     for r in ddp:

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ddptop.metrics import rate_unit, table_rows, tables
+from ddptop.metrics.energy import RankEnergy, energies, lines as energy_lines
 from ddptop.metrics.memory import memory_table
 from ddptop.metrics.stragglers import Stragglers, analyse
 from ddptop.events import LogLine, ModelsDiverged, RankShifted, RunFinished
@@ -54,7 +55,19 @@ def summary(rec: Recording, table: list | None = None) -> dict[str, Any]:
         "warnings": [e.describe() for e in notable if isinstance(e, ModelsDiverged)],
         "shifts": [e.describe() for e in notable if isinstance(e, RankShifted)],
         "stragglers": stragglers(rec)[None].describe() if rec.world_size > 1 else "",
+        **energy(rec),
     }
+
+
+def energy(rec: Recording) -> dict[str, Any]:
+    """Each rank's joules per step and sample (metrics.energy), and why there are none: the steps are read again
+    only where a sample holds a GPU."""
+    gpu = rec.query("SELECT 1 FROM system WHERE gpus != '[]' LIMIT 1")
+    status = rec.query("SELECT gpu_status FROM system WHERE gpus = '[]' LIMIT 1")
+    if not gpu:
+        return {"energy": {}, "energy_why": f"no GPU reading ({clean(status[0][0]) if status else 'none recorded'})"}
+    found, why = energies(rec.events(("steps", "system")))
+    return {"energy": {str(r): dataclasses.asdict(e) for r, e in found.items()}, "energy_why": why}
 
 
 def stragglers(rec: Recording) -> dict[int | None, Stragglers]:
@@ -214,6 +227,10 @@ def render(s: dict[str, Any]) -> str:
             lines.append(f"  segment {seg['index']}: started at {_clock(seg['t'])}, one-off {seg['switch_mb']:.1f} MB "
                          f"broadcast from rank 0, switch took {seg['switch_s']:.2f} s")
     lines += memory_lines(s.get("memory", []))
+    if "energy" in s:
+        found = {int(r): RankEnergy(**e) for r, e in s["energy"].items()}
+        said = energy_lines(found, s.get("energy_why", ""))
+        lines += [f"energy     {said[0]}"] if not found else ["energy     joules per rank (the GPU's board)", *said]
     if s.get("stragglers"):
         lines.append(f"stragglers {s['stragglers']}")
     lines += [f"shifted    {x}" for x in s.get("shifts", [])[:10]]

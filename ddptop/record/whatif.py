@@ -37,9 +37,9 @@ def segment_data(rec: Recording, segment: int | None = None, link_bps: float | N
                       f"WHERE segment = ? AND step >= ? AND sampled = 0 AND "
                       f"{' AND '.join(f'{c} IS NOT NULL' for c in fields)}", (segment, fig.first_step + fig.warmup))
     # spans decoded as the reader decodes them (every field checked; a row holding NULL or NaN left out)
-    spans = (e for e in rec.events(("spans",)) if isinstance(e, StepSpans) and e.segment == segment)
+    spans = (e for e in rec.events(("spans",)) if isinstance(e, StepSpans))
     try:
-        return segment_input(fig, run, rec.world_size, rows, spans, link_bps)
+        return segment_input(fig, run, rec.world_size, rows, spans, link_bps, list(figures.values()))
     except NoFit as exc:
         raise UsageError(f"{rec.path}: {exc}") from None
 

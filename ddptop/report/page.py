@@ -88,6 +88,7 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks += straggler_blocks(runs)
     blocks += memory_blocks(runs)
     blocks += strategies.blocks(runs)
+    blocks += energy_blocks(runs)
     gpu = markdown.gpu_table(stats)
     if gpu:
         blocks += [("h2", "GPU memory and utilization per configuration"), gpu,
@@ -111,6 +112,29 @@ def document(runs: list[RunData], shown: list[list[SegmentStats]], left_out: lis
     blocks += [("h2", "Glossary"), ("table", ["term", "unit", "meaning"],
                                     [[k, u or "–", d] for k, (u, d) in terms.items()])]
     return blocks
+
+
+def energy_blocks(runs: list[RunData]) -> list[tuple]:
+    """Each rank's joules per step and per sample, and spent waiting in exposed communication (metrics.energy); one
+    sentence where no run has any (never zeros)."""
+    from ddptop.metrics.energy import RankEnergy
+
+    rows = [[markdown.untrusted(run.name), str(r), f"{e.j_per_step:.4g}", f"{e.j_per_sample:.4g}",
+             f"{e.comm_j_per_step:.4g}", f"{e.watts:.0f}", e.source, f"{e.period_s:.2g} s" if e.period_s else "–",
+             str(e.steps)]
+            for run in runs for r, e in sorted((int(k), RankEnergy(**v)) for k, v in run.energy.items())]
+    if not rows:
+        why = "; ".join(sorted({run.energy_why for run in runs if run.energy_why}))
+        return [("h2", "Energy per rank"), ("p", f"None measured: {markdown.untrusted(why)}.")]
+    return [("h2", "Energy per rank"),
+            ("table", ["run", "rank", "J/step", "J/sample", "J/step waiting in comm", "W", "from", "read every",
+                       "steps"], rows),
+            ("p", "From NVML's total-energy counter (nvmlDeviceGetTotalEnergyConsumption, the whole board since the "
+                  "driver loaded), read by the sampler every 0.5 s: the joules between a rank's first and last "
+                  "reading over the steps received between them; where a GPU has no counter, its mean power × the "
+                  "steps' time (said in the from column). Waiting in comm: the mean power × the steps' exposed "
+                  "communication, an upper bound (a waiting GPU draws less than a computing one): the counter's "
+                  "readings are too far apart to be differenced over a few milliseconds of communication.")]
 
 
 MEMORY_NOTE = ("What each rank held in its own storage (a sharded strategy's shard, each storage once) at the end "

@@ -66,6 +66,8 @@ class RunData:
     versus: tuple | None = None  # ddptop.record.whatif.versus: predicted vs measured from advise's segment
     threads: dict = field(default_factory=dict)  # rank → torch's threads (RankJoined): its CPU's plausible ceiling
     memory: list = field(default_factory=list)  # metrics.memory.RankMemory per (segment, rank)
+    energy: dict = field(default_factory=dict)  # rank → metrics.energy.RankEnergy as a dict (record.info.energy)
+    energy_why: str = ""  # why there is none, where no rank has any
 
     @property
     def name(self) -> str:
@@ -76,7 +78,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
     """One recording, its steps streamed (memory: the segments' sums and the run's other events, never every step:
     a file of 10^6 steps reports in under 200 MB, see README's Recordings)."""
     from ddptop.record.info import note_incomplete
-    from ddptop.record.info import stragglers, verdict
+    from ddptop.record.info import energy as run_energy, stragglers, verdict
     from ddptop.record import whatif
     from ddptop.record.reader import DAMAGE, Recording, damaged
 
@@ -106,6 +108,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         points = _points(rec.step_losses(), steps) if stats else []
         late = stragglers(rec)
         memory = memory_table(rec.memory_events())
+        energy = run_energy(rec)
         table = figures.segments()
         predicted, versus = whatif.bests(rec, table), whatif.versus(rec, table)
         left_out = rec.left_out_line()  # once every row was read
@@ -130,6 +133,7 @@ def load(path: str, warmup: int | None = None, label: str = "") -> RunData:
         epoch_images=(started.steps_per_epoch * started.accum * started.batch_size * world) if started else 0,
         layers=started.layers if started else (), link=meta.get("link") if isinstance(meta.get("link"), dict) else {},
         stragglers=late, predicted=predicted, versus=versus, memory=memory,
+        energy=energy["energy"], energy_why=energy["energy_why"],
         threads={e.rank: e.threads for e in events if isinstance(e, RankJoined)})
 
 

@@ -115,6 +115,7 @@ class GpuReader:
         nv, h = self._nvml, d.handle
         mem = self._metric(lambda: nv.nvmlDeviceGetMemoryInfo(h))
         power_mw = self._metric(lambda: nv.nvmlDeviceGetPowerUsage(h))
+        energy_mj = self._metric(lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h))
         pcie = [self._metric(lambda c=c: nv.nvmlDeviceGetPcieThroughput(h, c) * KIB)
                 for c in (nv.NVML_PCIE_UTIL_RX_BYTES, nv.NVML_PCIE_UTIL_TX_BYTES)]
         nvlink = self._nvlink_rates(d) if d.nvlink else (None, None)
@@ -129,6 +130,7 @@ class GpuReader:
             sm_clock_mhz=self._metric(lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
             pcie_rx_bytes_s=pcie[0], pcie_tx_bytes_s=pcie[1], nvlink_rx_bytes_s=nvlink[0],
             nvlink_tx_bytes_s=nvlink[1], proc_mem_bytes=self._metric(lambda: self._own_memory(h)), uuid=d.uuid,
+            energy_j=None if energy_mj is None else energy_mj / 1000.0,
         )
 
     def _nvlink_rates(self, d: _Device) -> tuple[float | None, float | None]:

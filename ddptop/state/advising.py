@@ -130,7 +130,7 @@ class Advisor:
             steps = [step_row(d) for h in state.history.values() for d in h
                      if d.segment == fig.index and d.step >= first and not d.sampled]
             try:
-                seg = segment_input(fig, run, _world(state), steps, state.spans.values())
+                seg = segment_input(fig, run, _world(state), steps, state.spans.values(), table=table)
                 rows = prediction_rows(seg, measured_steps(table))
             except (NoFit, ValueError, KeyError, ZeroDivisionError) as exc:
                 seg, why = None, str(exc).replace("pick another --segment", "it will fit once one is sampled")
@@ -146,8 +146,9 @@ class Advisor:
             seg, rows, _ = self._fit(state, table, figures[earlier])
             if seg is not None:  # settled: no row means the model does not predict it (another batch size)
                 row = row_for(rows, cfg, seg)
-                self._predicted[index] = row and Check(index, config_name(cfg), earlier, row["step_s"],
-                                                       predicted_se_s=row["step_se_s"])
+                # a prediction that cannot be (rows: "n_a") is no prediction to check
+                self._predicted[index] = None if row is None or row["step_s"] is None else Check(
+                    index, config_name(cfg), earlier, row["step_s"], predicted_se_s=row["step_se_s"])
                 return
 
     def _unsettled(self, state) -> list[int]:

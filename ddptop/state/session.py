@@ -12,6 +12,7 @@ from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, 
                            MemorySample, ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed,
                            RunFinished, RunStarted, RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap, TuneNote,
                            RankShifted)
+from ddptop.metrics.energy import EnergyMeter
 from ddptop.metrics.expected import expected_bytes
 from ddptop.metrics.memory import MemoryTable
 from ddptop.metrics.learning import RECENT_STEPS as LOSS_RECENT, START_STEPS as LOSS_START, loss_flag
@@ -45,6 +46,7 @@ class SessionState:
         self.spans: collections.OrderedDict[tuple[int, int], StepSpans] = collections.OrderedDict()
         self.util: dict[int, dict[str, collections.deque]] = {}
         self.samples: dict[int, collections.deque] = {}  # SystemSample per rank: NIC bytes against the formulas
+        self.energy: dict[int, EnergyMeter] = {}  # per rank: a few numbers, fed every step and sample
         self.nodes = NodeTracker()
         self.notices: collections.deque[str] = collections.deque(maxlen=NOTICES)
         self.paused = False
@@ -101,6 +103,7 @@ class SessionState:
         self._set(e.rank, last=e, state=state)
         history = self.history.setdefault(e.rank, collections.deque(maxlen=STEP_HISTORY))
         history.append(e)
+        self._meter(e.rank).step(e)
         self.table.apply(e)
         self._check_loss(e.rank, history)
 
@@ -126,7 +129,14 @@ class SessionState:
         self.clock_syncs = self.clock_syncs[:1] + [e]
         self._straggler = None
 
+    def _meter(self, rank: int) -> EnergyMeter:
+        meter = self.energy.get(rank)
+        if meter is None:
+            meter = self.energy[rank] = EnergyMeter(rank)
+        return meter
+
     def _system(self, e: SystemSample) -> None:
+        self._meter(e.rank).sample(e)
         self._set(e.rank, system=e, host=e.host if self._rank(e.rank).host == "?" else self._rank(e.rank).host)
         hist = self.util.setdefault(e.rank, {k: collections.deque(maxlen=UTIL_HISTORY)
                                              for k in ("cpu", "rss", *GPU_HISTORIES)})
@@ -264,7 +274,7 @@ class SessionState:
         views = [self.ranks[r] for r in sorted(self.ranks)]
         running = [v for v in views if v.state == "running" and v.last]
         slowest = max(running, key=lambda v: v.last.iter_s).rank if len(running) > 1 else None
-        return tuple(replace(v, slowest=v.rank == slowest) for v in views)
+        return tuple(replace(v, slowest=v.rank == slowest, energy=self._meter(v.rank).figures()) for v in views)
 
     def _eval_points(self) -> tuple[EvalPoint, ...]:
         points = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ddptop.metrics.energy import RankEnergy
 from ddptop.metrics.tables import describe
 from ddptop.events import NicStat, StepDone, StepSpans, SystemSample
 
@@ -21,6 +22,7 @@ class RankView:
     last: StepDone | None = None
     system: SystemSample | None = None
     slowest: bool = False  # the largest iteration time among running ranks (with 2 or more)
+    energy: RankEnergy | None = None  # joules per step and sample since the first GPU reading (metrics.energy)
 
     @property
     def step(self) -> int:

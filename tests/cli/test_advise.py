@@ -13,8 +13,8 @@ import pytest
 from in_process import cli_json, run_cli, slowest_rank_means, slowest_rank_standard_errors
 
 REC = Path(__file__).resolve().parents[2] / "recordings"
-KEYS = ["strategy", "bucket_mb", "async_op", "accum", "compress", "world_size", "link", "step_s", "exposed_comm_s",
-        "overlap", "held_bytes", "measured_step_s", "segment", "step_se_s", "measured_step_se_s"]
+KEYS = ["strategy", "bucket_mb", "async_op", "accum", "compress", "world_size", "link", "step_s", "n_a",
+        "exposed_comm_s", "overlap", "held_bytes", "measured_step_s", "segment", "step_se_s", "measured_step_se_s"]
 
 
 def advise(*argv: str) -> dict:
@@ -33,7 +33,12 @@ def errors(advice: dict, truth: dict[int, float]) -> dict[int, float]:
 
 def test_the_json_is_issue_23s_shape_with_measured_steps_from_sql():
     advice = advise(str(REC / "cs744-lab.db"))
-    assert sorted(advice) == ["best", "from_segment", "predictions"] and advice["from_segment"] == 3  # 1st DDP one
+    assert sorted(advice) == ["best", "constants", "from_segment", "predictions"] and advice["from_segment"] == 3
+    # the fitted segment is the first DDP one; every row a physical prediction; α fitted on segment 2 (allreduce)
+    assert all(r["step_s"] is not None and r["n_a"] is None for r in advice["predictions"])
+    assert [c["name"] for c in advice["constants"]] == ["compute slowdown", "comm slowdown", "DDP bucket copy",
+                                                        "collective latency"]
+    assert advice["constants"][3]["source"] == "fitted on segment 2's per-parameter all_reduces"
     truth = slowest_rank_means(REC / "cs744-lab.db", warmup=2)
     rows = advice["predictions"]
     assert all(list(r) == KEYS for r in rows)

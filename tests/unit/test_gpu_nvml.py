@@ -35,9 +35,10 @@ class NVMLError_DriverNotLoaded(NVMLError):
     pass
 
 
-def gpu(name="NVIDIA H100 80GB HBM3", uuid="GPU-00000000-aaaa", links=0, migs=(), power=True):
+def gpu(name="NVIDIA H100 80GB HBM3", uuid="GPU-00000000-aaaa", links=0, migs=(), power=True, energy_mj=0):
+    """energy_mj: the total-energy counter (None: the board has none, as before Volta)."""
     return {"name": name, "uuid": uuid, "links": links, "migs": list(migs), "power": power,
-            "nvlink": [0, 0], "procs": [(ME, 3 << 30), (999, 1 << 30)]}
+            "nvlink": [0, 0], "procs": [(ME, 3 << 30), (999, 1 << 30)], "energy_mj": energy_mj}
 
 
 class FakeNvml:
@@ -128,6 +129,12 @@ class FakeNvml:
             raise NVMLError_NotSupported("Not Supported")
         return 312_500
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self._physical_only(h)
+        if self._item(h).get("energy_mj") is None:
+            raise NVMLError_NotSupported("Not Supported")
+        return self._item(h)["energy_mj"]
+
     def nvmlDeviceGetTemperature(self, h, sensor):
         self._physical_only(h)
         return 64
@@ -180,6 +187,11 @@ def test_every_field_of_a_gpu_with_nvlink():
     assert (first.power_w, first.temp_c, first.sm_clock_mhz) == (312.5, 64.0, 1980.0)
     assert (first.pcie_rx_bytes_s, first.pcie_tx_bytes_s) == (1000 * 1024, 250 * 1024)
     assert first.proc_mem_bytes == 3 << 30  # this process's, not the other one's
+    assert first.energy_j == 0.0  # the counter, in joules (NVML gives mJ)
+    node[0]["energy_mj"] = 123_456_789
+    assert r.read()[1][0].energy_j == 123_456.789
+    node[0]["energy_mj"] = None  # a board without the counter: that field only
+    assert r.read()[1][0].energy_j is None and r.read()[1][0].power_w == 312.5
     assert (first.nvlink_rx_bytes_s, first.nvlink_tx_bytes_s) == (None, None)  # a rate needs two readings
     node[0]["nvlink"] = [2_000_000, 1_000_000]  # KiB sent, received since the last read
     clock.t += 0.5

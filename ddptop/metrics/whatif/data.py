@@ -57,7 +57,11 @@ class SegmentData:
     # DDP buckets that no other bucket ran beside (on every rank), each on its own: what tells a transfer beside the
     # backward pass from one alone within one segment (link.fit_comm_slowdown)
     isolated: tuple[CommSample, ...] = ()
-    backend: str = "gloo"  # the run's (RunStarted.backend): gloo runs a reduce-scatter as an all-reduce
+    # α (seconds per ring step) fitted on another segment of the recording, and which (inputs.latency); None: none
+    latency: tuple[int, float] | None = None
+    # the collectives' ("gloo", "nccl"; older files: "", all gloo): which constants hold there, and how a
+    # reduce-scatter runs (gloo: as an all-reduce)
+    backend: str = ""
 
     def units(self) -> list[int]:
         """Bytes per top-level block of the model, in order: the zero strategies' default sharding units."""

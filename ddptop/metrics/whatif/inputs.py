@@ -64,14 +64,17 @@ def pick_segment(table: Sequence) -> int | None:
 
 
 def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], spans: Iterable,
-                  link_bps: float | None = None) -> SegmentData:
+                  link_bps: float | None = None, table: Sequence = ()) -> SegmentData:
     """SegmentData of segment `fig` (a metrics.SegmentFigures with measured steps): `run` the RunStarted (its
     parameter layout), `rows` its steps as step_row tuples (any; those before the warm-up and sampled ones are the
-    caller's to leave out), `spans` StepSpans (any segment: this one's after the warm-up are used)."""
+    caller's to leave out), `spans` StepSpans (any segment: this one's after the warm-up are used; another's
+    per-parameter all_reduces, where `table` names its segment, fit the collectives' latency: `latency`)."""
+    spans = list(spans)
     if not uncompressed(fig.config):
         raise NoFit(f"segment {fig.index} ran compress={fig.config.get('compress')}: its collectives' times hold "
                     "the compression's own work, so the link cannot be fitted on them: pick an uncompressed --segment")
     first = fig.first_step + fig.warmup
+    alpha = latency(spans, [f for f in table if f.index < fig.index], world_size)
     spans = [e for e in spans if e.segment == fig.index]
     is_async = bool(fig.config.get("async_op")) and fig.config.get("strategy") == "allreduce"
     backward, comm, isolated = samples(spans, first, is_async)
@@ -90,7 +93,28 @@ def segment_input(fig, run, world_size: int, rows: Iterable[Sequence[float]], sp
                        step_s=fig.slowest.step_s, step_se_s=fig.slowest.step_se_s, backward=backward, comm=comm,
                        link_bps=link_bps,
                        param_shapes=tuple(tuple(s) for s in getattr(run, "param_shapes", ()) or ()),
-                       isolated=isolated, backend=getattr(run, "backend", "") or "gloo", **parts(rows))
+                       isolated=isolated, backend=getattr(run, "backend", "") or "", latency=alpha,
+                       **parts(rows))
+
+
+def latency(spans: Sequence, table: Sequence, world_size: int) -> tuple[int, float] | None:
+    """(segment, α) fitted on the newest segment of `table` (the caller passes those before the fitted one, all the
+    live screen had when it fitted that one: one segment, one fit) that ran per-parameter all_reduce synchronously: its
+    tensors' sizes spread over orders of magnitude, so the line separates α from β (link.fit_line), which one DDP
+    segment's pooled buckets cannot. None where no such segment has sampled spans."""
+    from ddptop.metrics.whatif.link import fit_line
+
+    sync = [f for f in table if f.measured_steps and f.config.get("strategy") == "allreduce"
+            and not f.config.get("async_op") and uncompressed(f.config) and accum_of(f.config) == 1]
+    for f in sorted(sync, key=lambda f: -f.index):
+        own = [e for e in spans if e.segment == f.index]
+        _, comm, _ = samples(own, f.first_step + f.warmup, False)
+        if not comm:  # a sweep's warm-up can hold its only sampled step (segment_input)
+            _, comm, _ = samples(own, f.first_step + 1, False)
+        line = fit_line("allreduce", [c for c in comm if c.kind == "allreduce"], world_size)
+        if line is not None and line.alpha_fitted:
+            return f.index, line.alpha
+    return None
 
 
 def samples(spans: Iterable, first: int, is_async: bool) -> tuple[tuple, tuple[CommSample, ...],

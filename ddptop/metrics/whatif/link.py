@@ -44,6 +44,7 @@ class Line:
     beta: float  # seconds per wire byte
     residual: float
     samples: int
+    alpha_fitted: bool = True  # False: the samples' sizes could not separate α from β, α is the caller's
 
     def time(self, kind: str, nbytes: float, world: int, beta: float | None = None) -> float:
         if world <= 1:
@@ -57,8 +58,10 @@ def work_s(sample: CommSample, slowdown: float) -> float:
     return sample.dur_s - sample.overlap_s + sample.overlap_s / (1 + slowdown)
 
 
-def fit_line(kind: str, samples: Sequence[CommSample], world: int, slowdown: float = 0.0) -> Line | None:
-    """Least squares over the samples' times alone (compute.py: what running beside the backward pass costs)."""
+def fit_line(kind: str, samples: Sequence[CommSample], world: int, slowdown: float = 0.0,
+             default_alpha: float = DEFAULT_ALPHA) -> Line | None:
+    """Least squares over the samples' times alone (compute.py: what running beside the backward pass costs);
+    `default_alpha` where their sizes cannot separate α from β (constants.alpha)."""
     alone = [s for s in samples if s.dur_s > 0]
     if not alone or world <= 1:
         return None
@@ -72,12 +75,13 @@ def fit_line(kind: str, samples: Sequence[CommSample], world: int, slowdown: flo
         alpha = (my - beta * mx) / steps
         if beta <= 0 or alpha < 0:  # noise on few sizes: fall back to bandwidth only
             alpha, beta = 0.0, sum(ys) / sum(xs)
-    else:  # one size (DDP's buckets pooled per step): α cannot be told from β, so it is the lab's
-        alpha = DEFAULT_ALPHA
+    else:  # one size (DDP's buckets pooled per step): α cannot be told from β, so it is the caller's
+        alpha = default_alpha
         beta = max(0.0, sum(ys) - alpha * steps * len(ys)) / sum(xs) if sum(xs) > 0 else 0.0
-    line = Line(alpha, beta, 0.0, len(alone))
+    fitted = max(xs) >= 2 * max(min(xs), 1.0)
+    line = Line(alpha, beta, 0.0, len(alone), fitted)
     errors = [(line.time(kind, s.nbytes, world) - y) / y for s, y in zip(alone, ys)]
-    return Line(alpha, beta, (sum(e * e for e in errors) / len(errors)) ** 0.5, len(alone))
+    return Line(alpha, beta, (sum(e * e for e in errors) / len(errors)) ** 0.5, len(alone), fitted)
 
 
 # a bucket counts as beside the backward pass when at least this share of its time ran beside it, as alone when at
@@ -114,12 +118,14 @@ def fit_comm_slowdown(isolated: Sequence[CommSample], world: int, alpha: float =
     return min(MAX_SLOWDOWN, max(0.0, beside / alone - 1.0))
 
 
-def fit_links(samples: Iterable[CommSample], world: int, slowdown: float = 0.0) -> dict[str, Line]:
+def fit_links(samples: Iterable[CommSample], world: int, slowdown: float = 0.0,
+              default_alpha: float = DEFAULT_ALPHA) -> dict[str, Line]:
     """One line per kind seen; kinds not seen borrow the busiest-sampled kind's line (same link, same β)."""
     by_kind: dict[str, list[CommSample]] = {}
     for s in samples:
         by_kind.setdefault(s.kind, []).append(s)
-    lines = {k: line for k, v in by_kind.items() if (line := fit_line(k, v, world, slowdown)) is not None}
+    lines = {k: line for k, v in by_kind.items()
+             if (line := fit_line(k, v, world, slowdown, default_alpha)) is not None}
     if not lines:
         return {}
     best = max(lines.values(), key=lambda line: line.samples)

@@ -9,7 +9,9 @@ from typing import Iterable, Mapping, Sequence
 
 from ddptop.metrics.buckets import ddp_buckets
 from ddptop.metrics.memory import held_by_formula
+from ddptop.metrics.whatif import constants
 from ddptop.metrics.whatif.compute import COMM_SLOWDOWN, COMPUTE_SLOWDOWN, Backward, fit_backward
+from ddptop.metrics.whatif.constants import DDP_COPY_S_PER_BYTE, Constant
 from ddptop.metrics.whatif.data import SegmentData
 from ddptop.metrics.whatif.link import Line, fit_comm_slowdown, fit_links
 from ddptop.metrics.whatif.settings import accum_of, check, compress_of, micro_s, transfer
@@ -22,10 +24,6 @@ BUCKETS_MB = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0)
 # hand-off between collectives overlaps the previous one, saving ASYNC_SAVES of each α after the first (the lab:
 # 0.516 s of communication async against 0.579 s sync, 33 hand-offs of 3.6 ms: 0.53; README "What-if / advise")
 ASYNC_SAVES = 0.5
-# DDP's backward pass also copies every gradient into its bucket (and the result back): 0.249 s of backward at
-# 50 MB buckets (no overlap) against 0.169 s under per-parameter all_reduce, VGG-11's 36.9 MB on the lab's
-# 0.67-core hosts: 2.2 ns a byte (README "What-if / advise")
-DDP_COPY_S_PER_BYTE = 2.2e-9
 
 
 @dataclass(frozen=True)
@@ -53,6 +51,9 @@ class Model:
     cpu_s_per_byte: float | None  # β less the recorded link's 8/rate: the CPU's share of a byte (None: link unknown)
     micro_s: float = 0.0  # one micro-step's data, forward and backward (settings.micro_s)
     comm_slowdown: float = COMM_SLOWDOWN  # the segment's own (link.fit_comm_slowdown) where it can tell, else the lab's
+    compute_slowdown: float = COMPUTE_SLOWDOWN
+    copy_s_per_byte: float = DDP_COPY_S_PER_BYTE
+    constants: tuple[Constant, ...] = ()  # each constant above and α, with where it came from (constants.py)
 
     @property
     def fixed_s(self) -> float:
@@ -71,27 +72,35 @@ class Prediction:
     bwd_s: float
     comm_s: float
     held_bytes: int = 0  # parameters + gradients + optimizer state per rank (metrics.memory.held_by_formula)
+    unphysical: str = ""  # why step_s cannot be right ("": it can): shown as "n/a", never as a number
 
 
 def fit(seg: SegmentData) -> Model:
-    """Fit every part from `seg`; the measured configuration is then predicted exactly (calibration_s)."""
-    fitted = fit_comm_slowdown(seg.isolated, seg.world_size)
-    slowdown = COMM_SLOWDOWN if fitted is None else fitted
-    links = fit_links(seg.comm, seg.world_size, slowdown)
+    """Fit every part from `seg`; the measured configuration is then predicted exactly (calibration_s). Each
+    constant is the segment's own where it can tell, else one that holds on its device (constants.py)."""
+    alpha = constants.alpha(seg)
+    comm = constants.comm_slowdown(seg, fit_comm_slowdown(seg.isolated, seg.world_size, alpha.value))
+    links = fit_links(seg.comm, seg.world_size, comm.value, alpha.value)
+    if links and links["allreduce"].alpha_fitted:
+        alpha = Constant(alpha.name, links["allreduce"].alpha, alpha.unit, f"fitted on segment {seg.segment}'s "
+                         "collectives")
+    compute, copy = constants.compute_slowdown(seg), constants.copy_cost(seg)
     cpu = None
     if seg.link_bps and links:
         cpu = max(0.0, links["allreduce"].beta - 8.0 / seg.link_bps)
     micro = micro_s(seg.data_s, seg.fwd_s, seg.bwd_s, accum_of(seg.config))
-    model = Model(seg, _without_ddp(seg, fit_backward(seg, COMPUTE_SLOWDOWN)), links, 0.0, cpu, micro, slowdown)
+    back = _without_ddp(seg, fit_backward(seg, compute.value), copy.value)
+    model = Model(seg, back, links, 0.0, cpu, micro, comm.value, compute.value, copy.value,
+                  (compute, comm, copy, alpha))
     base = predict(model, measured_config(seg))
     return replace(model, calibration_s=seg.step_s - base.step_s)
 
 
-def _without_ddp(seg: SegmentData, back: Backward) -> Backward:
+def _without_ddp(seg: SegmentData, back: Backward, copy_s_per_byte: float) -> Backward:
     """The backward pass less DDP's bucket copies, when it was measured under DDP."""
     if seg.config.get("strategy") != "ddp" or back.total <= 0:
         return back
-    keep = max(0.0, back.total - DDP_COPY_S_PER_BYTE * seg.param_bytes) / back.total
+    keep = max(0.0, back.total - copy_s_per_byte * seg.param_bytes) / back.total
     return Backward(back.names, tuple(w * keep for w in back.work))
 
 
@@ -156,8 +165,8 @@ def _ddp(model: Model, config: Config, world: int, beta: float | None) -> Timeli
     ready = [max(position.get(name, last) for name in b.layers) if b.layers else last for b in buckets]
     comm = [transfer(line, "allreduce", b.nbytes, world, beta, config.compress, seg.param_shapes, seg.param_bytes)
             for b in buckets]
-    tl = overlapped(back.work, ready, comm, COMPUTE_SLOWDOWN, model.comm_slowdown)
-    return replace(tl, bwd_s=tl.bwd_s + DDP_COPY_S_PER_BYTE * seg.param_bytes)
+    tl = overlapped(back.work, ready, comm, model.compute_slowdown, model.comm_slowdown)
+    return replace(tl, bwd_s=tl.bwd_s + model.copy_s_per_byte * seg.param_bytes)
 
 
 def _zero(model: Model, config: Config, world: int, beta: float | None) -> Timeline:
@@ -190,7 +199,24 @@ def predict(model: Model, config: Config) -> Prediction:
     tl = timeline(model, config)
     step = model.fixed_s + (config.accum - 1) * model.micro_s + tl.bwd_s + tl.exposed_s
     held = sum(held_by_formula(config.strategy, model.seg.param_bytes, config.world_size or model.seg.world_size))
-    return Prediction(config, step, tl.exposed_s, tl.overlap, tl.bwd_s, tl.comm_s, held)
+    return Prediction(config, step, tl.exposed_s, tl.overlap, tl.bwd_s, tl.comm_s, held,
+                      _unphysical(model, config, step))
+
+
+def _unphysical(model: Model, config: Config, step_s: float) -> str:
+    """Why a predicted step cannot be: not positive, or faster than its own compute alone (forward, the backward pass
+    with no transfer beside it and DDP's copies, optimizer, the configuration's micro-steps); "" where it can. The
+    calibration (what the measured step holds beyond the model's parts) is negative where a constant does not fit
+    the device, and can sink a step below."""
+    seg = model.seg
+    copy = model.copy_s_per_byte * seg.param_bytes if config.strategy in ("ddp", "zero1") else 0.0  # DDP's buckets
+    compute = (seg.fwd_s + seg.opt_s + model.backward.total + copy
+               + (config.accum - accum_of(seg.config)) * model.micro_s)
+    if step_s <= 0:
+        return "n/a: the fit gives a step of no time or less"
+    if step_s < compute * (1 - 1e-9):
+        return f"n/a: faster than its compute alone ({compute * 1e3:.3g} ms): the fit does not hold here"
+    return ""
 
 
 def grid(seg: SegmentData, buckets_mb: Sequence[float] = BUCKETS_MB, worlds: Sequence[int] = (),

@@ -12,6 +12,11 @@ from ddptop.metrics.whatif import model as whatif
 from ddptop.metrics.whatif.data import SegmentData
 
 
+def fitted_constants(seg: SegmentData) -> list[dict[str, Any]]:
+    """The constants the fit on `seg` used, each with where it came from (`ddptop advise --json`'s "constants")."""
+    return [c.to_dict() for c in whatif.fit(seg).constants]
+
+
 def measured_steps(table: Sequence) -> list[tuple[int, dict, float, float]]:
     """(segment, config, the slowest rank's mean step time, its standard error) of every segment with measured
     steps."""
@@ -58,8 +63,10 @@ def _row(p, seg: SegmentData, measured: list[tuple[int, dict, float, float]], re
         match = next((m for m in same if m[0] == seg.segment), same[0] if same else None)  # the fitted one first
     return {"strategy": c.strategy, "bucket_mb": c.bucket_mb, "async_op": c.async_op, "accum": c.accum,
             "compress": c.compress, "world_size": world,
-            "link": link, "step_s": round(p.step_s, 6), "exposed_comm_s": round(p.exposed_comm_s, 6),
-            "overlap": round(p.overlap, 4), "held_bytes": p.held_bytes, "measured_step_s": None if match is None else round(match[1], 6),
+            "link": link, "step_s": None if p.unphysical else round(p.step_s, 6), "n_a": p.unphysical or None,
+            "exposed_comm_s": round(p.exposed_comm_s, 6),
+            "overlap": round(p.overlap, 4), "held_bytes": p.held_bytes,
+            "measured_step_s": None if match is None else round(match[1], 6),
             "segment": None if match is None else match[0], "step_se_s": round(seg.step_se_s, 6),
             "measured_step_se_s": None if match is None else round(match[2], 6)}
 
@@ -113,9 +120,11 @@ def same_step(row: dict[str, Any], seg: SegmentData) -> bool:
 def ranked_s(row: dict[str, Any]) -> float:
     """A row's step time by the best evidence the job has: its measurement where a segment ran that configuration
     (the prediction is then only a guess beside it: issue 44's "ddp 1 MB, −33 ms/step" measured 9 ms slower),
-    else its prediction."""
+    else its prediction; a prediction that cannot be (step_s None: "n_a" says why) ranks last."""
     measured = row.get("measured_step_s")
-    return row["step_s"] if measured is None else measured
+    if measured is None:
+        return math.inf if row["step_s"] is None else row["step_s"]
+    return measured
 
 
 def best_row(rows: list[dict[str, Any]], seg: SegmentData) -> dict[str, Any]:
@@ -162,7 +171,7 @@ def versus_rows(seg: SegmentData, rows: list[dict[str, Any]], measured: list[tup
     out = []
     for index, cfg, step_s, se in measured:
         row = row_for(rows, cfg, seg) if index != seg.segment else None
-        if row is not None and step_s > 0:
+        if row is not None and row["step_s"] is not None and step_s > 0:
             out.append({**row, "segment": index, "measured_step_s": step_s, "measured_step_se_s": se,
                         "error": (row["step_s"] - step_s) / step_s, "error_se": error_se(seg.step_se_s, se, step_s)})
     if not out:

@@ -36,12 +36,15 @@ def ranks_table(snap: Snapshot, selected: int | None = None, width: int = 160, w
     columns = [("rank", "right"), ("host", "left"), ("state", "left"), ("step", "right"), ("s/step", "right"),
                (f"mean{window}", "right"), (rate_unit(snap), "right"), ("comm", "right"), ("exposed", "right"),
                ("overlap", "right"), ("ddptop", "right"), ("loss", "right"), ("CPU%", "right"), ("GPU%", "right")]
+    energy = any(r.energy is not None for r in snap.ranks)
+    columns += [("J/step", "right"), ("J/sample", "right"), ("comm J", "right")] if energy else []
     keep = [i for i, (name, _) in enumerate(columns)
-            if wide or name not in ("host", "img/s", "samples/s", "overlap", "CPU%", "GPU%")]
+            if wide or name not in ("host", "img/s", "samples/s", "overlap", "CPU%", "GPU%", "J/sample")]
     for i in keep:
         table.add_column(columns[i][0], justify=columns[i][1], no_wrap=True)
     for r in snap.ranks:
-        table.add_row(*[c for i, c in enumerate(_rank_cells(snap, r, window, wide)) if i in keep],
+        cells = _rank_cells(snap, r, window, wide) + (_energy_cells(r) if energy else [])
+        table.add_row(*[c for i, c in enumerate(cells) if i in keep],
                       style=(("underline" if r.rank == selected else "") or None))
     return table
 
@@ -64,6 +67,14 @@ def _rank_cells(snap: Snapshot, r, window: int, wide: bool = True) -> list:
     return [str(r.rank), clean(r.host), state, str(r.step), fmt_s(last.iter_s) + ("*" if last.sampled else ""),
             fmt_s(f.step_s) if f.steps else "-", rate, f"{f.share(f.comm_s):.0%}", fmt_s(f.exposed_comm_s),
             f"{f.overlap:.0%}", own, _loss(last.loss), _cpu(r), _gpu(r)]
+
+
+def _energy_cells(r) -> list[str]:
+    """Joules per step, per sample, and spent waiting in exposed communication per step (metrics.energy)."""
+    e = r.energy
+    if e is None:
+        return ["-", "-", "-"]
+    return [f"{e.j_per_step:.3g}", f"{e.j_per_sample:.3g}", f"{e.comm_j_per_step:.3g}"]
 
 
 def _cpu(r) -> str:
@@ -137,6 +148,19 @@ def util_rows(snap: Snapshot, width: int) -> Text:
     return out
 
 
+def energy_note(snap: Snapshot) -> Text:
+    """Once, under the ranks: where the energy figures come from and how often they are read; empty where no rank
+    has any (no column either: never zeros)."""
+    shown = [r.energy for r in snap.ranks if r.energy is not None]
+    if not shown:
+        return Text("")
+    sources = sorted({e.source for e in shown})
+    period = max(e.period_s for e in shown)
+    read = f", read every {period:.2g} s" if period > 0 else ""
+    return Text(f"energy: {'; '.join(sources)}{read}; comm J: mean power × exposed communication, an upper "
+                "bound", style="dim")
+
+
 def gpu_text(r, hist, spark: int = 8) -> Text:
     """Whatever the rank's GpuStat carries (utilization, memory, power, temperature, …); `GPU -` without one."""
     gpus = r.system.gpus if r.system else ()
@@ -155,7 +179,8 @@ def gpu_text(r, hist, spark: int = 8) -> Text:
     return out
 
 
-GPU_SKIP = {"index", "util_percent", "mem_total_bytes"}  # shown otherwise (the bar; with the memory used)
+# shown otherwise (the bar; with the memory used); the energy counter as joules per step (metrics.energy)
+GPU_SKIP = {"index", "util_percent", "mem_total_bytes", "energy_j"}
 
 
 def gpu_value(name: str, value: float, g) -> str:

@@ -77,7 +77,7 @@ def _table(w: WhatIf, width: int) -> Table:
     for r in sorted(w.rows, key=ranked_s):  # the order the advice ranks them in
         style = "bold" if best is not None and all(r[k] == best[k] for k in same) else ""
         cells = [r["strategy"], f"{r['bucket_mb']:g} MB" if r["bucket_mb"] is not None else "",
-                 "yes" if r["async_op"] else "", f"{r['accum']}/{r['compress']}", fmt_s(r["step_s"]),
+                 "yes" if r["async_op"] else "", f"{r['accum']}/{r['compress']}", fmt_s(r["step_s"]) if r["step_s"] is not None else "n/a",
                  fmt_s(r["exposed_comm_s"]), f"{r['overlap']:.0%}",
                  _gain(now - ranked_s(r), now, r["segment"] == w.seg.segment, w.seg.step_se_s)]
         if wide:  # memory per rank by the strategy's formula (metrics.memory.held_by_formula)

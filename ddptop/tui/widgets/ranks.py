@@ -12,7 +12,7 @@ from textual.widget import Widget
 from ddptop.state.session import Snapshot
 from ddptop.tui.messages import RankChosen
 from ddptop.tui.render.breakdown import OTHER_NOTE, breakdown_bar, breakdown_legend, step_parts
-from ddptop.tui.render.tables import memory_table, ranks_table
+from ddptop.tui.render.tables import energy_note, memory_table, ranks_table
 from ddptop.safe import clean
 from ddptop.tui.render.units import fmt_s
 
@@ -32,7 +32,8 @@ class RanksPanel(Widget, can_focus=True):
     def render(self) -> Group:
         snap = self.snapshot or Snapshot()
         width = self.size.width or 80
-        parts = [ranks_table(snap, self.selected, width), Text("")]
+        note = energy_note(snap)  # nothing without a GPU reading: the Utilization panel says why there is none
+        parts = [ranks_table(snap, self.selected, width), *([note] if note.plain else []), Text("")]
         memory = memory_table(snap, width)
         if memory is not None:  # beside the ranks table: one row per rank again, in view at 80×24 with a few ranks
             parts += [Text(f"memory held in each rank's own storage, segment {snap.memory[0].segment} (peak: the "
