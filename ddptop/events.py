@@ -135,6 +135,9 @@ class StepDone(Event):
     # added with the micro-step part (older files and ranks: 0, their micro-steps inside fwd_s as before)
     micro_s: float = 0.0  # accum K > 1: the K−1 unsynchronized micro-steps (each one's forward, backward and the
     #                       next batch's loading), carved out of fwd_s, which keeps the synchronized one's forward
+    # added with issue 42 (older files and ranks: 0, not measured)
+    threads_s: float = 0.0  # CPU time ddptop's other threads on this rank (publisher, sampler, control, ZeroMQ's
+    #                         I/O) spent per step: the mean over the steps between two readings, about 1 s apart
     # no rate of its own: img/s is a window's images over its time (metrics.rate); an `images_per_s` key that a
     # rank or file may hold is ignored like any unknown field
 
