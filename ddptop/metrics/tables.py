@@ -26,14 +26,6 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.1f} ms"
 
 
-def own_cell(row: dict[str, Any]) -> str:
-    """ddptop's time on the training thread and its share of a step; then `+` the CPU time its other threads spent
-    per step (publisher, sampler, control: issue 42), where the file measured it. No unit word after it: the screen's
-    160 columns hold the table with the loss whole (README's glossary says what `+` is)."""
-    threads = row.get("ddptop_threads_s", 0.0)
-    return f"{_ms(row['ddptop_s'])} {row['ddptop_share']:.1%}" + (f" +{_ms(threads)}" if threads > 0 else "")
-
-
 def cells(row: dict[str, Any]) -> tuple[str, ...]:
     """One segment's row (a `metrics.table_rows` row) as text cells under HEADER."""
     loss = row["final_loss"]
@@ -41,7 +33,7 @@ def cells(row: dict[str, Any]) -> tuple[str, ...]:
             f"{row['step_s_slowest']:.3f}", f"{row['step_s_mean']:.3f}", f"{row['images_per_s']:.0f}",
             f"{row['epoch_s']:.1f}" if row.get("epoch_s") else "-",
             _ms(row["compute_s"]), _ms(row["comm_s"]), _ms(row["exposed_comm_s"]), f"{row['overlap']:.0%}",
-            own_cell(row), f"{row['sent_mb']:.1f}",
+            f"{_ms(row['ddptop_s'])} {row['ddptop_share']:.1%}", f"{row['sent_mb']:.1f}",
             "nan" if math.isnan(loss) else f"{loss:.4f}")
 
 
@@ -69,4 +61,8 @@ def row_lines(rows: list[dict[str, Any]], indent: str = "", unit: str = "img/s")
                f"{f', and {left} sampled steps (layer hooks)' if left else ''}; s/step of the slowest rank and the "
                f"mean over ranks; s/epoch: s/step slowest × steps per epoch; the rest are means over ranks; "
                f"MB/step sent by the algorithm's formula)")
+    threads = [(r["segment"], r.get("ddptop_threads_s", 0.0)) for r in rows]
+    if any(t > 0 for _, t in threads):  # beside the table, not a column: the screen's 160 columns hold no more
+        out.append(f"{indent}(ddptop's other threads, CPU per step beside its `ddptop` time: "
+                   + ", ".join(f"segment {s} +{_ms(t)}" for s, t in threads if t > 0) + ")")
     return out
