@@ -151,8 +151,8 @@ def mean_parts(steps: Iterable[StepDone]) -> dict[str, float]:
 class _Sums:
     """Running sums over the steps of one rank in one window; `figures()` turns them into means."""
 
-    __slots__ = ("steps", "time", "images", "data", "compute", "micro", "comm", "exposed", "own", "threads", "threaded", "other", "tx",
-                 "rx", "times", "loss", "sampled")
+    __slots__ = ("steps", "time", "images", "data", "compute", "micro", "comm", "exposed", "own", "threads", "threaded",
+                 "other", "tx", "rx", "times", "loss", "sampled")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -194,7 +194,8 @@ class _Sums:
             compute_s=mean(self.compute), micro_s=mean(self.micro), comm_s=mean(self.comm),
             exposed_comm_s=mean(self.exposed),
             overlap=(self.comm - self.exposed) / self.comm if self.comm > 0 else 0.0, own_s=mean(self.own),
-            threads_s=self.threads / self.threaded if self.threaded else 0.0, other_s=mean(self.other), tx_bytes=mean(self.tx), rx_bytes=mean(self.rx), loss=self.loss,
+            threads_s=self.threads / self.threaded if self.threaded else 0.0,
+            other_s=mean(self.other), tx_bytes=mean(self.tx), rx_bytes=mean(self.rx), loss=self.loss,
             sampled=self.sampled, time_s=self.time)
 
 
