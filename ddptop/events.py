@@ -138,6 +138,9 @@ class StepDone(Event):
     # added with token counting (older files and ranks: 0, no count): the tokens the step trained, where its batches
     # say how many (a dict batch's `attention_mask` summed, or the user's own `tokens` callable: train/batches.tokens)
     tokens: int = 0
+    # added with issue 42 (older files and ranks: 0, not measured)
+    threads_s: float = 0.0  # CPU time ddptop's other threads on this rank (publisher, sampler, control, ZeroMQ's
+    #                         I/O) spent per step: the mean over the steps between two readings, about 1 s apart
     # no rate of its own: img/s is a window's images over its time (metrics.rate); an `images_per_s` key that a
     # rank or file may hold is ignored like any unknown field
 

@@ -29,7 +29,8 @@ def format_status(status: dict[str, Any], where: str, steps: dict[int, list[Step
         f = metrics.window(steps.get(r, []))
         if f.steps:
             lines.append(f"  {r:>4}  {f.step_s:6.3f}  {f.share(f.comm_s):4.0%}  {f.exposed_comm_s * 1e3:5.1f} ms  "
-                         f"{f.share(f.own_s):5.1%}")
+                         f"{f.share(f.own_s):5.1%}"
+                         + (f" +{f.threads_s * 1e3:.2f} ms CPU" if f.threads_s > 0 else ""))  # its other threads
         else:
             lines.append(f"  {r:>4}  (no recent step received)")
         if "refused" in rank:

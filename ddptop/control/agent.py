@@ -12,9 +12,9 @@ broadcast never waits on the network.
 
 Transport (hub.py): every rank's control thread PUSHes a heartbeat a second (the rank's key, a socket of its
 own that holds 4 at most: a heartbeat is a state, the newest wins); rank 0's agent syncs with the front every
-POLL_S over a Session (DEALER/ROUTER, the agent's key): its status and answers up, the requests the front took
-from `ctl` down. An answer stays here until a sync that carried it was answered, so none is lost to a front
-that stalled; a front stopped for any length only delays them.
+IDLE_POLL_S (POLL_S while a request is under way) over a Session (DEALER/ROUTER, the agent's key): its status
+and answers up, the requests the front took from `ctl` down. An answer stays here until a sync that carried it
+was answered, so none is lost to a front that stalled; a front stopped for any length only delays them.
 
 Trust: only a `ctl` key can make a request (hub.RIGHTS); rank 0 accepts each once, within REQUEST_WINDOW_S
 (commands.read_request); what every rank applies comes from rank 0 over the process group, naming the job and
@@ -44,7 +44,11 @@ from ddptop.errors import DdptopError, PeerLost
 from ddptop.events import ControlRefused, Event, RunState, TuneAsked
 
 CLOSE_WAIT_S = 2.0  # what close gives the control thread before cutting its client (a link gone quiet)
-POLL_S = 0.05  # rank 0 reads requests this often: a switch lands within a step or two of being sent
+POLL_S = 0.05  # rank 0 reads requests this often while one is under way: its answer and the next come quickly
+IDLE_POLL_S = 0.25  # and this often otherwise: each sync is a CURVE round trip that costs the rank's threads and the
+# front CPU per second, so per step on a millisecond step (issue 42: 55 syncs in 3 idle s before); a `ctl` waits
+# up to 0.25 s more for its "pending"
+BUSY_FOR_S = 5.0  # after a request, an answer or a pause, rank 0 syncs every POLL_S again for this long
 STATUS_EVERY_S = 0.5
 HEARTBEAT_EVERY_S = 1.0
 SYNC_TIMEOUT_S = 2.0  # a sync the front does not answer in this long is sent again on a fresh socket
@@ -267,23 +271,34 @@ class ControlAgent:
         except DdptopError as exc:
             self.master_lost = str(exc)
             return
-        next_beat = next_status = 0.0
+        next_beat = next_status = busy_until = 0.0
         beats = seen = 0
+        wait = POLL_S
         try:
-            while not self._halt.wait(POLL_S):
+            while not self._halt.wait(wait):
                 now = time.monotonic()
                 if now >= next_beat:
                     beats += 1
                     link.beat(self.rank, {"step": self.step, "beat": beats, "paused": self._was_paused})
                     next_beat = now + HEARTBEAT_EVERY_S
-                if self.rank == 0:
-                    if now >= next_status:
-                        self._status_due, next_status = True, now + STATUS_EVERY_S
-                    seen = self._sync(link.session, seen)
+                if self.rank != 0:  # only the heartbeat to send: wake for it, not 20 times a second
+                    wait = max(0.0, next_beat - time.monotonic())
+                    continue
+                if now >= next_status:
+                    self._status_due, next_status = True, now + STATUS_EVERY_S
+                before = seen
+                seen = self._sync(link.session, seen)
+                if seen != before or self._busy():
+                    busy_until = now + BUSY_FOR_S
+                wait = POLL_S if now < busy_until else IDLE_POLL_S
             if self.rank == 0 and self._outbox:  # the last answers (a stop's) before the rank leaves
                 self._sync(link.session, seen)
         finally:
             link.close()
+
+    def _busy(self) -> bool:
+        """Rank 0 has something under way: answers not yet acknowledged, a request not yet applied, a pause."""
+        return bool(self._outbox or self._pending or self._sent or self._paused or self._was_paused)
 
     def _sync(self, session: Session, seen: int) -> int:
         """One exchange with the front: answers and (when due) the status up, new requests down. A sync that

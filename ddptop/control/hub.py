@@ -10,7 +10,8 @@ heartbeat and last RECENT steps, the requests rank 0 has not taken yet (MAX_REQU
 oldest first out), the front's word on where it records and how the job ended, and the join: each rank's first hello (at most
 world size, each under keys.MAX_HELLO_BYTES) and rank 0's verdict. Only a key derived from the token reaches them:
 ZeroMQ's CURVE handshake and the ZAP handler (transport.py) refuse any other before a byte of it is read here. Requests go to rank 0 when its
-agent syncs (every 50 ms: status and answers up, new requests down); rank 0 checks each (commands.read_request).
+agent syncs (every 0.25 s, every 50 ms while a request is under way: status and answers up, new
+requests down); rank 0 checks each (commands.read_request).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Hub:
         self.hellos: dict[int, dict] = {}  # the join: each rank's first hello
         self.verdict: dict | None = None  # rank 0's answer to them
         self.counts = {"bad_messages": 0, "dropped": 0}
+        self.syncs = 0  # rank 0's agent's syncs answered: each wakes the front and rank 0's control thread
         self.listened = False  # someone subscribed to the republished stream (attach, ctl watch)
         self._lock = threading.Lock()
         self._halt = threading.Event()
@@ -194,6 +196,7 @@ class Hub:
 
     def _sync(self, body: dict) -> dict[str, Any]:
         """Rank 0's agent: its status and answers in, the requests after `seen` out."""
+        self.syncs += 1
         if isinstance(body.get("status"), dict):
             self.status = body["status"]
         for request_id, answer in body.get("answers") or []:

@@ -38,6 +38,8 @@ def progress_line(step: int, total: int, loss: float, recent: Figures, job: Figu
                  f"{recent.exposed_comm_s * 1e3:.0f} ms sent {recent.tx_bytes / MB:.1f} MB/step")
     if recent.own_s > 0:
         line += f" | ddptop {recent.own_s * 1e3:.2f} ms ({recent.share(recent.own_s):.2%}, rank 0)"
+        if recent.threads_s > 0:  # its other threads' CPU per step (issue 42): beside the training thread's time
+            line = line[:-1] + f"; +{recent.threads_s * 1e3:.2f} ms CPU on its threads)"
     return line
 
 

@@ -155,14 +155,15 @@ def mean_parts(steps: Iterable[StepDone]) -> dict[str, float]:
 class _Sums:
     """Running sums over the steps of one rank in one window; `figures()` turns them into means."""
 
-    __slots__ = ("steps", "time", "images", "tokens", "data", "compute", "micro", "comm", "exposed", "own", "other", "tx",
-                 "rx", "times", "loss", "sampled")
+    __slots__ = ("steps", "time", "images", "tokens", "data", "compute", "micro", "comm", "exposed", "own", "threads",
+                 "threaded", "other", "tx", "rx", "times", "loss", "sampled")
 
     def __init__(self) -> None:
         self.steps = 0
         self.time = self.images = self.tokens = self.data = self.compute = self.micro = self.comm = self.exposed = 0.0
-        self.own = self.other = 0.0
+        self.own = self.threads = self.other = 0.0
         self.tx = self.rx = 0
+        self.threaded = 0  # steps that carry threads_s (0: not measured yet, or a file from before issue 42)
         self.times = array("d")
         self.loss = math.nan
         self.sampled = 0  # sampled steps among those counted (only when a window has nothing else)
@@ -178,6 +179,8 @@ class _Sums:
         self.comm += d.comm_s
         self.exposed += d.exposed_comm_s
         self.own += d.own_s
+        self.threads += d.threads_s
+        self.threaded += d.threads_s > 0
         self.other += other_s(d)
         self.tx += d.tx_bytes
         self.rx += d.rx_bytes
@@ -196,6 +199,7 @@ class _Sums:
             compute_s=mean(self.compute), micro_s=mean(self.micro), comm_s=mean(self.comm),
             exposed_comm_s=mean(self.exposed),
             overlap=(self.comm - self.exposed) / self.comm if self.comm > 0 else 0.0, own_s=mean(self.own),
+            threads_s=self.threads / self.threaded if self.threaded else 0.0,
             other_s=mean(self.other), tx_bytes=mean(self.tx), rx_bytes=mean(self.rx), loss=self.loss,
             sampled=self.sampled, time_s=self.time, tokens_per_s=rate(self.tokens, self.time))
 
@@ -215,6 +219,7 @@ class Figures:
     exposed_comm_s: float = 0.0
     overlap: float = 0.0  # communication-time weighted: hidden communication / communication, over the window
     own_s: float = 0.0
+    threads_s: float = 0.0  # CPU ddptop's other threads spent per step (StepDone.threads_s): beside own_s, not in it
     other_s: float = 0.0
     tx_bytes: float = 0.0  # per step, by the algorithm's formula
     rx_bytes: float = 0.0
@@ -417,7 +422,8 @@ def _mean_figures(figures: list[Figures]) -> Figures:
         steps=round(mean("steps")), step_s=mean("step_s"), median_step_s=mean("median_step_s"),
         images_per_s=mean("images_per_s"), data_s=mean("data_s"), compute_s=mean("compute_s"),
         micro_s=mean("micro_s"), comm_s=mean("comm_s"), exposed_comm_s=mean("exposed_comm_s"),
-        overlap=(comm - exposed) / comm if comm > 0 else 0.0, own_s=mean("own_s"), other_s=mean("other_s"),
+        overlap=(comm - exposed) / comm if comm > 0 else 0.0, own_s=mean("own_s"), threads_s=mean("threads_s"),
+        other_s=mean("other_s"),
         tx_bytes=mean("tx_bytes"), rx_bytes=mean("rx_bytes"), loss=mean("loss"), sampled=sum(f.sampled for f in figures),
         time_s=mean("time_s"), step_sd_s=mean("step_sd_s"), tokens_per_s=mean("tokens_per_s"))
 
@@ -434,7 +440,8 @@ def table_rows(segments: Iterable[SegmentFigures]) -> list[dict[str, Any]]:
             "images_per_s": s.images_per_s, "data_s": s.mean.data_s, "compute_s": s.mean.compute_s,
             "micro_s": s.mean.micro_s, "comm_s": s.mean.comm_s, "exposed_comm_s": s.mean.exposed_comm_s,
             "overlap": s.mean.overlap,
-            "ddptop_s": s.mean.own_s, "ddptop_share": s.mean.share(s.mean.own_s), "other_s": s.mean.other_s,
+            "ddptop_s": s.mean.own_s, "ddptop_share": s.mean.share(s.mean.own_s),
+            "ddptop_threads_s": s.mean.threads_s, "other_s": s.mean.other_s,
             "sent_mb": s.mean.tx_bytes / 1e6, "recv_mb": s.mean.rx_bytes / 1e6, "final_loss": s.final_loss,
             "switch_mb": s.switch_bytes / 1e6, "switch_s": s.switch_s, "steps_per_epoch": s.steps_per_epoch,
             "epoch_s": s.epoch_s, "tokens_per_s": s.tokens_per_s,

@@ -73,4 +73,8 @@ def row_lines(rows: list[dict[str, Any]], indent: str = "", unit: str = "img/s")
                f"{f', and {left} sampled steps (layer hooks)' if left else ''}; s/step of the slowest rank and the "
                f"mean over ranks; s/epoch: s/step slowest × steps per epoch; the rest are means over ranks; "
                f"MB/step sent by the algorithm's formula{'; tokens/s: as the batches count them' if tokens else ''})")
+    threads = [(r["segment"], r.get("ddptop_threads_s", 0.0)) for r in rows]
+    if any(t > 0 for _, t in threads):  # beside the table, not a column: the screen's 160 columns hold no more
+        out.append(f"{indent}(ddptop's other threads, CPU per step beside its `ddptop` time: "
+                   + ", ".join(f"segment {s} +{_ms(t)}" for s, t in threads if t > 0) + ")")
     return out

@@ -22,7 +22,7 @@ from ddptop.events import Event, Span, StepDone, StepSpans
 from ddptop.probes.clock import CpuClock, wall_clock
 from ddptop.probes.comm import CommMark, CommRecorder, NullRecorder
 from ddptop.probes.layers import LayerProbe
-from ddptop.probes.own import OwnTime, now
+from ddptop.probes.own import OtherThreads, OwnTime, now
 from ddptop.metrics.timeline import breakdown
 from ddptop.testhooks import rank_hooks
 
@@ -86,6 +86,7 @@ class StepProbe:
         self._cur: _Step | None = None
         self.sampled = False
         self._host_clock = isinstance(clock, CpuClock)  # its marks are perf_counter values already
+        self.threads = OtherThreads()  # made on the training thread: that one is own_s's, not counted here
 
     def _host(self, mark: Any) -> float:
         """perf_counter at `mark`: the mark itself on CPU, else a host reading taken beside it."""
@@ -211,12 +212,14 @@ class StepProbe:
         aside_s = sum(p.aside.values())
         iter_s = net_seconds(end, self._host_s(end, p.host_t0, p.host_end), aside_s)
         own_s = sum(p.own.values())
+        threads_s = self.threads.step()
         loss = float(p.loss)  # held on the host (clock.hold): complete once the step's end mark is
         if not self.detail:
             return [StepDone(rank=self.rank, step=p.step, epoch=p.epoch, segment=p.segment, t=p.wall_end,
                              iter_s=iter_s, data_s=0.0, compute_s=0.0, comm_s=0.0, exposed_comm_s=0.0, overlap=0.0,
                              batch_size=p.batch_size, loss=loss, comm_bytes=0, tx_bytes=0, rx_bytes=0, sampled=False,
-                             own_s=own_s, aside_s=aside_s, tokens=p.tokens)]
+                             own_s=own_s, aside_s=aside_s, tokens=p.tokens,
+                             threads_s=threads_s)]
         at = {name: rel(mark) for name, mark in p.marks.items()}
         comm = [Span(c.kind, c.name, rel(c.start), rel(c.end) - rel(c.start), c.nbytes, c.tx_bytes, c.rx_bytes)
                 for c in p.comm]
@@ -247,6 +250,7 @@ class StepProbe:
             batch_size=p.batch_size, loss=loss, comm_bytes=sum(s.nbytes for s in comm),
             tx_bytes=sum(s.tx_bytes for s in comm), rx_bytes=sum(s.rx_bytes for s in comm), sampled=p.sampled,
             fwd_s=fwd_s, bwd_s=bwd_s, opt_s=opt_s, own_s=own_s, aside_s=aside_s, micro_s=micro_s, tokens=p.tokens,
+            threads_s=threads_s,
         )
         if not p.sampled:
             return [done]

@@ -24,15 +24,16 @@ SUBLANES = 100  # tid = lane index * SUBLANES + sub-lane: overlapping collective
 assert set(LANE_OF_KIND) == set(SPAN_KINDS)
 
 STEP_COLUMNS = ("rank", "step", "time", "iter_s", "data_s", "compute_s", "micro_s", "fwd_s", "bwd_s", "opt_s",
-                "comm_s", "exposed_comm_s", "overlap", "own_s", "other_s", "loss", "strategy", "bucket_mb", "async_op",
+                "comm_s", "exposed_comm_s", "overlap", "own_s", "threads_s", "other_s", "loss", "strategy", "bucket_mb", "async_op",
                 "batch_size", "accum", "compress", "segment", "epoch", "comm_bytes", "tx_bytes", "rx_bytes",
                 "images_per_s", "sampled", "wall_time", "tokens")
 SEGMENT_COLUMNS = ("segment", "first_step", "last_step", "strategy", "bucket_mb", "async_op", "batch_size", "lr",
                    "accum", "compress", "lr_warmup_steps",
                    "warmup", "measured_steps", "sampled_left_out", "slowest_rank", "step_s_slowest",
                    "median_step_s_slowest", "step_s_mean", "images_per_s", "data_s", "compute_s", "micro_s",
-                   "comm_s", "exposed_comm_s", "overlap", "ddptop_s", "ddptop_share", "other_s", "sent_mb", "recv_mb",
-                   "final_loss", "switch_mb", "switch_s", "steps_per_epoch", "epoch_s", "tokens_per_s")
+                   "comm_s", "exposed_comm_s", "overlap", "ddptop_s", "ddptop_share", "ddptop_threads_s", "other_s",
+                   "sent_mb", "recv_mb", "final_loss", "switch_mb", "switch_s", "steps_per_epoch", "epoch_s",
+                   "tokens_per_s")
 SYSTEM_COLUMNS = ("rank", "time", "host", "cpu_percent", "node_cpu_percent", "mem_rss_bytes", "node_mem_used_bytes",
                   "gpu_util", "gpu_mem_used_bytes", "net_iface", "net_rx_bytes", "net_tx_bytes", "net_rx_rate",
                   "net_tx_rate", "wall_time")
@@ -189,7 +190,7 @@ def step_rows(rec: Recording, first: int | None = None, stop: int | None = None)
         yield {"rank": d.rank, "step": d.step, "time": _r(d.t - rec.start), "iter_s": d.iter_s, "data_s": d.data_s,
                "compute_s": d.compute_s, "micro_s": d.micro_s, "fwd_s": d.fwd_s, "bwd_s": d.bwd_s, "opt_s": d.opt_s,
                "comm_s": d.comm_s,
-               "exposed_comm_s": d.exposed_comm_s, "overlap": d.overlap, "own_s": d.own_s,
+               "exposed_comm_s": d.exposed_comm_s, "overlap": d.overlap, "own_s": d.own_s, "threads_s": d.threads_s,
                "other_s": metrics.other_s(d), "loss": d.loss, "strategy": config.get("strategy", ""),
                "bucket_mb": config.get("bucket_mb", ""), "async_op": config.get("async_op", ""),
                "batch_size": d.batch_size, "accum": config.get("accum", 1), "compress": config.get("compress", "none"),

@@ -55,6 +55,7 @@ class SegmentStats:
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, mean loss over ranks): first, last step
     mean_rank_step_s: float = 0.0  # the mean over ranks of their mean step time (mean_step_s: the slowest rank's)
     own_s: float = 0.0  # ddptop's own time per step
+    threads_s: float = 0.0  # CPU ddptop's other threads spent per step (0: a file from before it was measured)
     micro_s: float = 0.0  # the K−1 micro-steps (accum > 1), inside compute_s
     other_s: float = 0.0
     last_step: int = 0
@@ -328,7 +329,8 @@ def _stats(label: str, fig: metrics.SegmentFigures, seg: _Segment, ctx: _Context
         cpu_percent=_mean(cpus) if cpus else None,
         rss_mb=_mean([s.proc_rss_bytes for s in window]) / 1e6 if window else None,
         final_loss=fig.final_loss, allreduce_gbps=gbps, losses=seg.losses(),
-        mean_rank_step_s=mean.step_s, own_s=mean.own_s, other_s=mean.other_s, last_step=fig.last_step,
+        mean_rank_step_s=mean.step_s, own_s=mean.own_s, threads_s=mean.threads_s,
+        other_s=mean.other_s, last_step=fig.last_step,
         warmup=fig.warmup, slowest_rank=fig.slowest_rank, step_p10=quantile(slow, 0.1), step_p90=quantile(slow, 0.9),
         parts=_parts(measured), ranks=ranks, t0=t0, t1=t1, seg_t0=seg.start,
         gpus=gpus(window, ctx.hosts),

@@ -16,7 +16,7 @@ from ddptop.record.schema import EventDecodeError
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = (1, 20, 0, 2, 1234.5, 0.21, 0.01, 0.12, 0.08, 0.03, 0.6, 64, 2.25, 36924456, 40000000, 40000000, 1,
-        0.02, 0.07, 0.01, 0.001, 0.0, 0.0, 512)
+        0.02, 0.07, 0.01, 0.001, 0.0, 0.0, 512, 0.0004)
 
 
 def checked(row):

@@ -51,6 +51,7 @@ RUNS = {
     "step_overhead_ab.py": (["--blocks", "1", "--block-steps", "2", "--model", "tiny", "--batch", "4", "--cases",
                              "single"], "| single | "),
     "tui_cpu.py": (["--ranks", "2", "--seconds", "2", "--warmup", "0.5"], "  mean "),
+    "cpu_per_step.py": (["--rounds", "1", "--steps", "2,4", "--modes", "off"], "| off | "),  # 2 whole runs
 }
 NOT_RUN = {"whatif_grid.py", "whatif_lab.py", "plain_torch.py"}
 

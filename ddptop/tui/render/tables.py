@@ -64,6 +64,8 @@ def _rank_cells(snap: Snapshot, r, window: int, wide: bool = True) -> list:
     rate = "paused" if snap.paused and r.state != "lost" else f"{f.images_per_s:.0f}"
     own = (f"{fmt_s(f.own_s)} {f.share(f.own_s):.1%}" if wide else f"{f.share(f.own_s):.1%}") \
         if f.steps and f.own_s > 0 else "-"  # 0: a file from before ddptop measured its own cost
+    if wide and f.steps and f.threads_s > 0:  # its other threads' CPU per step (issue 42; older files: 0)
+        own += f" +{fmt_s(f.threads_s)}"
     return [str(r.rank), clean(r.host), state, str(r.step), fmt_s(last.iter_s) + ("*" if last.sampled else ""),
             fmt_s(f.step_s) if f.steps else "-", rate, f"{f.share(f.comm_s):.0%}", fmt_s(f.exposed_comm_s),
             f"{f.overlap:.0%}", own, _loss(last.loss), _cpu(r), _gpu(r)]

@@ -35,7 +35,11 @@ def own_cost(snap: Snapshot) -> str:
         return ""
     own = sum(f.own_s for f in figures) / len(figures)
     step = sum(f.step_s for f in figures) / len(figures)
-    return f"ddptop {fmt_s(own)} {own / step:.1%} of a step" if step > 0 and own > 0 else ""  # 0: an older file
+    if not (step > 0 and own > 0):  # 0: an older file
+        return ""
+    threads = sum(f.threads_s for f in figures) / len(figures)  # issue 42: beside own_s, CPU not step time
+    return f"ddptop {fmt_s(own)} {own / step:.1%} of a step" + (f" +{fmt_s(threads)} CPU on its threads"
+                                                                 if threads > 0 else "")
 
 
 class StatusHeader(Widget):
