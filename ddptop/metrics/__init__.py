@@ -224,6 +224,12 @@ class Figures:
         configuration may land from this one by step-to-step noise alone (0 with fewer than 2 steps)."""
         return self.step_sd_s / math.sqrt(self.steps) if self.steps > 1 else 0.0
 
+    @property
+    def busy_s(self) -> float:
+        """Mean busy time over the window: the mean step time less the mean exposed communication (busy_s's
+        definition over a window; never negative)."""
+        return max(0.0, self.step_s - self.exposed_comm_s)
+
     def share(self, seconds: float) -> float:
         """`seconds` as a fraction of the mean step time."""
         return seconds / self.step_s if self.step_s > 0 else 0.0

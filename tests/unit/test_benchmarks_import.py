@@ -51,6 +51,7 @@ RUNS = {
     "step_overhead_ab.py": (["--blocks", "1", "--block-steps", "2", "--model", "tiny", "--batch", "4", "--cases",
                              "single"], "| single | "),
     "tui_cpu.py": (["--ranks", "2", "--seconds", "2", "--warmup", "0.5"], "  mean "),
+    "scale_screen.py": (["--ranks", "16", "--seconds", "0.5"], "drawing the Ranks panel at 16 ranks: "),
 }
 NOT_RUN = {"whatif_grid.py", "whatif_lab.py", "plain_torch.py"}
 

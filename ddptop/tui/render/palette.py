@@ -48,3 +48,9 @@ def part_glyph(name: str) -> str:
 
 def series_style(i: int) -> str:
     return SERIES[i % len(SERIES)]
+
+
+# a heatmap cell by its level (metrics.ranks.heat_level: 0 below 1.25× the median, 3 at 2× and above): colour and
+# glyph, so the hot cells read in a terminal without colour too; HOT is the top level's colour
+HEAT = ((DARK, "░"), (YELLOW, "▒"), (ORANGE, "▓"), (VERMILLION, "█"))
+HOT = HEAT[-1][0]
