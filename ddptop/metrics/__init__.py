@@ -68,6 +68,8 @@ GLOSSARY: dict[str, tuple[str, str]] = {
                        "not waiting for the others at a collective; a rank whose busy time shifts and stays shifted "
                        "while the others' does not is named (ddptop.metrics.changes)"),
     "slowest rank": ("", "the rank with the largest mean step time over the segment's measured steps"),
+    "score": ("", "from 16 ranks (the screen's summary): the median rank's busy time over its last 10 steps divided "
+                  "by this rank's; 1.00 a typical rank, 0.50 one twice as slow (ddptop.metrics.ranks.score)"),
     "time per epoch": ("s", "the slowest rank's mean step time × the steps of one epoch at the segment's batch "
                             "size (HPML Lab 4 Q1): projected from the measured steps, not a timed epoch"),
 }
