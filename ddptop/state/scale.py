@@ -128,7 +128,7 @@ class StepValues:
                     break
                 if not d.sampled:
                     values[d.step] = of_step(d)
-            if len(values) > 2 * (max(values) - first + 1):  # now and then, not each redraw: it reads every step
+            if values and len(values) > 2 * (max(values) - first + 1):  # now and then: it reads every step
                 for step in [s for s in values if s < first]:
                     del values[step]
         return {rank: self.values[rank] for rank in ranks}

@@ -157,8 +157,26 @@ def test_snapshot_of_256_ranks(snap_compare, recording, size):
     async def run_before(pilot):
         await pilot.press("2")
         await replayed(pilot.app, pilot, source, "lowest scores")
+        # the footer's keys: a run drew the picture before them; they follow a refresh of the bindings
+        pilot.app.screen.refresh_bindings()
+        assert "Pause/resume" in await drawn_text(pilot, pilot.app, "Pause/resume")
 
     try:
         assert snap_compare(DdptopApp(compose(source)), run_before=run_before, terminal_size=size)
     finally:
         source.close()
+
+
+@pytest.mark.asyncio
+async def test_ranks_that_joined_but_have_not_stepped_are_summarized_without_an_error():
+    """A replay's first moments, a job's start: 16 ranks joined, no step yet (a heatmap of nothing: the redraw
+    raised on an empty rank's values once)."""
+    from fixed_replay import FixedReplaySource
+
+    app = DdptopApp(compose(FixedReplaySource(scale_screen.simulate(SCALE_RANKS, 0), at_end=True)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("2")
+        text = await drawn_text(pilot, app, "16 ranks on 2 nodes")
+        assert "16 ranks on 2 nodes" in text and "the 3 lowest scores" in text, text
+        await pilot.press("h", "n")
+        await pilot.pause(0.2)

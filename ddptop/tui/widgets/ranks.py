@@ -100,7 +100,7 @@ class RanksPanel(Widget, can_focus=True):
                                     f"ranks, each cell the worst of them"[:width], style="bold"),
                      heat_legend(self.figure)]
         else:
-            parts = [Text(f"{head} (each: mean of its last 10 steps) · the {k} lowest scores:"[:width], "bold"),
+            parts = [Text(f"{head}, means of last 10 steps; the {k} lowest scores"[:width - 2], "bold"),
                      spread_table(snap, view, wide, figures), top_table(snap, view, k, self.current(), wide),
                      heat_legend(self.figure, short=True)]
         used = sum(len(p.rows) + 1 if hasattr(p, "rows") else 1 for p in parts) + 1  # + the step axis
