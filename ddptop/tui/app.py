@@ -72,7 +72,9 @@ class DdptopApp(App):
         Binding("left_square_bracket", "transport('segment_prev')", "Previous segment", show=False),
         Binding("right_square_bracket", "transport('segment_next')", "Next segment", show=False),
         Binding("g", "seek_input", "Seek to a step", show=False),
+        Binding("ctrl+t", "toggle_theme", "Light/dark", show=False),
     ]
+    THEMES = ("textual-dark", "textual-light")  # ctrl+t: the panels' colours (Okabe-Ito) read on both
 
     def __init__(self, feed: Any, mode: str = "replay", job: Any = None, connect: Callable | None = None,
                  recording: str | None = None, total_steps: int = 0, refresh_hz: float = REFRESH_HZ):
@@ -195,6 +197,10 @@ class DdptopApp(App):
                 return
         ids = [pid for pid, _, _ in PANELS]
         tabs.active = ids[(ids.index(tabs.active) + delta) % len(ids)]
+
+    def action_toggle_theme(self) -> None:
+        """A light screen for a light terminal (issue 45 item 4: what users of nvitop/btop ask for), and back."""
+        self.theme = self.THEMES[1] if self.theme == self.THEMES[0] else self.THEMES[0]
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

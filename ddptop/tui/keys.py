@@ -10,6 +10,7 @@ GLOBAL_KEYS = (
     ("tab / shift+tab", "next / previous panel (in the controls: next / previous field)"),
     ("pgup / pgdn", "scroll the panel a page (the mouse wheel scrolls too)"),
     ("home / end", "scroll to the panel's top / bottom"),
+    ("ctrl+t", "light / dark screen"),
 )
 PANEL_KEYS = (
     ("overview", "everything at a glance: ranks, where the time goes, the segment table, plots, network"),
