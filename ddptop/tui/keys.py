@@ -11,6 +11,7 @@ GLOBAL_KEYS = (
     ("pgup / pgdn", "scroll the panel a page (the mouse wheel scrolls too)"),
     ("home / end", "scroll to the panel's top / bottom"),
     ("ctrl+t", "light / dark screen"),
+    ("ctrl+x / ctrl+o", "hide the panel shown (its number shows it again) / show every panel"),
 )
 PANEL_KEYS = (
     ("overview", "everything at a glance: ranks, where the time goes, the segment table, plots, network"),
