@@ -72,6 +72,8 @@ GLOSSARY: dict[str, tuple[str, str]] = {
                        "not waiting for the others at a collective; a rank whose busy time shifts and stays shifted "
                        "while the others' does not is named (ddptop.metrics.changes)"),
     "slowest rank": ("", "the rank with the largest mean step time over the segment's measured steps"),
+    "score": ("", "from 16 ranks (the screen's summary): the median rank's busy time over its last 10 steps divided "
+                  "by this rank's; 1.00 a typical rank, 0.50 one twice as slow (ddptop.metrics.ranks.score)"),
     "time per epoch": ("s", "the slowest rank's mean step time × the steps of one epoch at the segment's batch "
                             "size (HPML Lab 4 Q1): projected from the measured steps, not a timed epoch"),
 }
@@ -234,6 +236,12 @@ class Figures:
         """The standard error of the mean step time: how far another window of as many steps of the same
         configuration may land from this one by step-to-step noise alone (0 with fewer than 2 steps)."""
         return self.step_sd_s / math.sqrt(self.steps) if self.steps > 1 else 0.0
+
+    @property
+    def busy_s(self) -> float:
+        """Mean busy time over the window: the mean step time less the mean exposed communication (busy_s's
+        definition over a window; never negative)."""
+        return max(0.0, self.step_s - self.exposed_comm_s)
 
     def share(self, seconds: float) -> float:
         """`seconds` as a fraction of the mean step time."""

@@ -78,6 +78,8 @@ class DdptopApp(App):
         Binding("g", "seek_input", "Seek to a step", show=False),
         Binding("t", "toggle_theme", "Theme", show=False),
         Binding("o", "sections", "Sections", show=False),
+        Binding("ctrl+x", "hide_panel", "Hide panel", show=False),
+        Binding("ctrl+o", "show_panels", "Show all panels", show=False),
     ]
 
     def __init__(self, feed: Any, mode: str = "replay", job: Any = None, connect: Callable | None = None,
@@ -192,8 +194,27 @@ class DdptopApp(App):
             self.set_focus(fields[0] if fields else None)
 
     # -- keys --------------------------------------------------------------------------------------------------
+    def shown_panels(self) -> list[str]:
+        """The panels whose tabs are not hidden (ctrl+x), in order."""
+        tabs = self.query_one(TabbedContent)
+        return [pid for pid, _, _ in PANELS if tabs.get_tab(pid).display]
+
+    def action_hide_panel(self) -> None:
+        """Hide the panel shown (its tab too) and show the next; its number key or ctrl+o brings it back."""
+        tabs, shown = self.query_one(TabbedContent), self.shown_panels()
+        if len(shown) > 1 and tabs.active in shown:
+            hidden = tabs.active
+            tabs.active = shown[(shown.index(hidden) + 1) % len(shown)]
+            tabs.hide_tab(hidden)
+
+    def action_show_panels(self) -> None:
+        tabs = self.query_one(TabbedContent)
+        for pid, _, _ in PANELS:
+            tabs.show_tab(pid)
+
     def action_panel(self, pid: str) -> None:
         tabs = self.query_one(TabbedContent)
+        tabs.show_tab(pid)  # a hidden panel's number shows it again
         if tabs.active == pid:  # no TabActivated: focus it here (7 after esc goes back into the form)
             self.focus_panel()
         tabs.active = pid
@@ -208,8 +229,8 @@ class DdptopApp(App):
             if 0 <= i + delta < len(fields):
                 fields[i + delta].focus()
                 return
-        ids = [pid for pid, _, _ in PANELS]
-        tabs.active = ids[(ids.index(tabs.active) + delta) % len(ids)]
+        ids = self.shown_panels()
+        tabs.active = ids[(ids.index(tabs.active) + delta) % len(ids)] if tabs.active in ids else ids[0]
 
     def action_toggle_theme(self) -> None:
         """t: dark ↔ light, kept for the next screen (tui.prefs)."""

@@ -12,11 +12,14 @@ GLOBAL_KEYS = (
     ("home / end", "scroll to the panel's top / bottom"),
     ("o", "the overview's sections: show or hide each (kept for the next screen)"),
     ("t", "theme: dark / light (kept for the next screen; --theme for one session)"),
+    ("ctrl+x / ctrl+o", "hide the panel shown (its number shows it again) / show every panel"),
 )
 PANEL_KEYS = (
     ("overview", "everything at a glance: ranks, where the time goes, the segment table, plots, network"),
     ("ranks", "↑ ↓ pick a rank · enter: its timeline"),
-    ("network", "↑ ↓ node · ← → interface"),
+    ("ranks (16 and up)", "↑ ↓ pick among the lowest scores · enter: the rank's detail · n: its node's · h: "
+                          "the heatmap's figure"),
+    ("network", "↑ ↓ node · ← → interface · enter: the node's detail"),
     ("timeline", "← → previous / next sampled step · ↑ ↓ rank · < / >: first / latest sampled step"),
     ("controls", "↑ ↓ or tab between fields; digits go into number fields · esc discards edits · enter applies "
                  "(live only)"),

@@ -52,6 +52,7 @@ RUNS = {
                              "single"], "| single | "),
     "tui_cpu.py": (["--ranks", "2", "--seconds", "2", "--warmup", "0.5"], "  mean "),
     "cpu_per_step.py": (["--rounds", "1", "--steps", "2,4", "--modes", "off"], "| off | "),  # 2 whole runs
+    "scale_screen.py": (["--ranks", "16", "--seconds", "0.5"], "drawing the Ranks panel at 16 ranks: "),
 }
 NOT_RUN = {"whatif_grid.py", "whatif_lab.py", "plain_torch.py"}
 

@@ -55,7 +55,7 @@ def use(theme: str) -> None:
     """Draw in `theme` ('dark' or 'light') from now on: the tables above are changed in place and the names rebound,
     so every renderer that reads them through this module (`palette.SKY`, never a copy imported by value) draws the
     new colours at its next frame."""
-    global SERIES, MARKER, EMPTY, NOTE, THEME, SKY, ORANGE, YELLOW, RX, TX
+    global SERIES, MARKER, EMPTY, NOTE, THEME, SKY, ORANGE, YELLOW, RX, TX, HEAT
     swap = (lambda c: LIGHT.get(c, c)) if theme == "light" else (lambda c: c)
     for name, table in (("PARTS", PARTS), ("SPANS", SPANS)):
         table.update({k: (swap(colour), glyph) for k, (colour, glyph) in _DARK_THEME[name].items()})
@@ -64,6 +64,7 @@ def use(theme: str) -> None:
     MARKER = swap(_DARK_THEME["MARKER"])
     SKY, ORANGE, YELLOW = (swap(_DARK_THEME[name]) for name in ("SKY", "ORANGE", "YELLOW"))
     RX, TX = SKY, ORANGE
+    HEAT = tuple((swap(colour), glyph) for colour, glyph in _DARK_HEAT)
     EMPTY = "grey82" if theme == "light" else _DARK_THEME["EMPTY"]
     NOTE = LIGHT_YELLOW if theme == "light" else _DARK_THEME["NOTE"]
     THEME = theme
@@ -79,3 +80,10 @@ def part_glyph(name: str) -> str:
 
 def series_style(i: int) -> str:
     return SERIES[i % len(SERIES)]
+
+
+# a heatmap cell by its level (metrics.ranks.heat_level: 0 below 1.25× the median, 3 at 2× and above): colour and
+# glyph, so the hot cells read in a terminal without colour too; HOT is the top level's colour
+HEAT = ((DARK, "░"), (YELLOW, "▒"), (ORANGE, "▓"), (VERMILLION, "█"))
+HOT = HEAT[-1][0]
+_DARK_HEAT = HEAT

@@ -26,8 +26,9 @@ def _table() -> Table:
     return Table(box=None, padding=(0, 1), header_style="bold reverse", pad_edge=False)
 
 
-def ranks_table(snap: Snapshot, selected: int | None = None, width: int = 160, window: int = RECENT_STEPS) -> Table:
-    """One row per rank: the latest step time, then means over its last `window` steps (sampled steps left out):
+def ranks_table(snap: Snapshot, selected: int | None = None, width: int = 160, window: int = RECENT_STEPS,
+                only=None) -> Table:
+    """One row per rank (of `only`, when given: a node's or one rank's detail): the latest step time, then means over its last `window` steps (sampled steps left out):
     step time, img/s, comm share, exposed comm, overlap, ddptop's own cost; loss, CPU, GPU. Paused, rates say so.
 
     The slowest running rank's row carries `◀ slowest`; the selected rank is underlined."""
@@ -43,6 +44,8 @@ def ranks_table(snap: Snapshot, selected: int | None = None, width: int = 160, w
     for i in keep:
         table.add_column(columns[i][0], justify=columns[i][1], no_wrap=True)
     for r in snap.ranks:
+        if only is not None and r.rank not in only:
+            continue
         cells = _rank_cells(snap, r, window, wide) + (_energy_cells(r) if energy else [])
         table.add_row(*[c for i, c in enumerate(cells) if i in keep],
                       style=(("underline" if r.rank == selected else "") or None))

@@ -8,12 +8,17 @@ from textual.binding import Binding
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from ddptop.metrics.ranks import SCALE_RANKS
+from ddptop.state.scale import scale_view
 from ddptop.state.session import Snapshot
 from ddptop.state.views import NodeView
 from ddptop.tui.render.slurm import expected_line, nic_summary_line, slurm_graph, slurm_stats
 from ddptop.safe import clean
+from ddptop.tui.render.scale import nodes_summary
+from ddptop.tui.widgets.detail import DetailScreen
 
 STATS_ROWS = 7
+TOP_NODES = 5  # many ranks: the nodes listed under the summary (those holding the lowest-scored ranks)
 
 
 class NetworkPanel(Widget, can_focus=True):
@@ -22,7 +27,8 @@ class NetworkPanel(Widget, can_focus=True):
     """
     BINDINGS = [Binding("up", "node(-1)", "Node ↑", show=False), Binding("down", "node(1)", "Node ↓", show=False),
                 Binding("left", "iface(-1)", "Interface ←", show=False),
-                Binding("right", "iface(1)", "Interface →", show=False)]
+                Binding("right", "iface(1)", "Interface →", show=False),
+                Binding("enter", "detail", "Node detail", show=False)]
 
     snapshot: reactive[Snapshot | None] = reactive(None, layout=True)
     """The session as of the last tick."""
@@ -46,7 +52,8 @@ class NetworkPanel(Widget, can_focus=True):
         nic = node.nic(iface)
         nodes = self.snapshot.nodes
         out = self._title(node, iface)
-        summary_rows = len(nodes) + 2
+        many = len(self.snapshot.ranks) >= SCALE_RANKS
+        summary_rows = TOP_NODES + 5 if many else len(nodes) + 2
         visible = self.screen.size.height - 8  # header, tabs, footer (and a replay's bar): the graph fills the view,
         graph_rows = max(5, visible - STATS_ROWS - 6 - summary_rows)  # the all-nodes table below may scroll
         out.append("\n")
@@ -55,6 +62,10 @@ class NetworkPanel(Widget, can_focus=True):
         out.append_text(slurm_stats(nic.stat, nic.rx_history, nic.tx_history, width))
         out.append("\n")
         out.append_text(self._expected(node, iface))
+        if many:  # a line per node would push the graph off the screen: the spread and the slowest nodes instead
+            out.append("\n\n")
+            out.append_text(nodes_summary(self.snapshot, scale_view(self.snapshot), TOP_NODES, width))
+            return out
         out.append("\n\nall nodes (their job interfaces)\n", style="bold")
         out.append("\n".join(nic_summary_line(clean(n.host), (n.nic() or nic).stat, width) for n in nodes))
         return out
@@ -87,6 +98,11 @@ class NetworkPanel(Widget, can_focus=True):
         i = names.index(current) if current in names else 0
         self.iface = names[(i + delta) % len(names)]
 
+    def action_detail(self) -> None:
+        node = self._node()
+        if node is not None:
+            self.app.push_screen(DetailScreen(self.snapshot, host=node.host))
+
     def on_click(self, event: events.Click) -> None:
         node = self._node()
         if node is None:
@@ -100,6 +116,6 @@ class NetworkPanel(Widget, can_focus=True):
                     self.iface = name
             return
         first_summary = self.size.height - len(self.snapshot.nodes)  # the all-nodes table ends the panel
-        if event.y >= first_summary:
+        if event.y >= first_summary and len(self.snapshot.ranks) < SCALE_RANKS:
             self.node = event.y - first_summary
             self.iface = None

@@ -1,4 +1,5 @@
-"""Provides the ranks panel: the ranks table (slowest rank marked), each rank's latest step breakdown, notices."""
+"""Provides the ranks panel: the ranks table (slowest rank marked), each rank's latest step breakdown, notices; from
+metrics.ranks.SCALE_RANKS ranks a summary instead (spreads, the top k by score, a rank × step heatmap)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ from textual.binding import Binding
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from ddptop.metrics.ranks import FIGURES, SCALE_RANKS
+from ddptop.state.scale import StepValues, heat, heat_rows, scale_view
 from ddptop.state.session import Snapshot
 from ddptop.tui.messages import RankChosen
+from ddptop.tui.render.scale import LABEL, heat_legend, heatmap, spread_table, step_axis, top_table
+from ddptop.tui.widgets.detail import DetailScreen
 from ddptop.tui.render.breakdown import OTHER_NOTE, breakdown_bar, breakdown_legend, step_parts
 from ddptop.tui.render.tables import energy_note, memory_table, ranks_table
 from ddptop.safe import clean
@@ -22,16 +27,34 @@ class RanksPanel(Widget, can_focus=True):
     RanksPanel { height: auto; min-height: 6; padding: 0 1; }
     """
     BINDINGS = [Binding("up", "move(-1)", "Rank ↑", show=False), Binding("down", "move(1)", "Rank ↓", show=False),
-                Binding("enter", "choose", "Timeline of rank", show=False)]
+                Binding("enter", "choose", "Timeline of rank", show=False),
+                Binding("h", "figure", "Heatmap figure", show=False), Binding("n", "node", "Node detail", show=False)]
+    TALL = 30  # rows of panel from which the summary shows the top 8 ranks and a blank line between its parts
 
     snapshot: reactive[Snapshot | None] = reactive(None, layout=True)
     """The session as of the last tick."""
     selected: reactive[int] = reactive(0)
     """The rank the arrows and clicks pick."""
+    figure: reactive[str] = reactive("busy")
+    """The heatmap's figure (metrics.ranks.FIGURES), cycled by h."""
+
+    picked = False  # many ranks: until an arrow picks one, the rank of lowest score is the one enter and n open
+
+    @property
+    def summarized(self) -> bool:
+        return self.snapshot is not None and len(self.snapshot.ranks) >= SCALE_RANKS
+
+    def current(self) -> int:
+        """The rank enter and n open: the one picked, else (many ranks) the lowest score."""
+        if self.summarized and not self.picked:
+            return next(iter(scale_view(self.snapshot).top(1)), self.selected)
+        return self.selected
 
     def render(self) -> Group:
         snap = self.snapshot or Snapshot()
         width = self.size.width or 80
+        if self.summarized:
+            return self._summary(snap, width)
         note = energy_note(snap)  # nothing without a GPU reading: the Utilization panel says why there is none
         parts = [ranks_table(snap, self.selected, width), *([note] if note.plain else []), Text("")]
         memory = memory_table(snap, width)
@@ -58,16 +81,66 @@ class RanksPanel(Widget, can_focus=True):
             parts += [Text(clean(n), style="dim") for n in snap.notices[-12:]]
         return Group(*parts)
 
+    def _summary(self, snap: Snapshot, width: int) -> Group:
+        """Many ranks: each figure's spread, the k lowest scores, a heatmap filling the rest of the screen. Below
+        TALL rows (80×24) the spread keeps step, busy and exposed comm, and the titles share lines, so that the
+        heatmap still shows a few rows."""
+        view = scale_view(snap)
+        visible = self.screen.size.height - 8  # header, tabs, footer, a replay's bar
+        tall, wide = visible >= self.TALL, width >= 120
+        k = self._k = 8 if tall else 3
+        nodes = len({r.host for r in snap.ranks})
+        head = f"{len(snap.ranks)} ranks on {nodes} node{'s' if nodes != 1 else ''}"
+        figures = list(FIGURES) if tall else ["step", "busy", "exposed comm"]
+        if tall:
+            title = Text(f"{head}: each rank's mean over its last 10 steps; score = median busy / its busy", "bold")
+            title.append("  ↑↓ rank · enter: rank · n: its node · h: figure" if wide else "", style="dim")
+            parts = [title, spread_table(snap, view, wide, figures), Text(""),
+                     Text(f"the {k} lowest scores", style="bold"), top_table(snap, view, k, self.current(), wide),
+                     Text(""), Text(f"rank × step: {self.figure} (h: {' · '.join(FIGURES)}); a row: a node's "
+                                    f"ranks, each cell the worst of them"[:width], style="bold"),
+                     heat_legend(self.figure)]
+        else:
+            parts = [Text(f"{head}, means of last 10 steps; the {k} lowest scores"[:width - 2], "bold"),
+                     spread_table(snap, view, wide, figures), top_table(snap, view, k, self.current(), wide),
+                     heat_legend(self.figure, short=True)]
+        used = sum(len(p.rows) + 1 if hasattr(p, "rows") else 1 for p in parts) + 1  # + the step axis
+        groups = heat_rows(snap, max(2, visible - used))
+        if not hasattr(self, "_values"):
+            self._values = StepValues()  # the heatmap's values, read anew only for the steps that arrived
+        shown = heat(snap, self.figure, groups, max(1, width - LABEL - 1), cache=self._values)
+        return Group(*parts, heatmap(shown, width), step_axis(shown, width))
+
+    def action_figure(self) -> None:
+        names = list(FIGURES)
+        self.figure = names[(names.index(self.figure) + 1) % len(names)]
+
+    def action_node(self) -> None:
+        if self.snapshot is not None:
+            host = next((r.host for r in self.snapshot.ranks if r.rank == self.current()), None)
+            if host is not None:
+                self.app.push_screen(DetailScreen(self.snapshot, host=host, figure=self.figure))
+
     def action_move(self, delta: int) -> None:
+        if self.summarized:
+            shown = list(scale_view(self.snapshot).top(getattr(self, "_k", 8)))
+            i = shown.index(self.current()) + delta if self.current() in shown else 0
+            self.selected, self.picked = shown[max(0, min(len(shown) - 1, i))], True
+            return
         ranks = [r.rank for r in (self.snapshot.ranks if self.snapshot else ())]
         if ranks:
             i = ranks.index(self.selected) if self.selected in ranks else 0
             self.selected = ranks[max(0, min(len(ranks) - 1, i + delta))]
 
     def action_choose(self) -> None:
+        if self.summarized:
+            self.app.push_screen(DetailScreen(self.snapshot, rank=self.current(), figure=self.figure))
+            return
         self.post_message(RankChosen(self.selected))
 
     def on_click(self, event: events.Click) -> None:
+        if self.summarized:
+            return
         ranks = [r.rank for r in (self.snapshot.ranks if self.snapshot else ())]
         row = event.y - 1  # the table's header takes the first row
         if 0 <= row < len(ranks):
