@@ -180,3 +180,37 @@ async def test_ranks_that_joined_but_have_not_stepped_are_summarized_without_an_
         assert "16 ranks on 2 nodes" in text and "the 3 lowest scores" in text, text
         await pilot.press("h", "n")
         await pilot.pause(0.2)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)])
+async def test_the_overview_summarizes_too(recording, size):
+    """The default panel at 256 ranks: the spread and the 3 lowest scores (the slowed ranks, by SQL's windows)
+    instead of a row per rank; 4 of the 32 nodes' graphs (those of the slowed ranks first) and 3 ranks' utilization."""
+    windows = sql_windows(recording)
+    busy = {r: w["busy"] for r, w in windows.items()}
+    middle = statistics.median(busy.values())
+    slowest = sorted(busy, key=lambda r: middle / busy[r])[:3]
+    assert slowest == [201, 37, 150]
+    source = ReplaySource(recording, playing=False, history_steps=STEPS)
+    app = DdptopApp(compose(source))
+    try:
+        async with app.run_test(size=size) as pilot:
+            source.seek_step(STEPS - 1)
+            app.tick()
+            text = await drawn_text(pilot, app, "lowest scores")
+            lines = text.split("the 3 lowest scores")[1].splitlines()[2:5]
+            assert [line.split()[:3] for line in lines] == [
+                [str(r), f"node{r // 8:02d}", f"{middle / busy[r]:.2f}"] for r in slowest], text
+            assert "256 on 32 nodes" in text
+            # below the first screen: scroll the overview through, every section summarized
+            pane = app.query_one("#overview")
+            seen = text
+            for _ in range(12):
+                pane.scroll_page_down(animate=False)
+                await pilot.pause(0.1)
+                seen += "\n" + screen_text(app)
+            assert "4 of 32 nodes" in seen and "3 of 256 ranks" in seen, seen
+            assert not any(line.lstrip().startswith(("r100 ", "r255 ")) for line in seen.splitlines())
+    finally:
+        source.close()

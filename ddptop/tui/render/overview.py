@@ -10,12 +10,15 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ddptop.metrics.ranks import SCALE_RANKS
+from ddptop.state.scale import scale_view
 from ddptop.state.session import Snapshot
 from ddptop.state.snapshot import RECENT_STEPS
 from ddptop.tui.render.breakdown import OTHER_NOTE, breakdown_bar, breakdown_legend
 from ddptop.tui.render import palette
 from ddptop.tui.render.palette import VERMILLION, part_style
 from ddptop.tui.render.plot import Marker, Series, line_plot
+from ddptop.tui.render.scale import spread_table, top_table
 from ddptop.tui.render.slurm import expected_line, slurm_graph
 from ddptop.tui.render.spark import sparkline
 from ddptop.tui.render.tables import WIDE, gpu_text, ranks_table, segment_table
@@ -25,6 +28,8 @@ from ddptop.tui.render.whatif import whatif_line
 
 PLOT_ROWS = 6
 BARS = 4  # ranks with a breakdown bar of their own; more ranks show the slowest and the fastest
+TOP = 3  # from SCALE_RANKS ranks: the ranks of lowest score the overview lists (the Ranks panel has them all)
+NODES = 4  # from SCALE_RANKS ranks: the nodes with a network graph (those of the lowest scores)
 
 
 def markers(snap: Snapshot) -> list[Marker]:
@@ -42,9 +47,10 @@ def overview(snap: Snapshot, width: int, banner: str = "", hidden: frozenset[str
         return Group(*parts, Text("waiting for the ranks to join", style="dim"))
     wide = width >= WIDE
     parts += [] if "hints" in hidden else [hint_line(snap, width)]
-    ranks = [] if "ranks" in hidden else [_title("ranks", f"latest step, then means over each rank's last {RECENT_STEPS} steps "
-                             "(* a sampled step: layer hooks slow it, means leave it out)", width),
-             ranks_table(snap, width=width), Text("")]
+    ranks = [] if "ranks" in hidden else many_ranks(snap, width, wide) if many(snap) else [
+        _title("ranks", f"latest step, then means over each rank's last {RECENT_STEPS} steps "
+                        "(* a sampled step: layer hooks slow it, means leave it out)", width),
+        ranks_table(snap, width=width), Text("")]
     time = [] if "time" in hidden else [_title("where a step's time goes", f"mean of the last {RECENT_STEPS} steps, by rank", width),
             time_bars(snap, width), Text("")]
     segments = [] if "segments" in hidden else [_title("segments", "as `ddptop info` shows them: " + short_note(snap), width),
@@ -52,6 +58,22 @@ def overview(snap: Snapshot, width: int, banner: str = "", hidden: frozenset[str
     if wide:
         return Group(*parts, *ranks, *time, *segments, _columns(snap, width, hidden))
     return Group(*parts, *ranks, *segments, *time, *_narrow(snap, width, hidden))
+
+
+def many(snap: Snapshot) -> bool:
+    """From SCALE_RANKS ranks the overview summarizes, as the Ranks and Network panels do."""
+    return len(snap.ranks) >= SCALE_RANKS
+
+
+def many_ranks(snap: Snapshot, width: int, wide: bool) -> list[RenderableType]:
+    """Each figure's median, p90 and worst over ranks, then the TOP ranks of lowest score (state.scale)."""
+    view = scale_view(snap)
+    nodes = len({r.host for r in snap.ranks})
+    figures = ["step", "busy", "exposed comm"]
+    return [_title("ranks", f"{len(snap.ranks)} on {nodes} node{'s' if nodes != 1 else ''}: means over each rank's "
+                            f"last {RECENT_STEPS} steps; score = median busy / its busy; 2: every rank", width),
+            spread_table(snap, view, wide, figures),
+            Text(f"the {TOP} lowest scores", style="bold"), top_table(snap, view, TOP, None, wide), Text("")]
 
 
 def hint_line(snap: Snapshot, width: int) -> Text:
@@ -188,7 +210,17 @@ def network(snap: Snapshot, width: int, rows: int = 4) -> list[Text]:
     """Per node: a small slurm graph of its job interface (RX up, TX down) and bytes per step against the formulas."""
     out = [_title("network", "per node, its job interface: RX ▲ above the line, TX ▼ below", width)]
     strategy = str(snap.config.get("strategy", "?"))
-    for node in snap.nodes:
+    nodes = list(snap.nodes)
+    if many(snap) and len(nodes) > NODES:  # the nodes of the lowest scores; the Network panel has them all
+        order = scale_view(snap).order
+        host = {r.rank: r.host for r in snap.ranks}
+        first = {}
+        for rank in order:
+            first.setdefault(host.get(rank), len(first))
+        nodes = sorted(nodes, key=lambda n: first.get(n.host, len(first)))[:NODES]
+        out.append(Text(f"{len(nodes)} of {len(snap.nodes)} nodes: those of the lowest scores (3: every node)",
+                        style="dim"))
+    for node in nodes:
         nic = node.nic()
         head = Text(f"{clean(node.host)} ({clean(node.job_iface) or '?'})", style="bold")
         if nic is None:
@@ -207,7 +239,12 @@ def utilization(snap: Snapshot, width: int) -> list[Text]:
     """Per rank: CPU and memory histories (and the GPU's, where there is one)."""
     out = [_title("utilization", "per rank: process CPU, memory, GPU", width)]
     spark = max(6, min(30, (width - 40) // 2))
-    for r in snap.ranks:
+    ranks = list(snap.ranks)
+    if many(snap):  # the ranks of the lowest scores; the Utilization panel has them all
+        shown = set(scale_view(snap).top(TOP))
+        ranks = [r for r in ranks if r.rank in shown]
+        out.append(Text(f"{len(ranks)} of {len(snap.ranks)} ranks: the lowest scores (4: every rank)", style="dim"))
+    for r in ranks:
         hist, s = snap.util.get(r.rank), r.system
         line = Text(f"r{r.rank:<3}", style="bold")
         line.append(f"CPU {s.proc_cpu_percent:3.0f}% " if s else "CPU   -  ")
