@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,36 +22,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import ports
+from procs import recording_rows, unique_memory, wait_while_running
 from ddptop.examples.wide_mlp import mlp
 
 DDPTOP = [sys.executable, "-m", "ddptop"]
 MODEL = "ddptop.examples.wide_mlp:mlp"
 
 
-def _uss(pid: int) -> int:
-    """Private_Clean + Private_Dirty of the process, as the kernel sums them (bytes)."""
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        return 1024 * sum(int(line.split()[1]) for line in f if line.split(":")[0] in ("Private_Clean",
-                                                                                       "Private_Dirty"))
 
 
-def _query(path, sql: str, args=()) -> list:
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            return db.execute(sql, args).fetchall()
-    except sqlite3.OperationalError:  # not created yet, or being written
-        return []
 
 
-def _wait(what: str, check, proc, deadline_s: float = 180.0):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got
-        assert proc.poll() is None, f"the job ended before {what}: {proc.communicate()[0][-3000:]}"
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} within {deadline_s:.0f} s")
 
 
 @pytest.fixture(scope="module")
@@ -66,23 +46,23 @@ def job(tmp_path_factory):
                             cwd=folder, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         def pids():
-            meta = dict(_query(record, "SELECT key, value FROM meta WHERE key = 'ranks'"))
+            meta = dict(recording_rows(record, "SELECT key, value FROM meta WHERE key = 'ranks'"))
             ranks = json.loads(meta["ranks"]) if "ranks" in meta else {}
             return {int(r): v["pid"] for r, v in ranks.items()} if len(ranks) == 2 else None
 
-        by_rank = _wait("both ranks joined", pids, proc)
+        by_rank = wait_while_running("both ranks joined", pids, proc)
         # past the first samples (each rank's step 0): the steady state of a training loop
-        _wait("a second memory sample of each rank", lambda: _query(
+        wait_while_running("a second memory sample of each rank", lambda: recording_rows(
             record, "SELECT rank FROM memory GROUP BY rank HAVING count(*) >= 2"), proc)
         read = {rank: [] for rank in by_rank}
         for _ in range(3):
             for rank, pid in by_rank.items():
-                read[rank].append((time.time(), _uss(pid)))
+                read[rank].append((time.time(), unique_memory(pid)))
             time.sleep(1.0)
         last = max(t for got in read.values() for t, _ in got)
-        _wait("a memory sample after the readings", lambda: _query(
+        wait_while_running("a memory sample after the readings", lambda: recording_rows(
             record, "SELECT rank FROM memory WHERE t > ? GROUP BY rank HAVING count(*) >= 1", (last,)) and len(
-            _query(record, "SELECT DISTINCT rank FROM memory WHERE t > ?", (last,))) == 2, proc)
+            recording_rows(record, "SELECT DISTINCT rank FROM memory WHERE t > ?", (last,))) == 2, proc)
         proc.send_signal(signal.SIGTERM)  # a stop: the ranks finish their step, the recording is closed
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out[-3000:]
@@ -97,7 +77,7 @@ def test_the_recorded_bytes_are_torchs_sizes_of_the_same_model(job):
     record, _ = job
     model = mlp()
     size = sum(p.numel() * p.element_size() for p in model.parameters())
-    rows = _query(record, "SELECT rank, step, param_bytes, grad_bytes, optim_bytes, by FROM memory")
+    rows = recording_rows(record, "SELECT rank, step, param_bytes, grad_bytes, optim_bytes, by FROM memory")
     assert {r for r, *_ in rows} == {0, 1} and len(rows) >= 6
     # every sample, the first (step 0's end, the momentum just made) too: DDP holds a whole copy of each kind
     assert {tuple(r[2:]) for r in rows} == {(size, size, size, "process USS")}, rows
@@ -107,7 +87,7 @@ def test_the_recorded_bytes_are_torchs_sizes_of_the_same_model(job):
 def test_the_recorded_unique_memory_agrees_with_the_kernels_within_20_percent(job):
     record, read = job
     for rank, readings in read.items():
-        samples = _query(record, "SELECT t, now_bytes, peak_bytes FROM memory WHERE rank = ? AND step > 0", (rank,))
+        samples = recording_rows(record, "SELECT t, now_bytes, peak_bytes FROM memory WHERE rank = ? AND step > 0", (rank,))
         for t, uss in readings:
             _, now, peak = min(samples, key=lambda s: abs(s[0] - t))  # the sample nearest the reading
             assert abs(now - uss) <= 0.2 * uss, (rank, now, uss)
@@ -116,7 +96,7 @@ def test_the_recorded_unique_memory_agrees_with_the_kernels_within_20_percent(jo
 
 def _sql_table(record) -> list[tuple]:
     """(segment, rank, params, grads, optimizer, peak, samples): the latest sample's kinds, the largest peak."""
-    return _query(record, """
+    return recording_rows(record, """
         SELECT m.segment, m.rank, m.param_bytes, m.grad_bytes, m.optim_bytes, agg.peak, agg.n
         FROM memory m JOIN (SELECT segment, rank, max(seq) AS seq, max(peak_bytes) AS peak, count(*) AS n
                             FROM memory GROUP BY segment, rank) agg ON m.seq = agg.seq ORDER BY m.segment, m.rank""")
@@ -149,7 +129,7 @@ def test_the_reports_memory_table_and_info_say_what_sql_says(job, tmp_path):
     for segment, rank, params, grads, optim, peak, _ in expected:
         assert (f"segment {segment} rank {rank}: params {params / 1e6:.1f}, grads {grads / 1e6:.1f}, optimizer "
                 f"{optim / 1e6:.1f}, peak {peak / 1e6:.1f} (process USS)") in lines
-    count, cost = _query(record, "SELECT count(*), max(cost_s) FROM memory")[0]
+    count, cost = recording_rows(record, "SELECT count(*), max(cost_s) FROM memory")[0]
     assert re.search(rf"\b{count} memory samples\b", lines)
     assert f"a sample took the training thread up to {cost * 1e3:.1f} ms" in lines  # ddptop's own cost, said
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
 import time
 
 import ports
+from procs import recording_rows, unique_memory, wait_while_running
 from jobs import killed_if_left
 
 DDPTOP = [sys.executable, "-m", "ddptop"]
@@ -37,36 +37,17 @@ def blocks(num_classes):
 """
 
 
-def _uss(pid: int) -> int:
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        return 1024 * sum(int(line.split()[1]) for line in f if line.split(":")[0] in ("Private_Clean",
-                                                                                       "Private_Dirty"))
 
 
-def _query(path, sql: str, args=()) -> list:
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            return db.execute(sql, args).fetchall()
-    except sqlite3.OperationalError:
-        return []
 
 
-def _wait(what: str, check, proc, deadline_s: float = 240.0):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        got = check()
-        if got:
-            return got
-        assert proc.poll() is None, f"the job ended before {what}: {proc.communicate()[0][-3000:]}"
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} within {deadline_s:.0f} s")
 
 
 def _steady(record, segment: int, proc) -> None:
     """Three memory samples of every rank in `segment` (the first is taken at its first step, the next every 5 s)."""
-    _wait(f"three memory samples of each rank in segment {segment}", lambda: len(_query(
+    wait_while_running(f"three memory samples of each rank in segment {segment}", lambda: len(recording_rows(
         record, "SELECT rank FROM memory WHERE segment = ? GROUP BY rank HAVING count(*) >= 3", (segment,))) == WORLD,
-        proc)
+        proc, 240.0)
 
 
 def _read(pids: dict[int, int]) -> dict[int, int]:
@@ -74,7 +55,7 @@ def _read(pids: dict[int, int]) -> dict[int, int]:
     got: dict[int, list[int]] = {rank: [] for rank in pids}
     for _ in range(5):
         for rank, pid in pids.items():
-            got[rank].append(_uss(pid))
+            got[rank].append(unique_memory(pid))
         time.sleep(1.0)
     return {rank: int(statistics.median(v)) for rank, v in got.items()}
 
@@ -89,7 +70,7 @@ def test_zero3_frees_each_ranks_share_of_parameters_gradients_and_momentum(tmp_p
                             cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     with killed_if_left(proc):
         def pids():
-            meta = dict(_query(record, "SELECT key, value FROM meta WHERE key = 'ranks'"))
+            meta = dict(recording_rows(record, "SELECT key, value FROM meta WHERE key = 'ranks'"))
             ranks = json.loads(meta["ranks"]) if "ranks" in meta else {}
             return {int(r): v["pid"] for r, v in ranks.items()} if len(ranks) == WORLD else None
 
@@ -106,13 +87,13 @@ def test_zero3_frees_each_ranks_share_of_parameters_gradients_and_momentum(tmp_p
             finally:
                 ctl("resume")
 
-        by_rank = _wait("every rank joined", pids, proc)
+        by_rank = wait_while_running("every rank joined", pids, proc, 240.0)
         _steady(record, 0, proc)
         ddp = paused_read()
         ctl("set", "strategy=zero3")
         _steady(record, 1, proc)
         zero3 = paused_read()
-        held = _query(record, "SELECT segment, rank, param_bytes FROM memory GROUP BY segment, rank")
+        held = recording_rows(record, "SELECT segment, rank, param_bytes FROM memory GROUP BY segment, rank")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out[-3000:]

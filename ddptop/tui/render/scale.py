@@ -9,6 +9,7 @@ from ddptop.metrics.ranks import FIGURES, HEAT_LEVELS, STATS, heat_level
 from ddptop.safe import clean
 from ddptop.state.scale import Heat, ScaleView, figure_of
 from ddptop.tui.render import palette
+from ddptop.tui.render.cells import styled_runs
 from ddptop.tui.render.units import fmt_s
 
 LABEL = 18  # columns of a heatmap row's label (host and its ranks)
@@ -73,17 +74,9 @@ def heatmap(heat: Heat, width: int, label: int = LABEL) -> Text:
     for i, (name, row) in enumerate(zip(heat.labels, heat.cells)):
         if i:
             out.append("\n")
-        out.append(f"{clean(name)[:label]:<{label}} ", style="bold")
-        run_style, run = None, []
-        for value in row[-columns:]:
-            style, glyph = ("", " ") if value is None else palette.HEAT[heat_level(value, heat.middle)]
-            if style != run_style and run:
-                out.append("".join(run), style=run_style or None)
-                run = []
-            run_style = style
-            run.append(glyph)
-        if run:
-            out.append("".join(run), style=run_style or None)
+        cells = ((" ", "") if value is None else palette.HEAT[heat_level(value, heat.middle)][::-1]
+                 for value in row[-columns:])  # (glyph, colour): a span per run of one colour, not per cell
+        out.append_text(styled_runs(cells, Text().append(f"{clean(name)[:label]:<{label}} ", style="bold")))
     return out
 
 
