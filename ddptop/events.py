@@ -602,11 +602,34 @@ class RankShifted(Event):
                 f"ms (segment {self.segment})")
 
 
+@dataclass(frozen=True)
+class FrontCost(Event):
+    """The CPU time the front's own process (rank 0's host: collector, recorder, screen) spent, as the kernel counted
+    it, over the job steps finished since its last reading: ddptop's cost per step beyond each rank's own_s and
+    threads_s (issue 42). A reading every few seconds while steps advance, never per step."""
+
+    kind: ClassVar[str] = "front_cost"
+    cpu_s: float  # the front process's user + system CPU time over the interval, all its threads
+    steps: int  # job steps finished in the interval: the newest step any rank finished, less the last reading's
+    step: int  # the newest step any rank finished at this reading
+    t: float
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise EventDecodeError(f"a front cost covers at least one step, found {self.steps!r}")
+        if self.cpu_s < 0:
+            raise EventDecodeError(f"a front's CPU time cannot be negative, found {self.cpu_s!r}")
+
+    @property
+    def per_step_s(self) -> float:
+        return self.cpu_s / self.steps
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,
                               ConfigApplied, ControlRefused, RankLost, RunState, RankBack, TelemetryGap,
                               RecorderFailed, StoreFlooded, ModelsDiverged, OutOfMemory, EventsRefused,
-                              ClockSync, TuneAsked, TuneNote, MemorySample, RankShifted)
+                              ClockSync, TuneAsked, TuneNote, MemorySample, RankShifted, FrontCost)
 }
 
 

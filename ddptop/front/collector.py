@@ -45,7 +45,8 @@ def main() -> int:
         source = liveness = None
     alarm.stop = lambda: _stop_job(spec)
     feed = compose(source, world_size=spec["world_size"], liveness=liveness, sinks=[recorder] if recorder else [],
-                   state=state, alarm=alarm, tuner=_tuner(spec) if source is not None else None).start()
+                   state=state, alarm=alarm, tuner=_tuner(spec) if source is not None else None,
+                   front_cost=True).start()
     if source is not None:
         from ddptop.control.announce import announce
 

@@ -15,6 +15,7 @@ import time
 from typing import Any, Sequence
 
 from ddptop.events import Event, RankBack, RankLost, RunFinished, Source
+from ddptop.front.cost import FrontMeter
 from ddptop.front.feed import Feed, PartlyDerived, SharedState, Sink
 from ddptop.front.fingerprints import FingerprintCheck
 from ddptop.metrics.changes import ChangePoints
@@ -29,14 +30,16 @@ class Derived:
     - job: local rank processes that died, and the supervision that ends the survivors (front.supervisor.LocalJob);
     - fingerprints: ranks that must hold one model and do not;
     - change points: a rank whose busy time per step shifted and stayed shifted, unlike the others' (RankShifted);
+    - the front's own CPU time per job step, every few seconds (FrontCost; front.cost);
     - add(): events from other threads (the recorder's failure).
     A rank both processes and heartbeats say is lost (a local rank that died) is reported by whichever saw it first.
     """
 
-    def __init__(self, world_size: int = 0, liveness: Any = None, job: Any = None):
+    def __init__(self, world_size: int = 0, liveness: Any = None, job: Any = None, cost: bool = False):
         self.liveness, self.job = liveness, job
         self.fingerprints = FingerprintCheck(world_size) if world_size else None
         self.changes = ChangePoints() if world_size > 1 else None  # one rank has no others to be unlike
+        self.cost = FrontMeter() if cost else None  # the job's front only: attach's CPU is the watcher's
         self._pending: list[Event] = []
         self._lock = threading.Lock()
         self._lost: set[int] = set()
@@ -53,7 +56,7 @@ class Derived:
         with self._lock:
             out, self._pending = self._pending, []
         failure = None
-        for part in (self._fingerprints, self._changes, self._job_lost, self._job_check, self._liveness):
+        for part in (self._fingerprints, self._changes, self._cost, self._job_lost, self._job_check, self._liveness):
             try:
                 out += part(events)
             except Exception as exc:  # each part on its own: the others' events still go out
@@ -68,6 +71,9 @@ class Derived:
 
     def _changes(self, events: list[Event]) -> list[Event]:
         return self.changes.apply_all(events) if self.changes is not None else []
+
+    def _cost(self, events: list[Event]) -> list[Event]:
+        return self.cost(events) if self.cost is not None else []
 
     def _job_lost(self, events: list[Event]) -> list[Event]:
         return self.job.lost_events() if self.job is not None else []
@@ -100,13 +106,14 @@ class Derived:
 
 
 def compose(source: Source | None, *, world_size: int = 0, liveness: Any = None, job: Any = None,
-            sinks: Sequence[Sink] = (), state: SharedState | None = None, alarm: Any = None, tuner: Any = None
-            ) -> Feed:
+            sinks: Sequence[Sink] = (), state: SharedState | None = None, alarm: Any = None, tuner: Any = None,
+            front_cost: bool = False) -> Feed:
     """The front's pipeline over `source`: what every way of watching a job calls. A replay passes the source
     alone (its derived events were recorded); a live front passes the job's world size, its liveness watcher, the
     job it supervises, its recording, the alarm the recording raises when it fails and its tuner (front.tune), whose
-    notes go out as derived events and which is closed before the feed's last drain, so its outcome is recorded."""
-    derived = Derived(world_size, liveness, job) if (world_size or liveness is not None or job is not None
+    notes go out as derived events and which is closed before the feed's last drain, so its outcome is recorded.
+    `front_cost`: this process is the job's front (not a watcher), whose CPU per step is measured (front.cost)."""
+    derived = Derived(world_size, liveness, job, front_cost) if (world_size or liveness is not None or job is not None
                                                     or alarm is not None or tuner is not None) else None
     if alarm is not None:
         alarm.derived = derived

@@ -165,7 +165,7 @@ def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer:
         job.front = FrontInfo(rdv.master, rdv.port, token)
         feed = compose(hub.source, world_size=rdv.world_size, job=job, sinks=sinks, state=state, alarm=alarm,
                        tuner=Tuner(lambda: ControlClient(rdv.master, rdv.port, token, role="tune"), auto=tune),
-                       liveness=hub.liveness)
+                       liveness=hub.liveness, front_cost=True)
         state = feed.state  # what the ranks said at their end, for the note left once the job ended
         if on_start is not None:
             on_start(job)

@@ -9,10 +9,11 @@ import sys
 from typing import Any
 
 from ddptop.metrics import rate_unit, table_rows, tables
+from ddptop.metrics.cost import front_per_step
 from ddptop.metrics.energy import RankEnergy, energies, lines as energy_lines
 from ddptop.metrics.memory import memory_table
 from ddptop.metrics.stragglers import Stragglers, analyse
-from ddptop.events import LogLine, ModelsDiverged, RankShifted, RunFinished
+from ddptop.events import FrontCost, LogLine, ModelsDiverged, RankShifted, RunFinished
 from ddptop.record.reader import WHOLE_STEP, Recording, damaged
 from ddptop.safe import clean
 
@@ -55,8 +56,16 @@ def summary(rec: Recording, table: list | None = None) -> dict[str, Any]:
         "warnings": [e.describe() for e in notable if isinstance(e, ModelsDiverged)],
         "shifts": [e.describe() for e in notable if isinstance(e, RankShifted)],
         "stragglers": stragglers(rec)[None].describe() if rec.world_size > 1 else "",
-        **energy(rec),
+        **energy(rec), "front": front(rec),
     }
+
+
+def front(rec: Recording) -> dict[str, Any]:
+    """The front process's CPU time per job step over the whole run (metrics.cost), from its FrontCost readings."""
+    readings = [e for (blob,) in rec.query("SELECT data FROM events WHERE kind = 'front_cost' ORDER BY seq")
+                for e in [_decode(rec, blob)] if isinstance(e, FrontCost)]
+    per_step, steps = front_per_step(readings)
+    return {"cpu_s_per_step": per_step, "steps": steps, "readings": len(readings)}
 
 
 def energy(rec: Recording) -> dict[str, Any]:
@@ -231,6 +240,10 @@ def render(s: dict[str, Any]) -> str:
         found = {int(r): RankEnergy(**e) for r, e in s["energy"].items()}
         said = energy_lines(found, s.get("energy_why", ""))
         lines += [f"energy     {said[0]}"] if not found else ["energy     joules per rank (the GPU's board)", *said]
+    cost = s.get("front") or {}
+    if cost.get("steps"):
+        lines.append(f"front      {cost['cpu_s_per_step'] * 1e3:.2f} ms CPU per job step over {cost['steps']} steps "
+                     "(its process on rank 0's host, as the kernel counted it; the ranks' own are in the table)")
     if s.get("stragglers"):
         lines.append(f"stragglers {s['stragglers']}")
     lines += [f"shifted    {x}" for x in s.get("shifts", [])[:10]]

@@ -18,8 +18,9 @@ from typing import Iterable
 from ddptop import metrics
 from ddptop.config import SyncConfig
 from ddptop.errors import RecordingError, UsageError
-from ddptop.events import ConfigApplied, EpochDone, Event, RankJoined, RunStarted, StepDone, SystemSample
+from ddptop.events import ConfigApplied, EpochDone, Event, FrontCost, RankJoined, RunStarted, StepDone, SystemSample
 from ddptop.metrics import wire
+from ddptop.metrics.cost import front_per_step
 from ddptop.metrics.traffic import StepRun
 from ddptop.report.readings import GpuRow, LinkStats, RankStats, gpus, links, quantile, rank_stats
 
@@ -56,6 +57,7 @@ class SegmentStats:
     mean_rank_step_s: float = 0.0  # the mean over ranks of their mean step time (mean_step_s: the slowest rank's)
     own_s: float = 0.0  # ddptop's own time per step
     threads_s: float = 0.0  # CPU ddptop's other threads spent per step (0: a file from before it was measured)
+    front_s: float = 0.0  # CPU the front process spent per job step (metrics.cost; 0: none recorded)
     micro_s: float = 0.0  # the K−1 micro-steps (accum > 1), inside compute_s
     other_s: float = 0.0
     last_step: int = 0
@@ -126,6 +128,7 @@ def segment_stats(events: Iterable[Event], label: str = "", warmup: int | None =
     started = next((e for e in events if isinstance(e, RunStarted)), None)
     hosts = {e.rank: e.host for e in events if isinstance(e, RankJoined)}
     samples = [e for e in events if isinstance(e, SystemSample)]
+    front = tuple(e for e in events if isinstance(e, FrontCost))
     evals = test_accuracy(events)
     # switches first, as `info` reads a file: a segment's first step is known before its steps arrive
     if table is None:
@@ -146,7 +149,7 @@ def segment_stats(events: Iterable[Event], label: str = "", warmup: int | None =
     for fig in table.segments():
         if not fig.slowest.steps:
             continue
-        context = _Context(world, param_bytes, hosts, samples, evals, (buckets or {}).get(str(fig.index)))
+        context = _Context(world, param_bytes, hosts, samples, evals, (buckets or {}).get(str(fig.index)), front)
         out.append(_stats(label, fig, segments[fig.index], context))
     return out
 
@@ -299,6 +302,7 @@ class _Context:
     samples: list
     evals: list
     buckets: list | None
+    front: tuple = ()  # the front's FrontCost readings (metrics.cost), the whole run's
 
 
 def _stats(label: str, fig: metrics.SegmentFigures, seg: _Segment, ctx: _Context) -> SegmentStats:
@@ -330,6 +334,7 @@ def _stats(label: str, fig: metrics.SegmentFigures, seg: _Segment, ctx: _Context
         rss_mb=_mean([s.proc_rss_bytes for s in window]) / 1e6 if window else None,
         final_loss=fig.final_loss, allreduce_gbps=gbps, losses=seg.losses(),
         mean_rank_step_s=mean.step_s, own_s=mean.own_s, threads_s=mean.threads_s,
+        front_s=front_per_step(r for r in ctx.front if fig.first_step <= r.step <= fig.last_step)[0],
         other_s=mean.other_s, last_step=fig.last_step,
         warmup=fig.warmup, slowest_rank=fig.slowest_rank, step_p10=quantile(slow, 0.1), step_p90=quantile(slow, 0.9),
         parts=_parts(measured), ranks=ranks, t0=t0, t1=t1, seg_t0=seg.start,

@@ -26,7 +26,7 @@ def code(text) -> str:
 COLUMNS = ("segment", "config", "ranks", "steps", "mean s/step (slowest rank)", "median s/step (slowest rank)",
            "p10–p90 s/step (slowest rank)", "mean s/step (mean over ranks)", "img/s", "compute s",
            "K−1 micro-steps s", "comm s", "exposed comm s", "overlap %", "ddptop ms/step",
-           "ddptop threads CPU ms/step", "other s",
+           "ddptop threads CPU ms/step", "ddptop front CPU ms/step", "other s",
            "MB sent/step (formula)", "MB recv/step (formula)", "MB sent/step (NIC)", "MB recv/step (NIC)", "CPU %",
            "RSS MB", "all-reduce bus Gbit/s", "final loss")
 # report.md shows these (24 columns are unreadable, issue 26); segments.csv beside it has every column above
@@ -53,6 +53,7 @@ def row(s: SegmentStats) -> list[str]:
             f"{s.comm_s:.4f}",
             f"{s.exposed_comm_s:.4f}", f"{100 * s.overlap:.1f}", f"{s.own_s * 1e3:.2f}" if s.own_recorded else "–",
             f"{s.threads_s * 1e3:.2f}" if s.threads_s > 0 else "–",
+            f"{s.front_s * 1e3:.2f}" if s.front_s > 0 else "–",
             f"{s.other_s:.4f}",
             f"{s.sent_mb_per_step:.2f}", f"{s.recv_mb_per_step:.2f}", _opt(s.nic_sent_mb_per_step, ".2f"),
             _opt(s.nic_recv_mb_per_step, ".2f"), _opt(s.cpu_percent, ".0f"), _opt(s.rss_mb, ".0f"),

@@ -11,7 +11,7 @@ from ddptop import metrics
 from ddptop.events import (ClockSync, ConfigApplied, ControlRefused, EpochDone, Event, EventsRefused, LogLine,
                            MemorySample, ModelsDiverged, OutOfMemory, RankBack, RankJoined, RankLost, RecorderFailed,
                            RunFinished, RunStarted, RunState, StepDone, StepSpans, StoreFlooded, SystemSample, TelemetryGap, TuneNote,
-                           RankShifted)
+                           RankShifted, FrontCost)
 from ddptop.metrics.energy import EnergyMeter
 from ddptop.metrics.expected import expected_bytes
 from ddptop.metrics.memory import MemoryTable
@@ -27,6 +27,7 @@ STEP_HISTORY = 2000  # steps kept per rank for the loss and iteration-time plots
 SPAN_STEPS = 64  # sampled steps kept (all ranks together) for moving through the timeline
 UTIL_HISTORY = 240  # system samples kept per rank (2 minutes at the sampler's 0.5 s)
 NOTICES = 50
+FRONT_READINGS = 5  # the front's CPU per step on screen: its last 5 readings (~10 s: front.cost.EVERY_S)
 GPU_HISTORIES = {"gpu": "util_percent", "gpu_mem": "mem_used_bytes", "power": "power_w",  # UtilView name → GpuStat
                  "proc_gpu_mem": "proc_mem_bytes", "temp": "temp_c", "sm_clock": "sm_clock_mhz",
                  "pcie_rx": "pcie_rx_bytes_s", "pcie_tx": "pcie_tx_bytes_s", "nvlink_rx": "nvlink_rx_bytes_s",
@@ -60,6 +61,7 @@ class SessionState:
         self.loss_flag: str | None = None  # said once per job, as a notice
         self._snapshot: Snapshot | None = None
         self.memory = MemoryTable()  # each rank's memory by kind, per segment
+        self.front: collections.deque[FrontCost] = collections.deque(maxlen=FRONT_READINGS)
         self.advisor = Advisor()  # the live what-if: refitted when its segment grows, not on every snapshot
         self._handlers = {RankJoined: self._joined, RunStarted: self._started, StepDone: self._step,
                           StepSpans: self._spans, SystemSample: self._system, EpochDone: self._epoch,
@@ -68,7 +70,8 @@ class SessionState:
                           ModelsDiverged: self._diverged, RankBack: self._back, TelemetryGap: self._notice,
                           RecorderFailed: self._notice, StoreFlooded: self._notice,
                           OutOfMemory: self._notice, EventsRefused: self._events_refused, ClockSync: self._clocks,
-                          TuneNote: self._notice, MemorySample: self.memory.apply, RankShifted: self._notice}
+                          TuneNote: self._notice, MemorySample: self.memory.apply, RankShifted: self._notice,
+                          FrontCost: self.front.append}
 
     def apply(self, event: Event) -> None:
         handler = self._handlers.get(type(event))
@@ -237,7 +240,8 @@ class SessionState:
             notices=tuple(self.notices), paused=self.paused, t=self.t,
             segment_figures=table, diverged=tuple(self.diverged),
             samples={r: tuple(d) for r, d in sorted(self.samples.items())}, straggler=self._straggler_line(),
-            whatif=self.advisor.view(self, table), memory=tuple(self.memory.rows(self.memory.latest_segment())))
+            whatif=self.advisor.view(self, table), memory=tuple(self.memory.rows(self.memory.latest_segment())),
+            front=tuple(self.front))
         return self._snapshot
 
     def glance(self) -> tuple[Snapshot, float]:

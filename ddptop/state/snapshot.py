@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ddptop import metrics
-from ddptop.events import ModelsDiverged, RunStarted, StepDone, SystemSample
+from ddptop.events import FrontCost, ModelsDiverged, RunStarted, StepDone, SystemSample
 from ddptop.metrics import Figures, SegmentFigures
+from ddptop.metrics.cost import front_per_step
 from ddptop.metrics.memory import RankMemory
 from ddptop.state.advising import WhatIf
 from ddptop.state.views import EvalPoint, RankView, Segment, SpanStore, UtilView
@@ -38,6 +39,7 @@ class Snapshot:
     straggler: str = ""  # metrics.stragglers' line over the recent sampled steps, when it names a rank
     whatif: WhatIf = field(default_factory=WhatIf)  # the what-if table from the segment in force, the switches' checks
     memory: tuple[RankMemory, ...] = ()  # each rank's memory by kind in the newest segment sampled (metrics.memory)
+    front: tuple[FrontCost, ...] = ()  # the front process's latest CPU readings (front.cost), oldest first
 
     @property
     def config(self) -> Mapping:
@@ -47,6 +49,11 @@ class Snapshot:
         r = self.run
         return {"strategy": r.strategy, "bucket_mb": r.bucket_mb, "async_op": r.async_op,
                 "batch_size": r.batch_size, "lr": r.lr} if r else {}
+
+    @property
+    def front_s(self) -> float:
+        """The front process's CPU time per job step over its latest readings (metrics.cost); 0.0: none yet."""
+        return front_per_step(self.front)[0]
 
     @property
     def world_size(self) -> int:

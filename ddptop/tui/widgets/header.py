@@ -28,7 +28,8 @@ def run_state(snap: Snapshot, mode: str, replay: dict | None) -> tuple[str, str]
 
 
 def own_cost(snap: Snapshot) -> str:
-    """ddptop's own time on the training thread, mean over running ranks' recent steps, and its share."""
+    """ddptop's own time on the training thread, mean over running ranks' recent steps, and its share; then the CPU
+    its other threads spend per step on a rank, and its front's per job step."""
     figures = [snap.recent(r) for r in snap.running]
     figures = [f for f in figures if f.steps]
     if not figures:
@@ -38,8 +39,10 @@ def own_cost(snap: Snapshot) -> str:
     if not (step > 0 and own > 0):  # 0: an older file
         return ""
     threads = sum(f.threads_s for f in figures) / len(figures)  # issue 42: beside own_s, CPU not step time
-    return f"ddptop {fmt_s(own)} {own / step:.1%} of a step" + (f" +{fmt_s(threads)} CPU on its threads"
-                                                                 if threads > 0 else "")
+    front = snap.front_s  # the front process's CPU per job step (front.cost): rank 0's host pays it once
+    return (f"ddptop {fmt_s(own)} {own / step:.1%} of a step" + (f" +{fmt_s(threads)} CPU on its threads"
+                                                                  if threads > 0 else "")
+            + (f" +{fmt_s(front)} front" if front > 0 else ""))
 
 
 class StatusHeader(Widget):
