@@ -40,10 +40,72 @@ def wait_for_status(env: dict, deadline_s: float = 60) -> str:
     raise AssertionError(f"the job never answered: {result.stderr}")
 
 
-def test_ctl_changes_a_running_job_and_stops_it(tmp_path):
-    env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}  # job files of this test only
-    job = subprocess.Popen(DDPTOP + ["--local", "2", "--steps", "100000", "--strategy", "ddp", "--log-every", "50",
-                                     *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+class SharedJob:
+    """A local 2-rank DDP job for the two tests below, which use it in turn: attach watches it and detaches (it only
+    reads the job), then test_ctl_changes_a_running_job_and_stops_it changes, pauses and stops it. One start instead
+    of two (each a front and two ranks importing torch), in the file's order; in any other (node ids given in
+    another order, one test alone) a test that finds the job ended gets a new one. Each job has a state folder of
+    its own (job files, the note an ended job leaves)."""
+
+    def __init__(self, folder):
+        self.folder, self.started, self.job, self.env = folder, 0, None, {}
+
+    def running(self) -> tuple[subprocess.Popen, dict, object]:
+        if self.job is None or self.job.poll() is not None:
+            self.started += 1
+            self.env = {**os.environ, "DDPTOP_STATE_DIR": str(self.folder / f"jobs-{self.started}")}
+            self.job = subprocess.Popen(DDPTOP + ["--local", "2", "--steps", "100000", "--strategy", "ddp",
+                                                  "--log-every", "50", *TINY], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=self.env)
+        return self.job, self.env, self.folder / f"jobs-{self.started}"
+
+    def end(self) -> None:
+        """A job left running (attach's, when the other test did not run) is stopped and must end cleanly."""
+        job = self.job
+        if job is None or job.poll() is not None:
+            return
+        try:
+            assert ctl("stop", env=self.env).returncode == 0
+            _, err = job.communicate(timeout=60)
+            assert job.returncode == 0, err
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+
+
+@pytest.fixture(scope="module")
+def shared_job(tmp_path_factory):
+    jobs = SharedJob(tmp_path_factory.mktemp("ctl-job"))
+    yield jobs
+    jobs.end()
+
+
+def test_attach_watches_a_running_job_and_detaching_leaves_it_running(shared_job):
+    job, env, _ = shared_job.running()
+    wait_for_status(env)
+    watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "20"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    lines = []
+    while time.monotonic() < deadline and sum(line.startswith("step ") for line in lines) < 2:
+        lines.append(watcher.stdout.readline())
+    watcher.send_signal(2)  # Ctrl-C: detach
+    out, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0 and "detached; the job goes on" in err and "Traceback" not in err
+    runs = os.environ["DDPTOP_RUNS_DIR"]  # the job records by default: attach says where, truly
+    assert re.search(rf"the job records to [^:]+:{re.escape(runs)}/\S+\.db", err), err
+    assert sum(line.startswith("step ") for line in lines) >= 2
+    step = lambda: json.loads(ctl("status", "--json", env=env).stdout)["step"]  # noqa: E731
+    before, deadline = step(), time.monotonic() + 30
+    while step() <= before:  # still training after the watcher left
+        assert time.monotonic() < deadline, f"the job stayed at step {before} after attach detached"
+        time.sleep(0.2)
+    assert job.poll() is None  # its end (ctl stop: exit 0) is the next test's, or SharedJob.end's
+
+
+def test_ctl_changes_a_running_job_and_stops_it(shared_job):
+    job, env, jobs = shared_job.running()
     try:
         status = wait_for_status(env)
         assert "running" in status and "ddp bucket=25MB batch=16" in status
@@ -92,7 +154,7 @@ def test_ctl_changes_a_running_job_and_stops_it(tmp_path):
     ended = ctl("status", env=env)
     assert_one_line_error(ended, 4, "the ddptop job at 127.0.0.1:")
     assert re.search(r"ended at \d\d:\d\d:\d\d \(\d+ s ago: stopped after \d+ steps\); no ddptop job runs", ended.stderr), ended.stderr
-    (note,) = (tmp_path / "jobs").iterdir()
+    (note,) = jobs.iterdir()
     assert "token" not in json.loads(note.read_text())
 
 
@@ -168,37 +230,6 @@ def test_ctl_status_is_quick_the_job_file_private_and_the_store_on_the_master_ad
         if job.poll() is None:
             job.kill()
             job.wait()
-    assert job.returncode == 0
-
-
-def test_attach_watches_a_running_job_and_detaching_leaves_it_running(tmp_path):
-    env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}
-    job = subprocess.Popen(DDPTOP + ["--local", "2", "--steps", "100000", "--log-every", "1000", *TINY],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        wait_for_status(env)
-        watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "20"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, env=env)
-        deadline = time.monotonic() + 60
-        lines = []
-        while time.monotonic() < deadline and sum(line.startswith("step ") for line in lines) < 2:
-            lines.append(watcher.stdout.readline())
-        watcher.send_signal(2)  # Ctrl-C: detach
-        out, err = watcher.communicate(timeout=30)
-        assert watcher.returncode == 0 and "detached; the job goes on" in err and "Traceback" not in err
-        runs = os.environ["DDPTOP_RUNS_DIR"]  # the job records by default: attach says where, truly
-        assert re.search(rf"the job records to [^:]+:{re.escape(runs)}/\S+\.db", err), err
-        assert sum(line.startswith("step ") for line in lines) >= 2
-        step = lambda: json.loads(ctl("status", "--json", env=env).stdout)["step"]  # noqa: E731
-        before, deadline = step(), time.monotonic() + 30
-        while step() <= before:  # still training after the watcher left
-            assert time.monotonic() < deadline, f"the job stayed at step {before} after attach detached"
-            time.sleep(0.2)
-        assert ctl("stop", env=env).returncode == 0
-        job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            job.kill()
     assert job.returncode == 0
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
 
+from ddptop.config import SyncConfig
 from ddptop.events import RunStarted, SystemSample
 from ddptop.train.models import build_model
 from jobs import run_job, spans_of, steps_of, tiny_config
@@ -19,19 +21,38 @@ TINY_PARAMS = [(n, p.numel() * p.element_size()) for n, p in build_model("tiny")
 TINY_BYTES = sum(size for _, size in TINY_PARAMS)
 
 
+SEGMENTS = {  # one job sweeping the four configurations the tests below read, PER steps each
+    "allreduce": SyncConfig(strategy="allreduce", batch_size=16),
+    "async": SyncConfig(strategy="allreduce", async_op=True, batch_size=16),
+    "gather-scatter": SyncConfig(strategy="gather-scatter", batch_size=16),
+    "ddp-big-bucket": SyncConfig(strategy="ddp", bucket_mb=100, batch_size=16),
+}
+PER = 4
+
+
 @pytest.fixture(scope="module")
-def jobs():
-    runs = {}
-    for name, cfg in {
-        "allreduce": tiny_config(strategy="allreduce"),
-        "async": tiny_config(strategy="allreduce", async_op=True),
-        "gather-scatter": tiny_config(strategy="gather-scatter"),
-        "ddp-big-bucket": tiny_config(strategy="ddp", bucket_mb=100),
-    }.items():
-        code, events = run_job(cfg)
-        assert code == 0, name
-        runs[name] = events
-    return runs
+def run():
+    """Every event of one real 2-rank job whose sweep runs each configuration of SEGMENTS for PER steps, every step
+    sampled: one job where four took four starts of the ranks (the tests only read it; each segment starts as a
+    run's first segment does, tests/ranks/test_matrix.py)."""
+    sweep = tuple(SEGMENTS.values())
+    cfg = tiny_config().replace(sync=sweep[0], sweep=sweep, sweep_warmup=0, sweep_measure=PER)
+    code, events = run_job(cfg)
+    assert code == 0
+    return events
+
+
+@pytest.fixture(scope="module")
+def jobs(run):
+    """name → the events of its segment (steps, spans, samples: each carries its segment), steps numbered from 0 in
+    each, as four jobs of PER steps would have them."""
+    out = {}
+    for index, name in enumerate(SEGMENTS):
+        mine = [e for e in run if getattr(e, "segment", None) == index]
+        first = min(e.step for e in mine if hasattr(e, "step"))
+        assert first == index * PER, (name, first)
+        out[name] = [dataclasses.replace(e, step=e.step - first) if hasattr(e, "step") else e for e in mine]
+    return out
 
 
 @pytest.mark.parametrize("name", ["allreduce", "async", "gather-scatter", "ddp-big-bucket"])
@@ -109,7 +130,9 @@ def test_bucket_larger_than_the_model_is_one_bucket(jobs):
         assert [s.name for s in comm] == ["bucket 0"] and comm[0].nbytes == TINY_BYTES
 
 
-def test_step_summary_is_consistent(jobs):
+def test_step_summary_is_consistent(run, jobs):
+    started = [e for e in run if isinstance(e, RunStarted)]
+    assert len(started) == 1 and started[0].param_bytes == TINY_BYTES
     for name, events in jobs.items():
         for done in steps_of(events):
             assert done.iter_s > 0 and 0 <= done.overlap <= 1
@@ -131,8 +154,6 @@ def test_step_summary_is_consistent(jobs):
         shares = sorted((d.iter_s - d.data_s - d.compute_s - d.exposed_comm_s - d.own_s) / d.iter_s for d in steps)
         print(name, "other / step:", " ".join(f"{x:.1%}" for x in shares))
         assert statistics.median(shares) < OTHER_SHARE, (name, shares)
-        started = [e for e in events if isinstance(e, RunStarted)]
-        assert len(started) == 1 and started[0].param_bytes == TINY_BYTES
 
 
 def test_async_bookkeeping_is_not_counted_as_exposed_communication_too():
@@ -147,8 +168,8 @@ def test_async_bookkeeping_is_not_counted_as_exposed_communication_too():
     assert len(steps_of(events)) == 120 and len(over) <= 2, over
 
 
-def test_system_samples_arrive_from_every_rank(jobs):
-    samples = [e for events in jobs.values() for e in events if isinstance(e, SystemSample)]
+def test_system_samples_arrive_from_every_rank(run):
+    samples = [e for e in run if isinstance(e, SystemSample)]
     assert {s.rank for s in samples} == {0, 1}
     assert all(s.job_iface == "lo" and s.nic() is not None for s in samples)
 
