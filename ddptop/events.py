@@ -530,7 +530,8 @@ def _tunable(what: str) -> None:
 
 @dataclass(frozen=True)
 class TuneAsked(Event):
-    """Rank 0 accepted `ddptop ctl tune bucket|strategy` (request `request_id`): the front's tuner takes it from here."""
+    """Rank 0 accepted `ddptop ctl tune bucket|strategy` (request `request_id`): the front's tuner takes it from
+    here."""
 
     kind: ClassVar[str] = "tune_asked"
     rank: int

@@ -106,7 +106,8 @@ def tune_refusal(what: str, strategy: str) -> None:
         raise UsageError(f"tune bucket tunes DDP's buckets; {strategy} has none (FSDP2 shards by unit): "
                          "ddptop ctl tune strategy tries ddp, zero1, zero2 and zero3")
     if what == "bucket" and strategy not in ("ddp", "zero1"):
-        raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {strategy} (ddptop ctl set strategy=ddp first)")
+        raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {strategy} "
+                         "(ddptop ctl set strategy=ddp first)")
     if what == "strategy" and strategy == "single":
         raise UsageError("tune strategy compares strategies that synchronize the ranks; the job runs single "
                          "(ddptop ctl set strategy=ddp first)")

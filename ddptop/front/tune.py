@@ -32,8 +32,9 @@ class Interrupted(Stopped):
 
 class Tuner:
     """A sink of the front's feed: starts a tune when rank 0 hands one on (TuneAsked) or, with `auto` ("bucket" or
-    "strategy"; "": none), when the run starts; one at a time. `client()` makes a control client of the job (front.supervisor's); `state` (a
-    SharedState) and `derived` (front.pipeline.Derived) are set by front.pipeline.compose."""
+    "strategy"; "": none), when the run starts; one at a time. `client()` makes a control client of the job
+    (front.supervisor's); `state` (a SharedState) and `derived` (front.pipeline.Derived) are set by
+    front.pipeline.compose."""
 
     def __init__(self, client: Callable[[], Any], auto: str = "", trials: int = tune.TRIALS, steps: int = 0):
         """`steps`: measured per trial; 0: metrics.tune.STEPS (or the test suite's testhooks.tune_steps)."""

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -176,11 +177,13 @@ def test_ctl_tune_bucket_keeps_the_fastest_trial_by_sql_and_refuses_a_second_tun
 
 
 def test_zero1_tunes_buckets_then_the_strategy_and_zero3_or_allreduce_refuse_buckets(tmp_path):
-    """One zero1 job (DDP's buckets under ZeroRedundancyOptimizer) for four things: `--tune bucket` at the start tunes
+    """One zero1 job (DDP's buckets under ZeroRedundancyOptimizer) for five things: `--tune bucket` at the start tunes
     its buckets as DDP's, every trial staying zero1; then `ctl tune strategy` tries ddp, zero2 and zero3 from it,
-    each a segment with its strategy and its memory per rank, and keeps the fastest; then, moved to a sharded
-    strategy (or to allreduce), `ctl tune bucket` is refused in one line naming `tune strategy` (or `set
-    strategy=ddp`). Both tunes are checked by SQL on the recording; 8 steps a trial (a test hook) keep it short."""
+    each a segment with its strategy and its memory per rank, and keeps the fastest; a second strategy tune is ended
+    by another client's `set batch_size=32` during its first trial and puts the strategy it started from back; then,
+    moved to a sharded strategy (or to allreduce), `ctl tune bucket` is refused in one line naming `tune strategy`
+    (or `set strategy=ddp`). The tunes are checked by SQL on the recording; 8 steps a trial (a test hook) keep it
+    short."""
     port = ports.port()
     with killed_if_left(_job(tmp_path, port, "--strategy", "zero1", "--tune", "bucket",
                              env={"DDPTOP_TEST_FRONT": "tune-steps:8"})) as proc:
@@ -189,8 +192,19 @@ def test_zero1_tunes_buckets_then_the_strategy_and_zero3_or_allreduce_refuse_buc
             said.append(line)
             if line.startswith("tune bucket:"):
                 break
-        by_strategy = _ctl(port, "tune", "strategy")
-        kept = by_strategy.stdout.removeprefix("tune strategy: kept ").partition(":")[0].partition(",")[0]
+        by_strategy = _ctl(port, "--json", "tune", "strategy")
+        answer = json.loads(by_strategy.stdout or "{}")
+        kept = answer.get("kept_strategy")
+        client, second = connect(port, TOKEN), []
+        tune = threading.Thread(target=lambda: second.append(_ctl(port, "tune", "strategy", "--timeout", "200")))
+        tune.start()
+        deadline = time.monotonic() + 200
+        while client.status()["config"]["strategy"] == kept:  # until the second tune's first trial runs
+            assert time.monotonic() < deadline and tune.is_alive(), second
+            time.sleep(0.1)
+        asked = client.request("set", {"batch_size": 32})
+        tune.join(timeout=300)
+        set_answer = client.poll(asked)
         sharded = "zero2" if kept == "zero3" else "zero3"  # a switch to the strategy in force would be no switch
         refusals = []
         for strategy in (sharded, "allreduce"):
@@ -201,15 +215,30 @@ def test_zero1_tunes_buckets_then_the_strategy_and_zero3_or_allreduce_refuse_buc
     bucket = check_tune_recording(tmp_path / "run.db", 0)
     assert {t["strategy"] for t in [bucket["start"], *bucket["trials"]]} == {"zero1"}, bucket
     assert by_strategy.returncode == 0, by_strategy.stderr
-    assert by_strategy.stdout.startswith("tune strategy: kept ") and len(by_strategy.stdout.splitlines()) == 1, \
-        by_strategy.stdout
-    assert by_strategy.stdout.strip() in out  # the job's own printed line says the same
-    note = check_tune_recording(tmp_path / "run.db", what="strategy")
+    line = answer["line"]
+    assert line.startswith(f"tune strategy: kept {kept}") and "\n" not in line, line
+    assert line in out  # the job's own printed line says the same
+    note = check_tune_recording(tmp_path / "run.db", answer["request_id"], "strategy")
     assert note["kept_strategy"] == kept and note["start"]["strategy"] == "zero1", (note, kept)
     assert [t["strategy"] for t in note["trials"]] == ["ddp", "zero2", "zero3"], note
     for trial in [note["start"], *note["trials"]]:  # each trial's step and memory per rank, as the line says them
         assert (f"{trial['strategy']} {trial['step_s'] * 1e3:.1f}±{trial['step_se_s'] * 1e3:.1f} ms, held "
-                f"{trial['held_bytes'] / 1e6:.1f} MB, peak {trial['peak_bytes'] / 1e6:.1f} MB") in by_strategy.stdout
+                f"{trial['held_bytes'] / 1e6:.1f} MB, peak {trial['peak_bytes'] / 1e6:.1f} MB") in line
+    stopped = second[0]  # the interrupted tune: one line, exit 1, its note, the start's strategy back
+    assert stopped.returncode == 1 and stopped.stdout == "", stopped
+    assert stopped.stderr.startswith("ddptop: tune strategy stopped: segment ") and "asked by ctl@" in stopped.stderr \
+        and stopped.stderr.strip().endswith(f"changed the job during the tune; back on {kept}"), stopped.stderr
+    assert set_answer is not None and set_answer.get("state") == "applied", set_answer
+    with sqlite3.connect(tmp_path / "run.db") as con:
+        ended = [n for n in _notes(con) if n.get("what") == "strategy" and n["reason"]]
+        configs = [(who, json.loads(c)) for who, c in con.execute(
+            """SELECT json_extract(data, '$.who'), json_extract(data, '$.config') FROM events WHERE kind =
+               'config_applied' AND rank = 0 ORDER BY json_extract(data, '$.segment')""")]
+    assert len(ended) == 1 and ended[0]["kept_strategy"] == "" and ended[0]["start"]["strategy"] == kept, ended
+    assert all(t["strategy"] != kept for t in ended[0]["trials"]), ended  # a trial measured before the set, if any
+    back = next(i for i, (who, c) in enumerate(configs) if who.startswith("ctl@") and c["batch_size"] == 32)
+    who, config = configs[back + 1]  # the switch back: the tuner's, the user's batch kept
+    assert who.startswith("tune@") and config["strategy"] == kept and config["batch_size"] == 32, configs[back:]
     assert [r.returncode for r in refusals] == [1, 1] and [r.stdout for r in refusals] == ["", ""], refusals
     assert refusals[0].stderr.strip() == (f"ddptop: refused: tune bucket tunes DDP's buckets; {sharded} has none "
                                           "(FSDP2 shards by unit): ddptop ctl tune strategy tries ddp, zero1, zero2 "

@@ -110,7 +110,8 @@ def test_segments_csv_says_each_sharded_segments_unit_and_nothing_for_the_others
     from ddptop.config import SyncConfig
 
     sweep = (SyncConfig(strategy="ddp", batch_size=16, shard_unit="Conv2d"),
-             SyncConfig(strategy="zero3", batch_size=16, shard_unit="Conv2d"), SyncConfig(strategy="zero2", batch_size=16))
+             SyncConfig(strategy="zero3", batch_size=16, shard_unit="Conv2d"),
+             SyncConfig(strategy="zero2", batch_size=16))
     cfg = dataclasses.replace(tiny_config(steps=12), sweep=sweep, sweep_warmup=1, sweep_measure=3)
     code, events = run_job(cfg, world_size=2, timeout_s=120)
     assert code == 0
