@@ -520,20 +520,35 @@ class EventsRefused(Event):
     t: float
 
 
+TUNABLE = ("bucket", "strategy")  # what `--tune` and `ctl tune` tune: DDP's (and zero1's) buckets, or the strategy
+
+
+def _tunable(what: str) -> None:
+    if what not in TUNABLE:
+        raise EventDecodeError(f"a tune's `what` must be one of {', '.join(TUNABLE)}")
+
+
 @dataclass(frozen=True)
 class TuneAsked(Event):
-    """Rank 0 accepted `ddptop ctl tune bucket` (request `request_id`): the front's tuner takes it from here."""
+    """Rank 0 accepted `ddptop ctl tune bucket|strategy` (request `request_id`): the front's tuner takes it from
+    here."""
 
     kind: ClassVar[str] = "tune_asked"
     rank: int
     request_id: int
     who: str
     t: float
+    what: str = "bucket"  # one of TUNABLE; older files and ranks asked for buckets only
+
+    def __post_init__(self) -> None:
+        _tunable(self.what)
 
 
 @dataclass(frozen=True)
 class TuneTrial:
-    """One bucket size a tune measured: the slowest rank's mean step over steps first..last of `segment`."""
+    """One configuration a tune measured (a bucket size, or a strategy): the slowest rank's mean step over steps
+    first..last of `segment`; for a strategy, also what the rank holding most held and the largest peak (metrics.memory:
+    each rank's newest sample of the segment when the steps were measured)."""
 
     segment: int
     bucket_mb: float
@@ -541,10 +556,17 @@ class TuneTrial:
     last_step: int
     step_s: float
     step_se_s: float = 0.0  # step_s's standard error (metrics.Figures.step_se_s); 0 in older files
+    strategy: str = ""  # the segment's strategy ("" in older files: a bucket tune's trials all ran ddp)
+    held_bytes: int = 0  # parameters + gradients + optimizer state of the rank holding most; 0: not measured
+    peak_bytes: int = 0  # the largest rank's peak memory over the segment's samples so far
 
     def ms(self) -> str:
         spread = f"±{self.step_se_s * 1e3:.1f}" if self.step_se_s else ""
         return f"{self.step_s * 1e3:.1f}{spread} ms"
+
+    def said(self) -> str:
+        """A strategy trial as the note lists it: its step and memory per rank."""
+        return f"{self.strategy} {self.ms()}, held {self.held_bytes / 1e6:.1f} MB, peak {self.peak_bytes / 1e6:.1f} MB"
 
 
 # fields renamed after recordings held them: (class, name now) → the name older files and ranks wrote
@@ -553,21 +575,40 @@ OLD_NAMES = {(TuneTrial, "step_se_s"): "spread_s"}
 
 @dataclass(frozen=True)
 class TuneNote(Event):
-    """A tune's outcome, said by the front: the starting size, each trial, the size kept and the gain against the
-    start (start − kept, s/step; 0 when the start was kept). `kept_mb` 0: the tune stopped (`reason` says why)."""
+    """A tune's outcome, said by the front: the starting configuration, each trial, the one kept and the gain against
+    the start (start − kept, s/step; 0 when the start was kept). `kept_mb` (bucket) or `kept_strategy` (strategy)
+    empty: the tune stopped (`reason` says why)."""
 
     kind: ClassVar[str] = "tune_note"
-    request_id: int  # the ctl request that asked for it; 0: --tune bucket
+    request_id: int  # the ctl request that asked for it; 0: --tune
     start: TuneTrial
     trials: tuple[TuneTrial, ...]
     kept_mb: float
     gain_s: float
     reason: str
     t: float
+    what: str = "bucket"  # one of TUNABLE
+    kept_strategy: str = ""  # a strategy tune's kept strategy
+
+    def __post_init__(self) -> None:
+        _tunable(self.what)
+
+    @property
+    def kept(self) -> bool:
+        """The tune ended with a configuration kept (else it stopped)."""
+        return bool(self.kept_strategy if self.what == "strategy" else self.kept_mb)
 
     def describe(self) -> str:
-        if not self.kept_mb:
-            return f"tune bucket stopped after {len(self.trials)} trials: {self.reason}"
+        if not self.kept:
+            return f"tune {self.what} stopped after {len(self.trials)} trials: {self.reason}"
+        if self.what == "strategy":
+            tried = "; ".join(x.said() for x in (self.start, *self.trials))
+            if self.kept_strategy == self.start.strategy:
+                return (f"tune strategy: kept {self.kept_strategy}: no other strategy was faster by more than the "
+                        f"noise of its measurement; per rank: {tried}")
+            share = self.gain_s / self.start.step_s if self.start.step_s > 0 else 0.0
+            return (f"tune strategy: kept {self.kept_strategy}, {-self.gain_s * 1e3:+.1f} ms/step ({-share:+.1%}) "
+                    f"against {self.start.strategy}; per rank: {tried}")
         tried = ", ".join(f"{x.bucket_mb:g} MB {x.ms()}" for x in self.trials)
         if self.kept_mb == self.start.bucket_mb:
             return (f"tune bucket: kept {self.kept_mb:g} MB ({self.start.ms()}): no other size was "

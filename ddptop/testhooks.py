@@ -8,7 +8,7 @@ reads its hook without the training stack.
 
 - DDPTOP_TEST_RANK="straggle=1:40,from=1:60,clock=2:5,start=0:3000,join=0:3000,pg=0:3000" (`rank_hooks`)
 - DDPTOP_TEST_MODEL="no-batch-norm,sleep-ms=40,data-sleep-ms=5,oom-batch=64,oom-rank=1" (`model_tweaks`)
-- DDPTOP_TEST_FRONT="teardown:MS" (`teardown_hold_s`)
+- DDPTOP_TEST_FRONT="teardown:MS" (`teardown_hold_s`), or "tune-steps:N" (`tune_steps`)
 """
 
 from __future__ import annotations
@@ -103,6 +103,16 @@ def teardown_hold_s() -> float:
         return float(ms) / 1000.0 if key == "teardown" else 0.0
     except ValueError:
         return 0.0
+
+
+def tune_steps() -> int:
+    """DDPTOP_TEST_FRONT="tune-steps:N": the front's tuner measures each trial over N steps (a short test of several
+    tunes on one job). 0 otherwise: metrics.tune.STEPS."""
+    key, _, n = os.environ.get(FRONT_ENV, "").partition(":")
+    try:
+        return max(0, int(n)) if key == "tune-steps" else 0
+    except ValueError:
+        return 0
 
 
 def carried() -> tuple[tuple[str, str], ...]:

@@ -43,7 +43,9 @@ CTL_OPS = {"status": "the job's step, config in force and each rank's recent ste
                   "accum, compress, lr_warmup_steps, shard_unit)",
            "pause": "pause every rank at the next step boundary", "resume": "resume a paused job",
            "stop": "stop every rank at the next step boundary",
-           "tune": "tune bucket: try the what-if model's best DDP bucket sizes as short segments, keep the fastest"}
+           "tune": "tune bucket: try the what-if model's best DDP bucket sizes (ddp, zero1) as short segments, keep "
+                   "the fastest; tune strategy: try ddp, zero1, zero2 and zero3 likewise, with each one's memory per "
+                   "rank"}
 
 
 def ctl_parser() -> argparse.ArgumentParser:
@@ -68,13 +70,13 @@ def cmd_ctl(argv: Sequence[str]) -> int:
     args = ctl_parser().parse_args(argv)
     if args.op not in CTL_OPS:
         said = f"unknown operation {args.op!r}" if args.op else "say what to do"
-        raise UsageError(f"ctl: {said}: status, set KEY=VALUE …, pause, resume, stop or tune bucket "
+        raise UsageError(f"ctl: {said}: status, set KEY=VALUE …, pause, resume, stop or tune bucket|strategy "
                          "(see ddptop ctl --help)")
     from ddptop.control.client import ControlClient
     from ddptop.control.commands import parse_assignments
 
-    if args.op == "tune" and args.assignments != ["bucket"]:
-        raise UsageError("ctl tune: say what to tune: ddptop ctl tune bucket")
+    if args.op == "tune" and args.assignments not in (["bucket"], ["strategy"]):
+        raise UsageError("ctl tune: say what to tune: ddptop ctl tune bucket, or ddptop ctl tune strategy")
     if args.op not in ("set", "tune") and args.assignments:
         raise UsageError(f"{args.op} takes no KEY=VALUE arguments")
     if args.timeout is None:
@@ -93,7 +95,7 @@ def cmd_ctl(argv: Sequence[str]) -> int:
             print(format_status(status, f"{client.master}:{client.port}", steps))
         return 0
     if args.op == "tune":
-        answer = client.tune(args.timeout)
+        answer = client.tune(args.timeout, args.assignments[0])
         print(json.dumps(answer) if args.json else clean_lines(str(answer.get("line", ""))))
         return 0
     answer = client.send(args.op, changes, timeout_s=args.timeout)

@@ -133,9 +133,10 @@ def run_parser() -> argparse.ArgumentParser:
     look.add_argument("--no-record", action="store_true", help="do not record the run")
     what.add_argument("--save", metavar="FILE", help="at the end, rank 0 writes the model's state_dict to FILE "
                                                     "(torch.save; FILE must not exist)")
-    look.add_argument("--tune", choices=["bucket"], default=None,
-                      help="bucket: once the run started, try the what-if model's best DDP bucket sizes as short "
-                      "segments and keep the fastest (docs/how-to/whatif-and-tuning.md)")
+    look.add_argument("--tune", choices=["bucket", "strategy"], default=None,
+                      help="bucket: once the run started, try the what-if model's best DDP bucket sizes (ddp, zero1) "
+                      "as short segments and keep the fastest; strategy: try ddp, zero1, zero2 and zero3 likewise, "
+                      "each one's memory per rank beside its step (docs/how-to/whatif-and-tuning.md)")
     add_metrics_flags(look)
     look.add_argument("--record-required", action="store_true",
                       help="stop the job if the recording fails (disk full); without it training goes on")
@@ -234,7 +235,7 @@ def cmd_run(argv: Sequence[str]) -> int:
     if args.local is not None and args.world_size not in (None, args.local):
         raise UsageError(f"--local {args.local} starts {args.local} ranks but --world-size says {args.world_size}")
     if args.tune:
-        _check_tune(cfg, rdv)
+        _check_tune(cfg, rdv, args.tune)
     if metrics and rdv.source not in ("local", "flags"):
         raise UsageError(f"--metrics-port is served by a front (--local, or --rank 0 by flags); under {rdv.source} "
                          "run `ddptop attach --metrics-port PORT` on rank 0's machine")
@@ -275,20 +276,28 @@ def cmd_run(argv: Sequence[str]) -> int:
         else args.record
     return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
                headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after,
-               fresh_name=args.record is None, collective_timeout_s=args.collective_timeout, tune=bool(args.tune),
+               fresh_name=args.record is None, collective_timeout_s=args.collective_timeout, tune=args.tune or "",
                metrics=metrics)
 
 
-def _check_tune(cfg: RunConfig, rdv) -> None:
-    """--tune bucket: refused before anything starts where there is nothing to tune or no front to tune from."""
+def _check_tune(cfg: RunConfig, rdv, what: str) -> None:
+    """--tune bucket|strategy: refused before anything starts where there is nothing to tune or no front to tune
+    from. Buckets are DDP's, which zero1 runs too (under a sharded optimizer); zero2 and zero3 tune by strategy."""
+    strategy = cfg.sync.strategy
     if cfg.sweep:
-        raise UsageError("--tune bucket and a profile's sweep both want the configuration: use one")
-    if cfg.sync.strategy != "ddp":
-        raise UsageError(f"--tune bucket tunes DDP's buckets, not {cfg.sync.strategy} (add --strategy ddp)")
+        raise UsageError(f"--tune {what} and a profile's sweep both want the configuration: use one")
+    if what == "bucket" and strategy in ("zero2", "zero3"):
+        raise UsageError(f"--tune bucket tunes DDP's buckets; {strategy} has none (FSDP2 shards by unit): "
+                         "--tune strategy tries ddp, zero1, zero2 and zero3")
+    if what == "bucket" and strategy not in ("ddp", "zero1"):
+        raise UsageError(f"--tune bucket tunes DDP's buckets, not {strategy} (add --strategy ddp)")
+    if what == "strategy" and strategy == "single":
+        raise UsageError("--tune strategy compares strategies that synchronize the ranks, not single "
+                         "(add --strategy ddp)")
     if rdv.world_size < 2:
-        raise UsageError("--tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
+        raise UsageError(f"--tune {what} needs 2 ranks or more: with 1 there is nothing to communicate")
     if rdv.source == "flags" and rdv.rank != 0:
         return  # the same command on every node (README: several machines): rank 0's front tunes the whole job
     if rdv.source != "local" and rdv.source != "flags":
-        raise UsageError("--tune bucket is given to rank 0's front (--local, or --rank 0); under torchrun or Slurm "
-                         "run `ddptop ctl tune bucket` once the job runs")
+        raise UsageError(f"--tune {what} is given to rank 0's front (--local, or --rank 0); under torchrun or Slurm "
+                         f"run `ddptop ctl tune {what}` once the job runs")

@@ -355,7 +355,8 @@ class ControlAgent:
         """The answer to a valid request and what follows it once the answer is written (None: nothing)."""
         op = request["op"]
         with self._lock:
-            check_request(op, self.world_size, self.sweep_segments, self._latest)
+            what = request["changes"].get("what", "bucket") if op == "tune" else ""  # older ctls asked for buckets
+            check_request(op, self.world_size, self.sweep_segments, self._latest, what)
             if op in ("pause", "resume"):  # rank 0's own flag decides, not a status written up to 0.5 s ago
                 if self._paused == (op == "pause"):
                     return {"ok": True, "state": "unchanged", "step": self.step}, None
@@ -364,7 +365,7 @@ class ControlAgent:
                 self._stop_requested = True
             if op == "tune":
                 return {"ok": True, "state": "pending", "step": self.step}, lambda: self.emit(
-                    TuneAsked(self.rank, request_id, request["who"], time.time()))
+                    TuneAsked(self.rank, request_id, request["who"], time.time(), what))
             if op != "set":
                 return {"ok": True, "state": "accepted"}, None
             config = apply_changes(self._latest, request["changes"])

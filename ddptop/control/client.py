@@ -195,16 +195,16 @@ class ControlClient:
         """The front's answer to a request rank 0 handed on (a tune's outcome)."""
         self._call("say", {"id": request_id, "answer": answer})
 
-    def tune(self, timeout_s: float) -> dict[str, Any]:
-        """`tune bucket`: rank 0 accepts it (or refuses: not DDP, one rank, a sweep), the front's tuner answers with
-        the outcome once its trials are done, or refuses (a tune already running)."""
-        request_id = self.request("tune")
+    def tune(self, timeout_s: float, what: str = "bucket") -> dict[str, Any]:
+        """`tune bucket|strategy`: rank 0 accepts it (or refuses: no buckets to tune, one rank, a sweep), the front's
+        tuner answers with the outcome once its trials are done, or refuses (a tune already running)."""
+        request_id = self.request("tune", {"what": what})
         deadline = time.monotonic() + timeout_s
         answer = self._await(request_id, deadline, lambda a: a.get("state") != "pending" or not a.get("ok"),
                              f"request {request_id}: the tune did not end within {timeout_s:g} s")
         if not answer.get("ok"):
             raise ControlError(f"refused: {answer.get('error')}" if answer.get("state") != "failed"
-                               else f"tune bucket stopped: {answer.get('error')}")
+                               else f"tune {what} stopped: {answer.get('error')}")
         self.forget(request_id)
         return {"request_id": request_id, **answer}
 

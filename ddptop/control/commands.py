@@ -13,6 +13,7 @@ from typing import Any
 from ddptop.config import SyncConfig
 from ddptop.control.auth import BadValue
 from ddptop.errors import UsageError
+from ddptop.events import TUNABLE
 from ddptop.safe import clean
 
 OPS = ("set", "pause", "resume", "stop", "tune")
@@ -80,18 +81,35 @@ def apply_changes(current: SyncConfig, changes: dict[str, Any]) -> SyncConfig:
     return new
 
 
-def check_request(op: str, world_size: int, sweep_segments: int, latest: SyncConfig) -> None:
+def check_request(op: str, world_size: int, sweep_segments: int, latest: SyncConfig, what: str = "bucket") -> None:
     """Rank 0's refusals of a valid request, against the job as it runs (`latest`: the config its newest accepted
     request leads to): `set` and `tune` while a profile sweep owns the configuration (pause, resume and stop work);
-    `tune` where there is nothing to tune (the front's tuner says when one is already running). For `tune` a sweep
-    comes before the strategy: its `single` would be told `ctl set strategy=ddp first`, which the sweep refuses too."""
+    `tune` where there is nothing to tune (the front's tuner says when one is already running); `what` is what it
+    tunes (events.TUNABLE). For `tune` a sweep comes before the strategy: its `single` would be told `ctl set
+    strategy=ddp first`, which the sweep refuses too."""
     if op == "tune" and world_size < 2:
-        raise UsageError("tune bucket needs 2 ranks or more: with 1 there is nothing to communicate")
+        raise UsageError(f"tune {what} needs 2 ranks or more: with 1 there is nothing to communicate")
     if op in ("set", "tune") and sweep_segments:
         raise UsageError(f"a profile sweep of {sweep_segments} segments owns the configuration until it ends: {op} is "
                          f"refused{' (pause, resume and stop work)' if op == 'set' else ''}")
-    if op == "tune" and latest.strategy != "ddp":
-        raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {latest.strategy} "
+    if op == "tune":
+        tune_refusal(what, latest.strategy)
+
+
+def tune_refusal(what: str, strategy: str) -> None:
+    """UsageError where a tune of `what` has nothing to tune on `strategy`: bucket tunes DDP's buckets (ddp, and
+    zero1: DDP's buckets under a sharded optimizer); zero2 and zero3 have none and are tuned by strategy. A
+    strategy tune starts from any strategy that synchronizes the ranks."""
+    if what not in TUNABLE:
+        raise UsageError(f"tune: say what to tune: {' or '.join(TUNABLE)}, not {clean(str(what), 40)!r}")
+    if what == "bucket" and strategy in ("zero2", "zero3"):
+        raise UsageError(f"tune bucket tunes DDP's buckets; {strategy} has none (FSDP2 shards by unit): "
+                         "ddptop ctl tune strategy tries ddp, zero1, zero2 and zero3")
+    if what == "bucket" and strategy not in ("ddp", "zero1"):
+        raise UsageError(f"tune bucket tunes DDP's buckets; the job runs {strategy} "
+                         "(ddptop ctl set strategy=ddp first)")
+    if what == "strategy" and strategy == "single":
+        raise UsageError("tune strategy compares strategies that synchronize the ranks; the job runs single "
                          "(ddptop ctl set strategy=ddp first)")
 
 

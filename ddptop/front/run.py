@@ -30,10 +30,11 @@ def records_here(rdv: Rendezvous) -> bool:
 def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token: str | None = None,
         record: str | None = None, headless: bool = True, record_required: bool = False,
         lost_after_s: float = 10.0, fresh_name: bool = False, collective_timeout_s: float = 300.0,
-        tune: bool = False, metrics: tuple[int, str] | None = None) -> int:
+        tune: str = "", metrics: tuple[int, str] | None = None) -> int:
     """`fresh_name`: `record` is a name ddptop chose (the runs folder's), so another run that took it in the same
     second moves this one to the next free name instead of failing. `collective_timeout_s`: the process groups'
-    timeout, after which a collective that waits on a peer fails (PeerLost, exit 5). `tune`: --tune bucket.
+    timeout, after which a collective that waits on a peer fails (PeerLost, exit 5). `tune`: --tune's "bucket" or
+    "strategy" ("": none).
     `metrics`: --metrics-port and --metrics-addr, the Prometheus endpoint this front serves (front.prometheus)."""
     if records_here(rdv):
         private_jobs_dir()  # where this process will leave the job file: refused now, before a rank or file starts
@@ -74,7 +75,7 @@ def run(cfg: RunConfig, rdv: Rendezvous, timeout_s: float, log_every: int, token
 
 
 def _record_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_every: int, state: SharedState,
-                  headless: bool, record: str | None, record_required: bool, fresh_name: bool, tune: bool,
+                  headless: bool, record: str | None, record_required: bool, fresh_name: bool, tune: str,
                   endpoint) -> tuple:
     """Open the recording (the next free name when ddptop chose it and another run took it), run the front, close
     the recording whatever happens: (exit code, printer, whether the file is kept, its path)."""
@@ -114,7 +115,7 @@ def rank_options(rdv: Rendezvous, token: str | None, timeout_s: float, lost_afte
 
 
 def _run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, log_every: int, state: SharedState,
-               recorder, headless: bool, record: str | None, alarm: RecorderAlarm, tune: bool = False,
+               recorder, headless: bool, record: str | None, alarm: RecorderAlarm, tune: str = "",
                exporter=None):
     """This machine hosts the store and starts its ranks; the pipeline records and shows them (screen or lines)."""
     from ddptop.front.supervisor import run_front

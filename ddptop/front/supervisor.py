@@ -139,10 +139,10 @@ class LocalJob:
 
 def run_front(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, consumer: Callable, sinks: Sequence = (),
               state: SharedState | None = None, alarm=None, on_start: Callable[["LocalJob"], None] | None = None,
-              tune: bool = False) -> int:
+              tune: str = "") -> int:
     """Host the store, start local ranks (all of them for --local, rank 0 for --master/--rank 0), watch them through
-    the front's pipeline (`consumer(feed, job)`: the screen or the printer). Its tuner answers `ctl tune bucket`,
-    and with `tune` tunes the buckets once the run started (`--tune bucket`).
+    the front's pipeline (`consumer(feed, job)`: the screen or the printer). Its tuner answers `ctl tune`,
+    and with `tune` ("bucket" or "strategy") tunes that once the run started (`--tune`).
 
     Ctrl-C or SIGTERM at any moment from here on is a stop: ranks that train finish their step and leave,
     ranks still starting are terminated, and the exit code is 0 (README: Failures)."""

@@ -1,6 +1,6 @@
-"""Provides the pure half of `tune bucket`: which bucket sizes to try (the what-if rows predicted fastest), the steps
-each trial is measured over, its measurement (the slowest rank's mean step: ddptop.metrics' one definition) and the
-size kept."""
+"""Provides the pure half of `tune bucket` and `tune strategy`: which bucket sizes to try (the what-if rows predicted
+fastest) or which strategies, the steps each trial is measured over, its measurement (the slowest rank's mean step:
+ddptop.metrics' one definition), a strategy trial's memory per rank (metrics.memory) and the configuration kept."""
 
 from __future__ import annotations
 
@@ -21,6 +21,25 @@ STEPS = 20  # steps measured per trial after its warm-up: 20 tiny-model steps va
 # vary ~5% under a load of 4) asks for more.
 MIN_GAIN = 0.01
 NOISE_Z = 2.0
+BUCKETED = ("ddp", "zero1")  # zero1 is DDP's bucketed all-reduce (plus a sharded optimizer): its buckets tune alike
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")  # what `tune strategy` tries: replicated against ZeRO-1/2/3
+# the keys a trial may change from the start's configuration: its own, and what a strategy switch turns off on the
+# way (config.SyncConfig.changed: async_op leaving allreduce, a compression the new strategy cannot carry)
+VARIES = {"bucket": ("bucket_mb",), "strategy": ("strategy", "async_op", "compress")}
+
+
+def strategies(current: str) -> list[str]:
+    """The strategies a strategy tune tries from `current`: each of STRATEGIES but the one in force."""
+    return [s for s in STRATEGIES if s != current]
+
+
+def memory(rows: Iterable[Any], segment: int, world_size: int) -> tuple[int, int] | None:
+    """(held, peak) of `segment` from metrics.memory's RankMemory rows: the most any rank holds (parameters, gradients
+    and optimizer state) and the largest peak; None until every one of `world_size` ranks has a sample of it."""
+    mine = [r for r in rows if r.segment == segment]
+    if len({r.rank for r in mine}) < world_size:
+        return None
+    return max(r.held_bytes for r in mine), max(r.peak_bytes for r in mine)
 
 
 def candidates(rows: Sequence[Mapping[str, Any]], world_size: int, current_mb: float, trials: int = TRIALS
@@ -66,17 +85,18 @@ def next_size(sizes: Sequence[float], measured: Mapping[float, float]) -> float 
     return None
 
 
-def foreign(segments: Iterable[Any], since: int, tuner: str, base: Mapping[str, Any]) -> Any | None:
+def foreign(segments: Iterable[Any], since: int, tuner: str, base: Mapping[str, Any], what: str = "bucket"
+            ) -> Any | None:
     """The first segment after `since` (the start's) that is not one of the tune's own trials, else None. Each of
     `segments` has `index`, `who` and `config` (state.views.Segment). A trial is asked by `tuner` and runs `base`
-    (the start's configuration) but for bucket_mb; anything else is another client's `set`: one that landed
-    between two trials (the next trial's request then carries its change), or during one, or that a pause merged
-    with the tuner's. A trial measured after it would measure another configuration under a bucket size's label."""
-    def but_bucket(config: Mapping[str, Any]) -> dict:
-        return {k: v for k, v in config.items() if k != "bucket_mb"}
+    (the start's configuration) but for what `what` varies (VARIES); anything else is another client's `set`: one
+    that landed between two trials (the next trial's request then carries its change), or during one, or that a
+    pause merged with the tuner's. A trial measured after it would measure another configuration under a trial's
+    label."""
+    def rest(config: Mapping[str, Any]) -> dict:
+        return {k: v for k, v in config.items() if k not in VARIES[what]}
 
-    return next((s for s in segments if s.index > since and (s.who != tuner or
-                                                             but_bucket(s.config) != but_bucket(base))), None)
+    return next((s for s in segments if s.index > since and (s.who != tuner or rest(s.config) != rest(base))), None)
 
 
 def trial_steps(first_step: int, warmup: int, steps: int = STEPS) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from ddptop import metrics
+from ddptop.config import SHARDED
 from ddptop.errors import UsageError
 from ddptop.events import SPAN_KINDS, StepDone, StepSpans, SystemSample
 from ddptop.metrics.stragglers import RankClock, clocks
@@ -28,7 +29,7 @@ STEP_COLUMNS = ("rank", "step", "time", "iter_s", "data_s", "compute_s", "micro_
                 "batch_size", "accum", "compress", "segment", "epoch", "comm_bytes", "tx_bytes", "rx_bytes",
                 "images_per_s", "sampled", "wall_time", "tokens")
 SEGMENT_COLUMNS = ("segment", "first_step", "last_step", "strategy", "bucket_mb", "async_op", "batch_size", "lr",
-                   "accum", "compress", "lr_warmup_steps",
+                   "accum", "compress", "lr_warmup_steps", "shard_unit",
                    "warmup", "measured_steps", "sampled_left_out", "slowest_rank", "step_s_slowest",
                    "median_step_s_slowest", "step_s_mean", "images_per_s", "data_s", "compute_s", "micro_s",
                    "comm_s", "exposed_comm_s", "overlap", "ddptop_s", "ddptop_share", "ddptop_threads_s", "other_s",
@@ -205,7 +206,10 @@ def segment_rows(rec: Recording) -> Iterator[dict]:
         config = row.pop("config")
         yield {**row, **{k: config.get(k, "") for k in ("strategy", "bucket_mb", "async_op", "batch_size", "lr")},
                "accum": config.get("accum", 1), "compress": config.get("compress", "none"),
-               "lr_warmup_steps": config.get("lr_warmup_steps", 0)}
+               "lr_warmup_steps": config.get("lr_warmup_steps", 0),
+               # FSDP2's unit only where the strategy shards: a ddp segment keeps the unit for the next switch
+               # (SyncConfig.changed), which it does not use; "" under zero2/zero3: each top-level block
+               "shard_unit": config.get("shard_unit", "") if config.get("strategy") in SHARDED else ""}
 
 
 def system_rows(rec: Recording, first: int | None = None, stop: int | None = None) -> Iterator[dict]:

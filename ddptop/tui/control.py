@@ -54,10 +54,11 @@ def send_set(connect: Callable[[], ControlClient], changes: dict, post: Post) ->
 
 
 def send_tune(connect: Callable[[], ControlClient], what: str, post: Post) -> None:
-    """`tune bucket`, as `ddptop ctl tune bucket` sends it: the outcome's line, or why it was refused or stopped."""
-    post(ControlUpdate("tune", "pending", f"tune {what}: asked; trying the what-if model's best sizes …"))
+    """`tune bucket|strategy`, as `ddptop ctl tune` sends it: the outcome's line, or why it was refused or stopped."""
+    trying = "ddp, zero1, zero2 and zero3" if what == "strategy" else "the what-if model's best sizes"
+    post(ControlUpdate("tune", "pending", f"tune {what}: asked; trying {trying} …"))
     try:
-        answer = connect().tune(TUNE_TIMEOUT_S)
+        answer = connect().tune(TUNE_TIMEOUT_S, what)
     except Exception as exc:
         post(ControlUpdate("tune", "error", _one_line(exc)))
         return

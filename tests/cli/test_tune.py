@@ -1,8 +1,9 @@
-"""`tune bucket` on a real 2-rank gloo job (tiny model, DDP): through `ddptop ctl tune bucket` and through
-`--tune bucket`. Everything is checked with SQL on the recording, not by ddptop's functions: the trial segments (at
-most 5), every rank switching at the same step, each trial's measurement (the slowest rank's mean step over the
-note's steps) and its standard error, the kept size the fastest of them (the start unless a trial beats it by more
-than NOISE_Z standard errors of the difference, and MIN_GAIN at least) and in force at the end, and the note's gain."""
+"""`tune bucket` and `tune strategy` on real 2-rank gloo jobs (tiny model; DDP, zero1): through `ddptop ctl tune`
+and through `--tune`. Everything is checked with SQL on the recording, not by ddptop's functions: the trial segments
+(at most 5), every rank switching at the same step, each trial's measurement (the slowest rank's mean step over the
+note's steps) and its standard error, its memory per rank, the kept size or strategy the fastest of them (the start
+unless a trial beats it by more than NOISE_Z standard errors of the difference, and MIN_GAIN at least) and in force
+at the end, and the note's gain."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -24,14 +26,14 @@ import ports
 TOKEN = "test-token-tune-0123456789"
 
 
-def _job(tmp_path, port: int, *extra: str) -> subprocess.Popen:
+def _job(tmp_path, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
     """A headless 2-rank DDP job of the tiny model that runs until stopped; spans every 2nd step, so the what-if
-    model fits segment 0 within seconds."""
+    model fits segment 0 within seconds. `env`: more of the job's environment (a test hook)."""
     argv = [sys.executable, "-m", "ddptop", "--headless", "--local", "2", "--model", "tiny", "--steps", "100000",
             "--span-every", "2", "--log-every", "100000", "--port", str(port), "--token", TOKEN,
             "--record", str(tmp_path / "run.db"), *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def _ctl(port: int, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -67,25 +69,65 @@ def _slowest_spread(con, segment: int, first: int, last: int) -> float:
     return statistics.stdev(slowest) / math.sqrt(len(slowest))
 
 
-def check_tune_recording(db) -> dict:
-    """The recording's tune against SQL; returns the note."""
+def _notes(con) -> list[dict]:
+    return [json.loads(d) for (d,) in con.execute("SELECT data FROM events WHERE kind = 'tune_note' ORDER BY seq")]
+
+
+def _tune_segments(con, note: dict, notes: list[dict]) -> dict[int, list]:
+    """{segment: [(rank, step, config)]} of the segments the tune of `note` started: every segment after its start up
+    to the next tune's start (which is this tune's last segment), or up to another client's first segment."""
+    after = [n["start"]["segment"] for n in notes if n["start"]["segment"] > note["start"]["segment"]]
+    bound = min(after, default=10 ** 9)
+    by_segment: dict[int, list] = {}
+    for segment, rank, step, who, config in con.execute(
+            """SELECT json_extract(data, '$.segment'), rank, step, json_extract(data, '$.who'),
+               json_extract(data, '$.config') FROM events WHERE kind = 'config_applied' AND
+               json_extract(data, '$.segment') > ? AND json_extract(data, '$.segment') <= ? ORDER BY 1, 2""",
+            (note["start"]["segment"], bound)):
+        if not who.startswith("tune@"):
+            break
+        by_segment.setdefault(segment, []).append((rank, step, json.loads(config)))
+    return by_segment
+
+
+def _memory(con, segment: int, last: int) -> tuple[int, int, int]:
+    """(held, lowest peak, highest peak) the tuner may have read for `segment` once steps ..last had come: the most
+    any rank held (parameters + gradients + optimizer state, the same in each of its samples of the segment), and
+    the largest peak over the samples before `last` against over all of the segment's samples."""
+    held = con.execute("""SELECT rank, min(param_bytes + grad_bytes + optim_bytes), max(param_bytes + grad_bytes +
+                          optim_bytes) FROM memory WHERE segment = ? GROUP BY rank""", (segment,)).fetchall()
+    assert len(held) == 2 and all(lo == hi > 0 for _, lo, hi in held), (segment, held)
+    low = con.execute("SELECT max(peak_bytes) FROM memory WHERE segment = ? AND step < ?", (segment, last)).fetchone()
+    high = con.execute("SELECT max(peak_bytes) FROM memory WHERE segment = ?", (segment,)).fetchone()
+    return max(hi for _, _, hi in held), low[0], high[0]
+
+
+def check_tune_recording(db, request_id: int | None = None, what: str = "bucket") -> dict:
+    """The recording's tune of `what` (the only one, or request `request_id`'s) against SQL; returns the note. Its
+    trials vary `what` (bucket: bucket_mb; strategy: the strategy) and nothing else; each one's memory per rank is
+    the recording's."""
+    key = {"bucket": "bucket_mb", "strategy": "strategy"}[what]
     with sqlite3.connect(db) as con:
-        notes = [json.loads(d) for (d,) in con.execute("SELECT data FROM events WHERE kind = 'tune_note'")]
-        assert len(notes) == 1, notes
-        note = notes[0]
-        assert note["reason"] == "" and note["kept_mb"] > 0, note
-        switches = con.execute("""SELECT json_extract(data, '$.segment'), rank, step,
-                                  json_extract(data, '$.config.bucket_mb') FROM events WHERE kind = 'config_applied'
-                                  AND json_extract(data, '$.who') LIKE 'tune@%' ORDER BY 1, 2""").fetchall()
-        by_segment: dict[int, list] = {}
-        for segment, rank, step, bucket in switches:
-            by_segment.setdefault(segment, []).append((rank, step, bucket))
+        notes = _notes(con)
+        mine = [n for n in notes if n.get("what", "bucket") == what and request_id in (None, n["request_id"])]
+        assert len(mine) == 1, notes
+        note = mine[0]
+        assert note["reason"] == "", note
+        kept = note["kept_strategy"] if what == "strategy" else note["kept_mb"]
+        assert kept, note
+        by_segment = _tune_segments(con, note, notes)
+        start_config = json.loads(con.execute("SELECT config FROM segments WHERE segment = ?",
+                                              (note["start"]["segment"],)).fetchone()[0])
         trials = note["trials"]
         assert 1 <= len(trials) <= 5
         for trial in trials:  # each trial a segment the tuner started, on every rank at one step
             ranks = by_segment[trial["segment"]]
             assert sorted(r for r, _, _ in ranks) == [0, 1], ranks
-            assert len({s for _, s, _ in ranks}) == 1 and {b for _, _, b in ranks} == {trial["bucket_mb"]}, ranks
+            assert len({s for _, s, _ in ranks}) == 1, ranks
+            for _, _, config in ranks:  # the start's configuration but for `key` (and what a switch turns off)
+                assert config[key] == trial[key] and config["strategy"] == trial["strategy"], (trial, config)
+                assert {k: v for k, v in config.items() if k not in (key, "async_op", "compress")} == \
+                    {k: v for k, v in start_config.items() if k not in (key, "async_op", "compress")}, config
             assert trial["first_step"] == ranks[0][1] + 1  # its warm-up step left out
         measured, spread = {}, {}
         for trial in [note["start"], *trials]:
@@ -93,20 +135,21 @@ def check_tune_recording(db) -> dict:
             assert sql == pytest.approx(trial["step_s"], rel=1e-9), trial
             se = _slowest_spread(con, trial["segment"], trial["first_step"], trial["last_step"])
             assert se > 0 and se == pytest.approx(trial["step_se_s"], rel=1e-9), trial
-            measured.setdefault(trial["bucket_mb"], sql)
-            spread.setdefault(trial["bucket_mb"], se)
-        start_mb = note["start"]["bucket_mb"]
+            measured.setdefault(trial[key], sql)
+            spread.setdefault(trial[key], se)
+            held, low, high = _memory(con, trial["segment"], trial["last_step"])
+            assert trial["held_bytes"] == held and low <= trial["peak_bytes"] <= high, (trial, held, low, high)
+        start = note["start"][key]
         fastest = min(measured, key=measured.get)
-        noise = max(MIN_GAIN * measured[start_mb], NOISE_Z * math.hypot(spread[start_mb], spread[fastest]))
-        if measured[start_mb] - measured[fastest] <= noise:  # within the noise: the size in force stays
-            fastest = start_mb
-        assert note["kept_mb"] == fastest, (note, measured)
-        assert note["gain_s"] == pytest.approx(measured[start_mb] - measured[fastest], rel=1e-9, abs=1e-12)
-        last = con.execute("""SELECT json_extract(data, '$.config.bucket_mb') FROM events WHERE kind = 'config_applied'
-                              ORDER BY seq DESC LIMIT 1""").fetchone()[0]
-        assert last == note["kept_mb"]  # the kept size is the one in force when the job stopped
-        extra = len(by_segment) - len(trials)  # a switch back to the kept size, when it is not the last trial's
-        assert extra == (0 if note["kept_mb"] == trials[-1]["bucket_mb"] else 1), (by_segment, note)
+        noise = max(MIN_GAIN * measured[start], NOISE_Z * math.hypot(spread[start], spread[fastest]))
+        if measured[start] - measured[fastest] <= noise:  # within the noise: the configuration in force stays
+            fastest = start
+        assert kept == fastest, (note, measured)
+        assert note["gain_s"] == pytest.approx(measured[start] - measured[fastest], rel=1e-9, abs=1e-12)
+        last = by_segment[max(by_segment)][0][2]
+        assert last[key] == kept  # the kept configuration is the one in force when the tune ended
+        extra = len(by_segment) - len(trials)  # a switch back to the kept one, when it is not the last trial's
+        assert extra == (0 if kept == trials[-1][key] else 1), (by_segment, note)
     return note
 
 
@@ -133,29 +176,75 @@ def test_ctl_tune_bucket_keeps_the_fastest_trial_by_sql_and_refuses_a_second_tun
     assert done.stdout.strip() in out  # the job's own printed line says the same
 
 
-def test_run_flag_tune_bucket_keeps_the_fastest_trial_by_sql(tmp_path):
+def test_zero1_tunes_buckets_then_the_strategy_and_zero3_or_allreduce_refuse_buckets(tmp_path):
+    """One zero1 job (DDP's buckets under ZeroRedundancyOptimizer) for five things: `--tune bucket` at the start tunes
+    its buckets as DDP's, every trial staying zero1; then `ctl tune strategy` tries ddp, zero2 and zero3 from it,
+    each a segment with its strategy and its memory per rank, and keeps the fastest; a second strategy tune is ended
+    by another client's `set batch_size=32` during its first trial and puts the strategy it started from back; then,
+    moved to a sharded strategy (or to allreduce), `ctl tune bucket` is refused in one line naming `tune strategy`
+    (or `set strategy=ddp`). The tunes are checked by SQL on the recording; 8 steps a trial (a test hook) keep it
+    short."""
     port = ports.port()
-    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp", "--tune", "bucket")) as proc:
+    with killed_if_left(_job(tmp_path, port, "--strategy", "zero1", "--tune", "bucket",
+                             env={"DDPTOP_TEST_FRONT": "tune-steps:8"})) as proc:
         said = []
-        for line in proc.stdout:  # the headless line the note prints, then stop the job
+        for line in proc.stdout:  # the headless line the bucket tune's note prints
             said.append(line)
             if line.startswith("tune bucket:"):
                 break
-        _stop(proc, port)
+        by_strategy = _ctl(port, "--json", "tune", "strategy")
+        answer = json.loads(by_strategy.stdout or "{}")
+        kept = answer.get("kept_strategy")
+        client, second = connect(port, TOKEN), []
+        tune = threading.Thread(target=lambda: second.append(_ctl(port, "tune", "strategy", "--timeout", "200")))
+        tune.start()
+        deadline = time.monotonic() + 200
+        while client.status()["config"]["strategy"] == kept:  # until the second tune's first trial runs
+            assert time.monotonic() < deadline and tune.is_alive(), second
+            time.sleep(0.1)
+        asked = client.request("set", {"batch_size": 32})
+        tune.join(timeout=300)
+        set_answer = client.poll(asked)
+        sharded = "zero2" if kept == "zero3" else "zero3"  # a switch to the strategy in force would be no switch
+        refusals = []
+        for strategy in (sharded, "allreduce"):
+            assert _ctl(port, "set", f"strategy={strategy}", timeout=60).returncode == 0
+            refusals.append(_ctl(port, "tune", "bucket", timeout=60))
+        out, _ = _stop(proc, port)
     assert said and said[-1].startswith("tune bucket: kept "), said[-5:]
-    note = check_tune_recording(tmp_path / "run.db")
-    assert note["request_id"] == 0
-
-
-def test_ctl_tune_on_allreduce_is_one_line_and_exit_1(tmp_path):
-    port = ports.port()
-    with killed_if_left(_job(tmp_path, port, "--strategy", "allreduce")) as proc:
-        connect(port, TOKEN)
-        refused = _ctl(port, "tune", "bucket", timeout=60)
-        _stop(proc, port)
-    assert refused.returncode == 1 and refused.stdout == "", refused
-    assert refused.stderr.strip() == ("ddptop: refused: tune bucket tunes DDP's buckets; the job runs allreduce "
-                                      "(ddptop ctl set strategy=ddp first)")
+    bucket = check_tune_recording(tmp_path / "run.db", 0)
+    assert {t["strategy"] for t in [bucket["start"], *bucket["trials"]]} == {"zero1"}, bucket
+    assert by_strategy.returncode == 0, by_strategy.stderr
+    line = answer["line"]
+    assert line.startswith(f"tune strategy: kept {kept}") and "\n" not in line, line
+    assert line in out  # the job's own printed line says the same
+    note = check_tune_recording(tmp_path / "run.db", answer["request_id"], "strategy")
+    assert note["kept_strategy"] == kept and note["start"]["strategy"] == "zero1", (note, kept)
+    assert [t["strategy"] for t in note["trials"]] == ["ddp", "zero2", "zero3"], note
+    for trial in [note["start"], *note["trials"]]:  # each trial's step and memory per rank, as the line says them
+        assert (f"{trial['strategy']} {trial['step_s'] * 1e3:.1f}±{trial['step_se_s'] * 1e3:.1f} ms, held "
+                f"{trial['held_bytes'] / 1e6:.1f} MB, peak {trial['peak_bytes'] / 1e6:.1f} MB") in line
+    stopped = second[0]  # the interrupted tune: one line, exit 1, its note, the start's strategy back
+    assert stopped.returncode == 1 and stopped.stdout == "", stopped
+    assert stopped.stderr.startswith("ddptop: tune strategy stopped: segment ") and "asked by ctl@" in stopped.stderr \
+        and stopped.stderr.strip().endswith(f"changed the job during the tune; back on {kept}"), stopped.stderr
+    assert set_answer is not None and set_answer.get("state") == "applied", set_answer
+    with sqlite3.connect(tmp_path / "run.db") as con:
+        ended = [n for n in _notes(con) if n.get("what") == "strategy" and n["reason"]]
+        configs = [(who, json.loads(c)) for who, c in con.execute(
+            """SELECT json_extract(data, '$.who'), json_extract(data, '$.config') FROM events WHERE kind =
+               'config_applied' AND rank = 0 ORDER BY json_extract(data, '$.segment')""")]
+    assert len(ended) == 1 and ended[0]["kept_strategy"] == "" and ended[0]["start"]["strategy"] == kept, ended
+    assert all(t["strategy"] != kept for t in ended[0]["trials"]), ended  # a trial measured before the set, if any
+    back = next(i for i, (who, c) in enumerate(configs) if who.startswith("ctl@") and c["batch_size"] == 32)
+    who, config = configs[back + 1]  # the switch back: the tuner's, the user's batch kept
+    assert who.startswith("tune@") and config["strategy"] == kept and config["batch_size"] == 32, configs[back:]
+    assert [r.returncode for r in refusals] == [1, 1] and [r.stdout for r in refusals] == ["", ""], refusals
+    assert refusals[0].stderr.strip() == (f"ddptop: refused: tune bucket tunes DDP's buckets; {sharded} has none "
+                                          "(FSDP2 shards by unit): ddptop ctl tune strategy tries ddp, zero1, zero2 "
+                                          "and zero3"), refusals[0].stderr
+    assert refusals[1].stderr.strip() == ("ddptop: refused: tune bucket tunes DDP's buckets; the job runs allreduce "
+                                          "(ddptop ctl set strategy=ddp first)"), refusals[1].stderr
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -163,6 +252,10 @@ def test_ctl_tune_on_allreduce_is_one_line_and_exit_1(tmp_path):
      "--tune bucket tunes DDP's buckets, not allreduce (add --strategy ddp)"),
     (["--local", "1", "--strategy", "ddp"],
      "--tune bucket needs 2 ranks or more: with 1 there is nothing to communicate"),
+    (["--local", "2", "--strategy", "zero3"], "--tune bucket tunes DDP's buckets; zero3 has none (FSDP2 shards by "
+     "unit): --tune strategy tries ddp, zero1, zero2 and zero3"),
+    (["--local", "2", "--strategy", "single", "--tune", "strategy"],
+     "--tune strategy compares strategies that synchronize the ranks, not single (add --strategy ddp)"),
 ])
 def test_run_flag_tune_refusals_are_one_line_and_exit_2(tmp_path, argv, said):
     done = subprocess.run([sys.executable, "-m", "ddptop", "--headless", "--model", "tiny", "--tune", "bucket",

@@ -99,6 +99,37 @@ def test_csv_tables(recording, tmp_path, capsys):
         assert rx == sorted(rx)  # totals since the run started never go down
 
 
+def test_segments_csv_says_each_sharded_segments_unit_and_nothing_for_the_others(tmp_path):
+    """A real 2-rank sweep recorded: ddp still carrying a unit (as after a live switch from zero3: SyncConfig keeps
+    it for the next sharded segment), zero3 sharded by Conv2d, zero2 by its default (each top-level block). The
+    segments.csv `shard_unit` column equals SQL on the recording's segments: the unit where the strategy shards,
+    empty elsewhere and for the default."""
+    import dataclasses
+    import sqlite3
+
+    from ddptop.config import SyncConfig
+
+    sweep = (SyncConfig(strategy="ddp", batch_size=16, shard_unit="Conv2d"),
+             SyncConfig(strategy="zero3", batch_size=16, shard_unit="Conv2d"),
+             SyncConfig(strategy="zero2", batch_size=16))
+    cfg = dataclasses.replace(tiny_config(steps=12), sweep=sweep, sweep_warmup=1, sweep_measure=3)
+    code, events = run_job(cfg, world_size=2, timeout_s=120)
+    assert code == 0
+    path = str(tmp_path / "sweep.db")
+    writer = RecordingWriter(path, base_meta({"model": "tiny"}, {"source": "local", "world_size": 2}, ["ddptop"]),
+                             clock="events")
+    writer.handle(events)
+    writer.close()
+    assert export(path, "--csv", str(tmp_path / "csv")) == 0
+    with open(tmp_path / "csv" / "segments.csv", newline="") as f:
+        exported = {int(r["segment"]): r["shard_unit"] for r in csv.DictReader(f)}
+    with sqlite3.connect(path) as con:
+        recorded = {segment: (json.loads(config)["strategy"], json.loads(config)["shard_unit"])
+                    for segment, config in con.execute("SELECT segment, config FROM segments")}
+    assert recorded == {0: ("ddp", "Conv2d"), 1: ("zero3", "Conv2d"), 2: ("zero2", "")}, recorded
+    assert exported == {s: unit if strategy in ("zero2", "zero3") else "" for s, (strategy, unit) in recorded.items()}
+
+
 @pytest.mark.parametrize("text,expected", [("2:4", (2, 4)), (":4", (None, 4)), ("3:", (3, None)), ("", (None, None))])
 def test_parse_steps(text, expected):
     assert parse_steps(text) == expected

@@ -14,7 +14,8 @@ import pytest
 from ddptop.events import ConfigApplied, ControlRefused, RankLost, RunState
 from ddptop.errors import RecordingError
 from ddptop.events import (EVENT_TYPES, EpochDone, GpuStat, LogLine, MemorySample, NicStat, RankJoined,
-                           RunFinished, RunStarted, Span, StepDone, StepSpans, SystemSample, TuneNote, TuneTrial)
+                           RunFinished, RunStarted, Span, StepDone, StepSpans, SystemSample, TuneAsked, TuneNote,
+                           TuneTrial)
 from ddptop.events import EventDecodeError, event_from_dict
 from ddptop.record import schema
 from ddptop.record.reader import Recording
@@ -50,6 +51,10 @@ def one_of_each() -> list:
         RankLost(1, 6, "heartbeat stale for 10 s", T0 + 2.4),
         RunFinished(0, 7, "error: peer lost", T0 + 2.5),
         TuneNote(3, TuneTrial(0, 25.0, 3, 22, 0.0845), (TuneTrial(1, 1.0, 29, 48, 0.108),), 25.0, 0.0, "", T0 + 3),
+        TuneAsked(0, 4, "ctl@host:1", T0 + 3.01, "strategy"),
+        TuneNote(4, TuneTrial(2, 25.0, 50, 69, 0.0845, 0.001, "ddp", 1 << 33, 1 << 34),
+                 (TuneTrial(3, 25.0, 72, 91, 0.07, 0.002, "zero3", 1 << 31, 1 << 34),), 0.0, 0.0145, "", T0 + 3.02,
+                 "strategy", "zero3"),
         MemorySample(1, 6, 0, T0 + 3.1, 7364648, 0, 1 << 40, 290607104, 289685504, 0, "process USS", 0.0325),
     ]
     covered = {e.kind for e in events}

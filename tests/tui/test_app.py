@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
 
@@ -341,6 +342,63 @@ async def test_the_tune_button_asks_the_job_and_says_its_answer_in_the_panel(rep
     assert status in out, (status, out[-2000:])  # the job's own printed line, word for word
     note = check_tune_recording(tmp_path / "run.db")
     assert note["request_id"] == 1, note
+
+
+async def test_the_shard_unit_field_is_zero2_and_zero3s_and_a_unit_that_names_no_module_is_refused(replay_at_end,
+                                                                                                tmp_path):
+    """The shard unit field on a real 2-rank tiny DDP job (test_tune's headless job, as the tune button's test): off
+    while the form's strategy is not zero2/zero3 and never sent then; on for zero3, a misspelt unit refused here in one
+    line (nothing sent), a unit that names no module of the model refused by rank 0 in one line (the job unchanged),
+    then `Conv2d` applied. The recording says what reached the job (SQL): one zero3 segment, shard_unit Conv2d."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cli"))
+    import sqlite3
+
+    from test_tune import TOKEN, _job, _stop
+
+    from ddptop.control.client import ControlClient
+    import ports
+    from jobs import connect, killed_if_left
+
+    port, posted, said = ports.port(), [], []
+    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
+        connect(port, TOKEN)  # rank 0 answers: the job is up
+        app = DdptopApp(compose(replay_at_end), mode="live",
+                        connect=lambda: ControlClient("127.0.0.1", port, TOKEN, role="tui"))
+        async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
+            await pilot.press("7")
+            panel = app.query_one(ControlsPanel)
+            unit, strategy = panel.query_one("#unit", Input), panel.query_one("#strategy", Select)
+            assert unit.disabled and strategy.value == "allreduce"  # the fixture's strategy in force
+
+            async def apply(text: str) -> None:
+                unit.value = text
+                await pilot.pause(0.6)  # two quick clicks would make one double click
+                await pilot.click("#apply")
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+                said.append((panel.status, panel.status_kind))
+
+            strategy.value = "zero3"
+            await pilot.pause()
+            assert not unit.disabled
+            await apply("Conv2d;")  # not a module name's spelling: the form's own check
+            await apply("NoSuchBlock")  # a name rank 0 finds no module for
+            await apply("Conv2d")
+            strategy.value = "ddp"
+            await pilot.pause()
+            assert unit.disabled and "shard_unit" not in str(panel.query_one("#preview").render())
+        _stop(proc, port)
+    (misspelt, kind1), (nomodule, kind2), (applied, kind3) = said
+    assert kind1 == "error" and misspelt.startswith("shard_unit must be up to 64 module class names"), misspelt
+    assert kind2 == "error" and "\n" not in nomodule, nomodule
+    assert nomodule.startswith("refused by rank 0: shard unit 'NoSuchBlock' names no module of this model "
+                               "(top-level blocks: features, classifier;"), nomodule
+    assert kind3 == "ok" and applied.startswith("applied at step "), applied
+    sent = list({id(m): m.changes for m in posted if isinstance(m, ApplyRequested)}.values())
+    assert [c.get("shard_unit") for c in sent] == ["NoSuchBlock", "Conv2d"], sent  # the misspelt one never left
+    with sqlite3.connect(tmp_path / "run.db") as con:
+        configs = [json.loads(c) for (c,) in con.execute("SELECT config FROM segments ORDER BY segment")]
+    assert [(c["strategy"], c["shard_unit"]) for c in configs] == [("ddp", ""), ("zero3", "Conv2d")], configs
 
 
 async def test_the_strategy_field_moves_on_with_arrows_and_opens_its_list_on_enter(replay_at_end):

@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-from ddptop.events import (EVENT_TYPES, FRONT, MAX_TEXT, MEMORY_BY, SIGNED, ConfigApplied, EventDecodeError,
+from ddptop.events import (EVENT_TYPES, FRONT, MAX_TEXT, MEMORY_BY, SIGNED, TUNABLE, ConfigApplied, EventDecodeError,
                            LogLine, NicStat, Span, StepDone, StepSpans, decode_batch, event_from_dict)
 
 T0 = 1.7e9
@@ -26,6 +26,8 @@ def good(tp, name: str):
     if tp is float:
         return T0 if name in ("t", "t0") else 0.25
     if tp is str:
+        if name == "what":
+            return TUNABLE[1]  # a tune says which of its kinds it is
         return MEMORY_BY[1] if name == "by" else "ok"  # a memory sample says which of its measures it took
     if dataclasses.is_dataclass(tp):
         record = {f.name: good(typing.get_type_hints(tp)[f.name], f.name) for f in dataclasses.fields(tp)}

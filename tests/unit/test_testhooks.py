@@ -75,6 +75,17 @@ def test_the_fronts_teardown_hold(monkeypatch, value, seconds):
     assert teardown_hold_s() == seconds
 
 
+@pytest.mark.parametrize("value, steps", [("tune-steps:8", 8), ("", 0), ("tune-steps:many", 0), ("teardown:8", 0)])
+def test_the_tuners_steps(monkeypatch, value, steps):
+    from ddptop.front.tune import Tuner
+    from ddptop.metrics.tune import STEPS
+    from ddptop.testhooks import tune_steps
+
+    monkeypatch.setenv("DDPTOP_TEST_FRONT", value)
+    assert tune_steps() == steps
+    assert Tuner(lambda: None).steps == (steps or STEPS)
+
+
 def test_a_local_rank_takes_the_fronts_test_hooks_not_the_fork_servers(monkeypatch):
     """The suite runs jobs in its own process: their ranks fork from a server the first job started, whose
     environment is that moment's. A later job's DDPTOP_TEST_* reaches its ranks all the same (testhooks.carried,

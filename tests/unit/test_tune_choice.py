@@ -111,3 +111,54 @@ def test_a_segment_the_tune_did_not_start_as_its_own_trial_is_foreign():
     assert tune.foreign([*trials, own, seg(5, tuner, bucket_mb=1.0, compress="fp16")], 0, tuner, base) is own
     merged = seg(4, "ctl@host:9", bucket_mb=1.0)  # the same configuration, asked by someone else
     assert tune.foreign([*trials, merged], 0, tuner, base) is merged
+
+
+def test_a_strategy_tunes_trials_vary_the_strategy_only():
+    """`tune strategy`'s own trials: the start's configuration but for the strategy (and what a switch turns off on
+    the way: async_op leaving allreduce); a bucket size changed on the way is another client's."""
+    from ddptop.state.views import Segment
+
+    base = {"strategy": "allreduce", "bucket_mb": 25.0, "batch_size": 64, "async_op": True, "compress": "none"}
+    tuner = "tune@host:7"
+    trials = [Segment(i, i * 30, {**base, "strategy": s, "async_op": False}, tuner, 0.0)
+              for i, s in enumerate(tune.strategies("allreduce"), start=1)]
+    assert [s.config["strategy"] for s in trials] == ["ddp", "zero1", "zero2", "zero3"]
+    assert tune.strategies("zero1") == ["ddp", "zero2", "zero3"]
+    assert tune.foreign(trials, 0, tuner, base, "strategy") is None
+    assert tune.foreign(trials, 0, tuner, base, "bucket") is trials[0]  # a bucket tune's trial never switches
+    resized = Segment(5, 150, {**base, "strategy": "zero1", "bucket_mb": 5.0}, tuner, 0.0)
+    assert tune.foreign([*trials, resized], 0, tuner, base, "strategy") is resized
+
+
+def test_a_trials_memory_is_the_rank_holding_most_and_the_largest_peak_once_every_rank_sampled():
+    from ddptop.metrics.memory import RankMemory
+
+    def row(rank, segment, params, peak):
+        return RankMemory(segment, rank, 1, 3, params, 100, 10, peak, peak, 0, "process USS", 0.0)
+
+    rows = [row(0, 2, 1000, 5000), row(0, 3, 400, 9000)]
+    assert tune.memory(rows, 3, 2) is None  # rank 1 has no sample of segment 3 yet
+    rows.append(row(1, 3, 600, 7000))
+    assert tune.memory(rows, 3, 2) == (600 + 110, 9000)
+
+
+@pytest.mark.parametrize("what, strategy, said", [
+    ("bucket", "ddp", ""), ("bucket", "zero1", ""), ("strategy", "zero3", ""), ("strategy", "allreduce", ""),
+    ("bucket", "zero2", "tune bucket tunes DDP's buckets; zero2 has none (FSDP2 shards by unit): ddptop ctl tune "
+                        "strategy tries ddp, zero1, zero2 and zero3"),
+    ("bucket", "allreduce", "tune bucket tunes DDP's buckets; the job runs allreduce (ddptop ctl set strategy=ddp "
+                            "first)"),
+    ("strategy", "single", "tune strategy compares strategies that synchronize the ranks; the job runs single "
+                           "(ddptop ctl set strategy=ddp first)"),
+    ("lr", "ddp", "tune: say what to tune: bucket or strategy, not 'lr'"),
+])
+def test_rank_0_refuses_a_tune_with_nothing_to_tune_in_one_line(what, strategy, said):
+    from ddptop.control.commands import tune_refusal
+    from ddptop.errors import UsageError
+
+    if not said:
+        tune_refusal(what, strategy)
+        return
+    with pytest.raises(UsageError) as err:
+        tune_refusal(what, strategy)
+    assert str(err.value) == said

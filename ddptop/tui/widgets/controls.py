@@ -1,5 +1,5 @@
-"""Provides the controls panel: strategy, bucket MB, async_op, batch size, lr, scale_lr, accum, compress, lr warm-up
-and Apply; every request is
+"""Provides the controls panel: strategy, bucket MB, shard unit, async_op, batch size, lr, scale_lr, accum, compress,
+lr warm-up and Apply; every request is
 checked here as rank 0 will check it (SyncConfig.changed), refusals inline; a preview of DDP's bucket layout.
 
 The fields show the config in force; a field the user has changed keeps the user's text (an edit) until Apply, esc or
@@ -16,7 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.widgets import Button, Input, Label, Select, Static, Switch
 
-from ddptop.config import BUCKETED, STRATEGIES, ZERO, SyncConfig
+from ddptop.config import BUCKETED, SHARDED, STRATEGIES, ZERO, SyncConfig
 from ddptop.control.commands import apply_changes
 from ddptop.errors import DdptopError, UsageError
 from ddptop.metrics.buckets import ddp_buckets
@@ -26,7 +26,7 @@ from ddptop.safe import clean
 from ddptop.tui.render.units import fmt_bytes
 from ddptop.tui.widgets.number_input import NumberInput
 
-FIELDS = ("strategy", "bucket", "async", "batch", "lr", "scale", "accum", "compress", "warmup", "apply", "tune")
+FIELDS = ("strategy", "bucket", "unit", "async", "batch", "lr", "scale", "accum", "compress", "warmup", "apply", "tune")
 COMPRESS_CHOICES = ("none", "fp16", "bf16", "powersgd:1", "powersgd:2", "powersgd:4")  # ctl sets any powersgd:R
 INTRO = ("Change the running job; every rank switches at the same step. The fields show the config in force "
          "until you edit them; esc discards your edits. tab / ↑↓ move between fields; digits go into number fields "
@@ -42,9 +42,11 @@ def _number(text: str, kind: type, what: str) -> Any:
 
 def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: Mapping, lr: str | None = None,
                scale_lr: bool = False, accum: str | None = None, compress: Any = None,
-               warmup: str | None = None) -> tuple[dict[str, Any], SyncConfig]:
+               warmup: str | None = None, unit: str | None = None) -> tuple[dict[str, Any], SyncConfig]:
     """(the changes the form asks for, the config they give), checked as rank 0 checks them (apply_changes and
-    SyncConfig.changed refuse a setting that means nothing for the strategy); UsageError: one line to show."""
+    SyncConfig.changed refuse a setting that means nothing for the strategy; a shard unit's spelling here, whether
+    it names a module of the model rank 0's); UsageError: one line to show. The shard unit is zero2's and zero3's:
+    sent only with them (its field is disabled for the others)."""
     if strategy not in STRATEGIES:
         raise UsageError("pick a strategy")
     wanted = {"strategy": strategy, "bucket_mb": _number(bucket, float, "bucket MB"), "async_op": bool(async_op),
@@ -57,6 +59,8 @@ def parse_form(strategy: Any, bucket: str, async_op: bool, batch: str, current: 
         wanted["compress"] = str(compress)
     if warmup is not None:
         wanted["lr_warmup_steps"] = _number(warmup, int, "lr warm-up steps")
+    if unit is not None and strategy in SHARDED:
+        wanted["shard_unit"] = unit.strip()
     known = {**SyncConfig().to_dict(), **current}  # a recording from before accum/compress: their defaults ran
     changes = {k: v for k, v in wanted.items() if known.get(k) != v}
     if wanted["async_op"] and "strategy" in changes:  # asked for with a new strategy: rank 0 would judge it, so do we
@@ -77,7 +81,8 @@ def form_text(config: Mapping) -> dict[str, Any]:
     return {"strategy": config.get("strategy", "ddp"), "bucket": f"{config.get('bucket_mb', 25):g}",
             "async": bool(config.get("async_op")), "batch": str(config.get("batch_size", 64)),
             "lr": f"{config.get('lr', 0.1):g}", "accum": str(config.get("accum", 1)),
-            "compress": str(config.get("compress", "none")), "warmup": str(config.get("lr_warmup_steps", 0))}
+            "compress": str(config.get("compress", "none")), "warmup": str(config.get("lr_warmup_steps", 0)),
+            "unit": str(config.get("shard_unit", ""))}
 
 
 class StrategySelect(Select, inherit_bindings=False):
@@ -153,6 +158,8 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         rows = (("strategy", StrategySelect([(s, s) for s in STRATEGIES], allow_blank=False, value="ddp",
                                             id="strategy", disabled=disabled, compact=True), ""),
                 ("bucket MB", NumberInput("25", id="bucket", disabled=disabled, compact=True), "ddp, zero1"),
+                ("shard unit", Input("", id="unit", disabled=True, compact=True, placeholder="top-level blocks"),
+                 "zero2, zero3: module classes or names (Linear,features.0)"),
                 ("async_op", Switch(False, id="async", disabled=disabled, animate=False), "allreduce only"),
                 ("batch size", NumberInput("64", id="batch", disabled=disabled, compact=True), "per rank"),
                 ("lr", NumberInput("0.1", id="lr", disabled=disabled, compact=True), "learning rate"),
@@ -225,7 +232,8 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         q = self.query_one
         return parse_form(q("#strategy", Select).value, q("#bucket", Input).value, q("#async", Switch).value,
                           q("#batch", Input).value, current, q("#lr", Input).value, q("#scale", Switch).value,
-                          q("#accum", Input).value, q("#compress", Select).value, q("#warmup", Input).value)
+                          q("#accum", Input).value, q("#compress", Select).value, q("#warmup", Input).value,
+                          q("#unit", Input).value)
 
     def refresh_preview(self) -> None:
         """What Apply would send, checked now; and for DDP the bucket layout the size gives."""
@@ -270,6 +278,8 @@ class ControlsPanel(VerticalScroll, can_focus=False):
         if event.select.id == "strategy" and (event.value in ("single", *ZERO) or (
                 event.value != "ddp" and str(compress.value).startswith("powersgd"))):
             compress.value = "none"  # a compression the strategy cannot carry ends with it (SyncConfig.changed)
+        if event.select.id == "strategy":  # the shard unit is FSDP2's: typed only for zero2 and zero3
+            self.query_one("#unit", Input).disabled = not (self.enabled and event.value in SHARDED)
         self.refresh_preview()
 
     def on_input_changed(self, event: Input.Changed) -> None:
