@@ -899,12 +899,15 @@ def decode_events(blob: bytes, max_bytes: int = 64 * MAX_EVENT_BYTES) -> list[Ev
 
 
 # -- StepDone's binary form: a rank sends one a step, and JSON was most of the publisher's and the front's work per
-# step (issue 42). A block is STEP_MAGIC, the record size (u16), then records of that size, each StepDone's fields in
-# field order: int as u64, float as f64, bool as one byte 0/1, little-endian. Fields are only ever added at the end:
-# a record longer than this ddptop's is read as far as it knows the fields (as a wire list's extra items are), a
-# shorter one at a field boundary past the required fields gets the later fields' defaults.
+# step (issue 42). A batch is its JSON list and, where it holds steps, one step block (a second ZeroMQ frame: more
+# frames cost the front more than they saved, CURVE seals each); in the list a whole number n stands for the block's
+# next n records, so every event keeps the rank's order. A block is STEP_MAGIC, the record size (u16), then records
+# of that size, each StepDone's fields in field order: int as u64, float as f64, bool as one byte 0/1, little-endian.
+# Fields are only ever added at the end: a record longer than this ddptop's is read as far as it knows the fields (as
+# a wire list's extra items are), a shorter one at a field boundary past the required fields gets the later fields'
+# defaults.
 
-STEP_MAGIC = b"\xffS"  # no JSON text starts with 0xff: a telemetry part is a JSON list or a step block
+STEP_MAGIC = b"\xffS"  # the block's first bytes: no JSON text starts with 0xff
 _CODES = {int: "Q", float: "d", bool: "B"}
 
 
@@ -943,9 +946,10 @@ def step_block(records: list[bytes]) -> bytes:
     return _STEP_HEADER + b"".join(records)
 
 
-def decode_steps(block: bytes, rank: int) -> tuple[list[Event], list[str]]:
-    """Rank `rank`'s step block: (the records that check out as StepDone events, why each other one was refused).
-    A block that is not one (a bad header, a size not a whole number of records) raises EventDecodeError."""
+def decode_steps(block: bytes, rank: int) -> list[Event | str]:
+    """Rank `rank`'s step block, each record in order: the StepDone it checks out as, or why it was refused. A block
+    that is not one (a bad header, a size that is no StepDone's, not a whole number of records) raises
+    EventDecodeError."""
     if len(block) < len(_STEP_HEADER) or block[:2] != STEP_MAGIC:
         raise EventDecodeError("step block without its header")
     size = struct.unpack_from("<H", block, 2)[0]
@@ -956,20 +960,19 @@ def decode_steps(block: bytes, rank: int) -> tuple[list[Event], list[str]]:
     if len(body) % size:
         raise EventDecodeError(f"step block of {len(body)} bytes is not a whole number of {size}-byte records")
     names = _STEP_FIELDS[:len(layout.format) - 1]
-    good: list[Event] = []
-    bad: list[str] = []
+    out: list[Event | str] = []
     for at in range(0, len(body), size):
         values = layout.unpack_from(body, at)
         why = _step_refused(values, rank)
         if why:
-            bad.append(why)
+            out.append(why)
             continue
         fields = dict(zip(names, values))
         for i in _STEP_BOOLS:
             if i < len(values):
                 fields[_STEP_FIELDS[i]] = values[i] == 1
-        good.append(_build(StepDone, fields) if layout is STEP_RECORD else StepDone(**fields))
-    return good, bad
+        out.append(_build(StepDone, fields) if layout is STEP_RECORD else StepDone(**fields))
+    return out
 
 
 _step_ints = operator.itemgetter(*_STEP_INTS)
@@ -1000,21 +1003,28 @@ def _step_refused(values: tuple, rank: int, _finite=math.isfinite) -> str:
     return ""
 
 
-def decode_part(part: bytes, rank: int, max_bytes: int = 64 * MAX_EVENT_BYTES) -> tuple[list[Event], list[str]]:
-    """One part of rank `rank`'s telemetry batch: a step block (decode_steps) or a JSON list (decode_batch)."""
-    if part[:2] == STEP_MAGIC:
-        if len(part) > max_bytes:
-            raise EventDecodeError(f"step block of {len(part)} bytes is over the {max_bytes}-byte cap")
-        return decode_steps(part, rank)
-    return decode_batch(part, rank, max_bytes)
-
-
-def decode_batch(blob: bytes, rank: int, max_bytes: int = 64 * MAX_EVENT_BYTES) -> tuple[list[Event], list[str]]:
-    """Rank `rank`'s telemetry batch, each event decoded alone: (the good ones, why each other one was refused).
-    An event that names another rank is refused too. A blob that is not a JSON list raises EventDecodeError."""
+def decode_batch(blob: bytes, rank: int, max_bytes: int = 64 * MAX_EVENT_BYTES,
+                 steps: bytes | None = None) -> tuple[list[Event], list[str]]:
+    """Rank `rank`'s telemetry batch, each event decoded alone: (the good ones, in order, why each other one was
+    refused). An event that names another rank is refused too. `steps`: the batch's step block (decode_steps), whose
+    records take the places that whole numbers n ≥ 1 hold in the JSON list (the next n records each). A blob that
+    is not a JSON list, a step block that is no block, or places that do not add up to its records raise
+    EventDecodeError: the batch is not the rank's."""
+    if steps is not None and len(blob) + len(steps) > max_bytes:
+        raise EventDecodeError(f"event batch of {len(blob) + len(steps)} bytes is over the {max_bytes}-byte cap")
+    records = decode_steps(steps, rank) if steps is not None else []
+    placed = 0
     good: list[Event] = []
     bad: list[str] = []
     for item in _items(blob, max_bytes):
+        if type(item) is int:  # a run of step records
+            if not 0 < item <= len(records) - placed:
+                raise EventDecodeError(f"a run of {item} step records where the block holds "
+                                       f"{len(records) - placed} more")
+            for record in records[placed:placed + item]:
+                (bad if type(record) is str else good).append(record)
+            placed += item
+            continue
         try:
             event = event_from_dict(item)
         except EventDecodeError as exc:
@@ -1025,6 +1035,8 @@ def decode_batch(blob: bytes, rank: int, max_bytes: int = 64 * MAX_EVENT_BYTES) 
             bad.append(f"a {event.kind} event in rank {rank}'s batch claims rank {claimed}")
         else:
             good.append(event)
+    if placed != len(records):
+        raise EventDecodeError(f"the step block holds {len(records)} records, the batch places {placed}")
     return good, bad
 
 

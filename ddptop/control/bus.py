@@ -2,8 +2,8 @@
 
 A rank's training thread only appends to a deque; one background thread sends a batch every `interval_s` on
 the rank's PUSH socket (transport.py: CURVE, the rank's key) without ever blocking: a step never waits on the
-network. A batch is one ZeroMQ message of parts, in order: each run of StepDone events one binary step block
-(events.step_block), each run of other events one JSON list of their wire forms. ZeroMQ keeps what the front has not read yet, up to transport.SEND_HWM batches (a front stopped for
+network. A batch is one ZeroMQ message: a JSON list of the events' wire forms and, where it holds steps, one binary
+step block whose records take the places whole numbers hold in the list (events.decode_batch). ZeroMQ keeps what the front has not read yet, up to transport.SEND_HWM batches (a front stopped for
 minutes loses nothing and receives it all when it continues); past that the batch stays here and the deque
 bounds what waits behind it: what it drops skips a sequence number, so the loss reaches the front as a
 TelemetryGap like any other, and a log line says how much.
@@ -26,15 +26,15 @@ import zmq
 
 from ddptop.control import keys
 from ddptop.events import (FRONT, MAX_EVENT_BYTES, Event, EventDecodeError, EventsRefused, LogLine, RankBack, RankLost,
-                           StepDone, StoreFlooded, TelemetryGap, decode_part, step_block, step_record)
+                           StepDone, StoreFlooded, TelemetryGap, decode_batch, step_block, step_record)
 from ddptop.safe import clean
 
 MAX_BATCH_EVENTS = 2000
-MAX_PARTS = MAX_BATCH_EVENTS + 3  # a batch's message: kind, rank, seq, then parts of at least one event each
 MAX_QUEUE = 4096  # items a rank queues at most behind a full socket (the front away for minutes): then the oldest go
 CLOSE_WAIT_S = 2.0  # what a closing publisher gives its socket to hand the last batches on (a front gone, a cut link)
-STEP_HEADER_BYTES = 4  # a step block's header (events.STEP_MAGIC and the record size): each part costs at most this
-TEL, BEAT = b"t", b"h"  # the first part of a rank's message: a telemetry batch [t, rank, seq, part, ...], a heartbeat
+STEP_HEADER_BYTES = 4  # a step block's header (events.STEP_MAGIC and the record size)
+TEL, BEAT = b"t", b"h"  # the first part of a rank's message: a telemetry batch [t, rank, seq, JSON list, step block
+# where it has steps], a heartbeat
 # [h, rank, {"beat", "step", "paused"}]
 
 
@@ -87,14 +87,13 @@ class Publisher:
             self.flush()
 
     def _next_batch(self) -> list[bytes]:
-        """Queued events as the parts of one batch, in order, at most MAX_BATCH_EVENTS events and MAX_BATCH_BYTES:
-        each run of StepDone events one binary step block (events.step_block: 193 bytes a step and one struct.pack,
-        where JSON cost the publisher and the front most of their work per step, issue 42), each run of other
-        events one JSON list of their wire forms. ZeroMQ frames the parts: no length of ours."""
-        parts: list[bytes] = []
-        run: list[bytes] = []
-        steps = False  # whether `run` holds step records (else JSON items)
-        size = count = 0
+        """Queued events as one batch of at most MAX_BATCH_EVENTS events and MAX_BATCH_BYTES: a JSON list of their
+        wire forms and, where it holds steps, a step block (events.step_block: 193 bytes a step and one struct.pack,
+        where JSON cost the publisher and the front most of their work per step, issue 42) whose records take the
+        places that whole numbers hold in the list (n: the next n steps), so every event keeps its order."""
+        items: list[bytes | int] = []
+        records: list[bytes] = []
+        size, count = 2 + STEP_HEADER_BYTES, 0
         while count < MAX_BATCH_EVENTS:
             if not self._ready:
                 try:
@@ -106,21 +105,21 @@ class Publisher:
             event = self._ready[0]
             record = step_record(event) if type(event) is StepDone else None
             part = record if record is not None else self._json(event)
-            if count and size + len(part) + 1 + STEP_HEADER_BYTES > keys.MAX_BATCH_BYTES:
+            if count and size + len(part) + 8 > keys.MAX_BATCH_BYTES:  # 8: a run's count and its comma at most
                 break
             self._ready.popleft()
-            if run and steps != (record is not None):
-                parts.append(_part(run, steps))
-                run = []
-            if not run:  # a new part: its header or brackets
-                size += STEP_HEADER_BYTES
-            steps = record is not None
-            run.append(part)
-            size += len(part) + 1
+            if record is None:
+                items.append(part)
+            elif items and type(items[-1]) is int:
+                items[-1] += 1
+                records.append(record)
+            else:
+                items.append(1)
+                records.append(record)
+            size += len(part) + 8
             count += 1
-        if run:
-            parts.append(_part(run, steps))
-        return parts or [b"[]"]
+        blob = b"[" + b",".join(x if type(x) is bytes else b"%d" % x for x in items) + b"]"
+        return [blob, step_block(records)] if records else [blob]
 
     def _json(self, event: Event) -> bytes:
         part = json.dumps(event.to_wire(), separators=(",", ":")).encode()
@@ -166,10 +165,6 @@ class Publisher:
             self.sock = None
 
 
-def _part(run: list[bytes], steps: bool) -> bytes:
-    return step_block(run) if steps else b"[" + b",".join(run) + b"]"
-
-
 def _events(item, rank: int) -> list[Event]:
     if isinstance(item, Event):
         return [item]
@@ -191,8 +186,8 @@ class Collector:
         self.missed = [0] * world_size
         self.batches = 0
 
-    def take(self, rank: int, seq: int, blobs: list[bytes]) -> list[Event]:
-        """Batch `seq` of `rank`: its parts (Publisher._next_batch), each a JSON list or a step block."""
+    def take(self, rank: int, seq: int, blob: bytes, steps: bytes | None = None) -> list[Event]:
+        """Batch `seq` of `rank`: its JSON list and its step block (Publisher._next_batch, events.decode_batch)."""
         if not 0 <= rank < self.world_size or not 0 < seq < keys.MAX_COUNTER:
             return []
         out: list[Event] = []
@@ -204,17 +199,9 @@ class Collector:
                                  "did not read, or by a subscriber that fell behind"))
         self.next_seq[rank] = seq + 1
         self.batches += 1
-        size = sum(len(blob) for blob in blobs)
-        if size > keys.MAX_BATCH_BYTES:
-            return out + [self._gap(rank, seq, seq, f"refused: event batch of {size} bytes is over the "
-                                    f"{keys.MAX_BATCH_BYTES}-byte cap")]
-        good, bad = [], []
         try:
-            for blob in blobs:
-                events, refused = decode_part(blob, rank, keys.MAX_BATCH_BYTES)
-                good += events
-                bad += refused
-        except EventDecodeError as exc:  # a part that is no part: the batch is not the rank's
+            good, bad = decode_batch(blob, rank, keys.MAX_BATCH_BYTES, steps)
+        except EventDecodeError as exc:
             return out + [self._gap(rank, seq, seq, f"refused: {exc}")]
         out.extend(good)
         if bad:  # one bad event costs itself, not its batch; a rank's batch speaks for that rank alone
@@ -230,8 +217,8 @@ def receive(parts: list[bytes], collector: Collector, liveness: "Liveness | None
     """A rank's message (TEL or BEAT), or None when it is not one (counted by the caller)."""
     try:
         kind, rank = parts[0], int(parts[1])
-        if kind == TEL and 4 <= len(parts) <= MAX_PARTS:
-            return collector.take(rank, int(parts[2]), parts[3:])
+        if kind == TEL and len(parts) in (4, 5):
+            return collector.take(rank, int(parts[2]), *parts[3:])
         if kind == BEAT and len(parts) == 3 and len(parts[2]) <= keys.MAX_SMALL_BYTES:
             beat = json.loads(parts[2])
             if liveness is not None:

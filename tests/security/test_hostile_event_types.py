@@ -118,7 +118,7 @@ def test_hostile_field_types_are_refused_counted_and_the_recording_stays_readabl
 
 def test_hostile_binary_step_records_are_refused_alone_and_a_block_that_is_no_block_costs_its_batch(port, tmp_path):
     """The same rank, with StepDone's binary form (events.step_block, issue 42): values no typed field holds, a
-    record in another rank's name, a truncated block and a batch over the cap made of parts each under it."""
+    record in another rank's name, a truncated block and a block over the batch's cap."""
     def record(n: int, **raw) -> bytes:
         event = StepDone(**{k: v for k, v in step(1, n).items() if k not in ("kind", "v")})
         return STEP_RECORD.pack(*(raw.get(name, value) for name, value in event.__dict__.items()))
@@ -127,10 +127,11 @@ def test_hostile_binary_step_records_are_refused_alone_and_a_block_that_is_no_bl
     hostile = [record(10, t=math.inf), record(11, comm_bytes=1 << 63), record(12, sampled=2),
                record(13, iter_s=math.nan), record(14, rank=0)]
     raw = port.rank_socket()
-    raw.send_multipart([TEL, b"1", b"1", step_block(good[:1] + hostile[:3] + good[1:2] + hostile[3:] + good[2:])])
-    raw.send_multipart([TEL, b"1", b"2", step_block(good)[:-1]])  # truncated: the whole batch is refused
-    half = step_block([good[0]] * (MAX_BATCH_BYTES // len(good[0]) // 2 + 1))
-    raw.send_multipart([TEL, b"1", b"3", half, half])
+    raw.send_multipart([TEL, b"1", b"1", b"[8]",
+                        step_block(good[:1] + hostile[:3] + good[1:2] + hostile[3:] + good[2:])])
+    raw.send_multipart([TEL, b"1", b"2", b"[3]", step_block(good)[:-1]])  # truncated: the whole batch is refused
+    many = MAX_BATCH_BYTES // len(good[0]) + 1
+    raw.send_multipart([TEL, b"1", b"3", b"[%d]" % many, step_block([good[0]] * many)])
     raw.close(linger=2000)
     path = str(tmp_path / "hostile-records.db")
     writer = RecordingWriter(path, base_meta({"model": "tiny"}, {"source": "local", "world_size": 2}))

@@ -1,6 +1,7 @@
-"""A rank's steps on the wire (issue 42): the Publisher sends each run of StepDone events as one binary step block
-and other events as JSON parts, over real ZeroMQ sockets, in order and each once; the Collector decodes each part
-and checks every record's fields as typed decoding checks JSON, refusing a block that is no block."""
+"""A rank's steps on the wire (issue 42): the Publisher sends a batch as a JSON list and one binary step block whose
+records take the places whole numbers hold in the list, over real ZeroMQ sockets, in order and each once; the
+Collector checks every record's fields as typed decoding checks JSON, and refuses a block that is no block or places
+that do not add up."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def block(records: list[bytes], size: int | None = None) -> bytes:
     return MAGIC + struct.pack("<H", size) + b"".join(records)
 
 
-def take(rank: int, parts: list[bytes]) -> list:
-    return Collector(4).take(rank, 1, parts)
+def take(rank: int, blob: bytes, steps: bytes | None = None) -> list:
+    return Collector(4).take(rank, 1, blob, steps)
 
 
 @pytest.fixture()
@@ -77,9 +78,9 @@ def test_the_publisher_sends_runs_of_steps_as_binary_blocks_in_order_and_the_fro
     publisher.close()
     assert len(messages) == 1
     parts = messages[0]
-    assert parts[:3] == [TEL, b"1", b"1"]
-    assert [p[:2] for p in parts[3:]] == [MAGIC, b"[[", MAGIC]  # two steps, the line and the spans, three steps
-    assert len(parts[3]) == 4 + 2 * 193  # header, then 193 bytes a step (its JSON wire form: ~250)
+    assert parts[:3] == [TEL, b"1", b"1"] and len(parts) == 5
+    assert parts[3].startswith(b'[2,["log",') and parts[3].endswith(b"]]],3]")  # two steps, line, spans, three steps
+    assert parts[4][:2] == MAGIC and len(parts[4]) == 4 + 5 * 193  # header, 193 bytes a step (JSON: ~250)
     got = receive(parts, Collector(4), None)
     assert [e.kind for e in got] == [e.kind for e in sent]
     steps = [e for e in got if isinstance(e, StepDone)]
@@ -100,7 +101,7 @@ def test_a_step_whose_fields_do_not_fit_the_record_goes_as_json_and_is_judged_th
     publisher.flush()
     parts = received(pull)[0]
     publisher.close()
-    assert [p[:2] for p in parts[3:]] == [MAGIC, b"[[", MAGIC]
+    assert parts[3].startswith(b'[1,["step_done",') and parts[3].endswith(b"],1]") and len(parts[4]) == 4 + 2 * 193
     got = receive(parts, Collector(4), None)
     assert [e.step for e in got if isinstance(e, StepDone)] == [0, 2]
     refused = [e for e in got if isinstance(e, EventsRefused)]
@@ -121,9 +122,11 @@ def test_many_steps_make_batches_within_the_caps_and_none_is_lost(link):
     collector = Collector(1)
     got = []
     for parts in messages:
-        assert sum(map(len, parts[3:])) <= keys.MAX_BATCH_BYTES
+        assert sum(map(len, parts[3:])) <= keys.MAX_BATCH_BYTES and len(parts) == 5
         got += receive(parts, collector, None)
     assert [int(m[2]) for m in messages] == list(range(1, len(messages) + 1)) and len(messages) == 3
+    assert [len(receive(m, Collector(1, from_start=False), None)) for m in messages] == [MAX_BATCH_EVENTS] * 2 + [
+        n + len(range(0, n, 700)) - 2 * MAX_BATCH_EVENTS]  # full batches hold the cap's count of events, not one less
     assert [e.step for e in got if isinstance(e, StepDone)] == list(range(n))
     assert [e.message for e in got if isinstance(e, LogLine)] == [f"line {i}" for i in range(0, n, 700)]
     assert not any(isinstance(e, (TelemetryGap, EventsRefused)) for e in got)
@@ -140,60 +143,77 @@ WRONG = ([(name, 1 << 63) for name in FIELDS if isinstance(getattr(done(0, 0), n
 @pytest.mark.parametrize("name, value", WRONG)
 def test_each_field_of_a_record_refuses_a_value_out_of_its_range_alone(name, value):
     records = [pack(done(2, 0)), pack(done(2, 1), **{name: value}), pack(done(2, 2))]
-    got = take(2, [block(records)])
+    got = take(2, b"[3]", block(records))
     assert [e.step for e in got if isinstance(e, StepDone)] == [0, 2]
     refused = [e for e in got if isinstance(e, EventsRefused)]
     assert len(refused) == 1 and refused[0].count == 1 and f"step_done event: {name}:" in refused[0].reason
 
 
 def test_a_record_in_another_ranks_name_is_refused():
-    got = take(2, [block([pack(done(2, 0)), pack(done(0, 1)), pack(done(3, 2))])])
+    got = take(2, b"[1,2]", block([pack(done(2, 0)), pack(done(0, 1)), pack(done(3, 2))]))
     assert [e.step for e in got if isinstance(e, StepDone)] == [0]
     refused = [e for e in got if isinstance(e, EventsRefused)]
     assert refused[0].count == 2 and "claims rank 0" in refused[0].reason
 
 
-@pytest.mark.parametrize("part, why", [
-    (block([pack(done(1, 0))])[:-1], "not a whole number of 193-byte records"),  # truncated
-    (block([pack(done(1, 0)), pack(done(1, 1))])[:-100], "not a whole number"),
-    (MAGIC + b"\x01", "without its header"),
-    (MAGIC, "without its header"),
-    (block([pack(done(1, 0))[:7]], size=7), "7 bytes: not a size"),  # no field boundary of a StepDone
-    (block([pack(done(1, 0))[:40]], size=40), "40 bytes: not a size"),  # a boundary before the required fields end
-    (block([b""], size=0), "0 bytes: not a size"),
-    (b"\xff\xff" + struct.pack("<H", 193) + pack(done(1, 0)), "not JSON"),  # another magic: read as JSON, refused
-], ids=["truncated", "cut-short", "short-header", "magic-only", "size-7", "size-40", "size-0", "other-magic"])
-def test_a_block_that_is_no_block_costs_its_batch_as_one_gap(part, why):
-    got = take(1, [part])
+ONE = block([pack(done(1, 0))])
+TWO = block([pack(done(1, 0)), pack(done(1, 1))])
+
+
+@pytest.mark.parametrize("blob, steps, why", [
+    (b"[1]", ONE[:-1], "not a whole number of 193-byte records"),  # truncated
+    (b"[2]", TWO[:-100], "not a whole number"),
+    (b"[1]", MAGIC + b"\x01", "without its header"),
+    (b"[1]", MAGIC, "without its header"),
+    (b"[1]", block([pack(done(1, 0))[:7]], size=7), "7 bytes: not a size"),  # no field boundary of a StepDone
+    (b"[1]", block([pack(done(1, 0))[:40]], size=40), "40 bytes: not a size"),  # before the required fields end
+    (b"[0]", block([b""], size=0), "0 bytes: not a size"),
+    (b"[1]", b"\xff\xff" + ONE[2:], "without its header"),  # another magic
+    (b"[2]", ONE, "a run of 2 step records where the block holds 1 more"),
+    (b"[1,1]", ONE, "a run of 1 step records where the block holds 0 more"),
+    (b"[1]", None, "where the block holds 0 more"),  # a run without a block
+    (b"[0]", ONE, "a run of 0"),
+    (b"[-1]", ONE, "a run of -1"),
+    (b"[1]", TWO, "holds 2 records, the batch places 1"),
+    (b"[]", ONE, "holds 1 records, the batch places 0"),
+    (b"[true]", ONE, "places 0"),  # not a whole number: an event that is none, and the record placed nowhere
+    (b"[1.0]", ONE, "places 0"),
+    (ONE, ONE, "not JSON"),
+], ids=["truncated", "cut-short", "short-header", "magic-only", "size-7", "size-40", "size-0", "other-magic",
+        "run-past-end", "runs-past-end", "run-no-block", "run-0", "run-negative", "record-unplaced", "no-runs",
+        "run-true", "run-float", "block-as-list"])
+def test_a_block_that_is_no_block_or_places_that_do_not_add_up_cost_the_batch_as_one_gap(blob, steps, why):
+    got = take(1, blob, steps)
     assert len(got) == 1 and isinstance(got[0], TelemetryGap) and why in got[0].reason, got
     assert not any(isinstance(e, StepDone) for e in got)
 
 
-def test_an_oversized_batch_of_parts_each_under_the_cap_is_refused_whole():
-    steps = block([pack(done(1, i)) for i in range(keys.MAX_BATCH_BYTES // 193 // 2 + 1)])
-    assert len(steps) < keys.MAX_BATCH_BYTES < 2 * len(steps)
-    got = take(1, [steps, steps])
+def test_an_oversized_batch_of_a_list_and_a_block_each_under_the_cap_is_refused_whole():
+    n = keys.MAX_BATCH_BYTES // 193 // 2 + 1
+    steps = block([pack(done(1, i)) for i in range(n)])
+    listed = json.dumps([n] + [LogLine(1, "info", "x" * 1000, T0).to_wire()] * (len(steps) // 1000)).encode()
+    assert len(steps) < keys.MAX_BATCH_BYTES and len(listed) < keys.MAX_BATCH_BYTES < len(steps) + len(listed)
+    got = take(1, listed, steps)
     assert len(got) == 1 and isinstance(got[0], TelemetryGap) and "over the" in got[0].reason
 
 
-def test_a_message_of_more_parts_than_a_batch_can_have_is_no_rank_message():
-    parts = [TEL, b"1", b"1"] + [b"[]"] * (MAX_BATCH_EVENTS + 1)
-    assert receive(parts, Collector(4), None) is None
-    assert receive(parts[:-1], Collector(4), None) == []  # as many as a batch can have: read (empty parts)
+def test_a_message_of_more_parts_than_a_list_and_a_block_is_no_rank_message():
+    assert receive([TEL, b"1", b"1", b"[1]", ONE, b"[]"], Collector(4), None) is None
+    assert [e.step for e in receive([TEL, b"1", b"1", b"[1]", ONE], Collector(4), None)] == [0]
 
 
 def test_a_newer_ranks_longer_record_is_read_as_far_as_known_and_an_older_shorter_one_gets_defaults():
     event = done(1, 0)
     longer = pack(event) + struct.pack("<d", 42.0)  # a field this ddptop does not know, appended
-    assert take(1, [block([longer, longer], size=193 + 8)])[:2] == [event, event]
+    assert take(1, b"[2]", block([longer, longer], size=193 + 8)) == [event, event]
     older = pack(event)[:-8]  # no threads_s yet (issue 42's first change): 0, "not measured"
-    got = take(1, [block([older])])
+    got = take(1, b"[1]", block([older]))
     assert got == [dataclasses.replace(event, threads_s=0.0)]
 
 
-def test_json_and_blocks_mix_in_one_batch_and_a_bad_json_event_costs_itself():
-    items = [done(1, 5).to_wire(), {**done(1, 6).to_dict(), "iter_s": "x"}]
-    got = take(1, [block([pack(done(1, 4))]), json.dumps(items).encode(), block([pack(done(1, 7))])])
+def test_json_steps_and_records_mix_in_one_batch_and_a_bad_json_event_costs_itself():
+    items = [1, done(1, 5).to_wire(), {**done(1, 6).to_dict(), "iter_s": "x"}, 1]
+    got = take(1, json.dumps(items).encode(), block([pack(done(1, 4)), pack(done(1, 7))]))
     assert [e.step for e in got if isinstance(e, StepDone)] == [4, 5, 7]
     assert [e.count for e in got if isinstance(e, EventsRefused)] == [1]
 
