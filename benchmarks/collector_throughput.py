@@ -4,8 +4,9 @@ Simulated ranks send what a real rank's Publisher sends, through the real transp
 with the rank's CURVE key, to the front's hub), a batch every 0.25 s: a StepDone every step (10 steps/s), a StepSpans
 of 100 spans on each sampled step (VGG-11 has ~100; a rank samples every 10th step, every (ranks / 16)th above 160
 ranks: metrics.span_cadence, or `--span-every N` as a user would set it) and a SystemSample every 0.5 s, plus a heartbeat a
-second on a socket of its own, as a rank's control thread sends it. The batches are filled from JSON templates (the
-Publisher's own encoding for 1,024 ranks would take more than this machine's two cores); they run in two other
+second on a socket of its own, as a rank's control thread sends it. The batches are filled from templates in the
+Publisher's forms (steps as binary step blocks, the rest JSON; its own encoding for 1,024 ranks would take more than
+this machine's two cores); they run in two other
 processes; this process hosts
 the hub (control/hub.py: receive, check each rank's order, decode, republish for attach) and drains its source as
 the front's pipeline does. Prints the front's CPU use (% of one core), its memory (RSS), and whether every step of
@@ -17,6 +18,7 @@ every rank arrived once and in order.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -35,7 +37,8 @@ from ddptop.control import transport  # noqa: E402
 from ddptop.control.auth import JobKeys  # noqa: E402
 from ddptop.control.bus import BEAT, TEL  # noqa: E402
 from ddptop.control.hub import Hub  # noqa: E402
-from ddptop.events import NicStat, Span, StepDone, StepSpans, SystemSample, TelemetryGap  # noqa: E402
+from ddptop.events import (STEP_RECORD, NicStat, Span, StepDone, StepSpans, SystemSample, TelemetryGap,  # noqa: E402
+                           step_block)
 
 BENCH_KEYS = JobKeys.from_token("benchmark-token", "0" * 32, b"benchmark-salt16")
 RANK_KEYS = JobKeys(BENCH_KEYS.job_id, BENCH_KEYS.ranks, BENCH_KEYS.namespace, b"", transport.server_public(BENCH_KEYS))
@@ -48,9 +51,9 @@ def more_files() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def templates(rank: int) -> tuple[str, str, str]:
-    """The JSON a rank's Publisher sends for a step, a sampled step's spans and a system sample, with the step
-    left to fill in (1,024 ranks' own encoding would need more cores than this benchmark's machine has; the
+def templates(rank: int) -> tuple[list, str, str]:
+    """What a rank's Publisher sends for a step (StepDone's values, packed as its binary record with the step
+    filled in), a sampled step's spans and a system sample (JSON, the step left to fill in) (1,024 ranks' own encoding would need more cores than this benchmark's machine has; the
     front decodes it all, as it decodes a real rank's)."""
     spans = tuple(Span("bwd", f"features.{i}", i * 1e-3, 1e-3) for i in range(70)) + tuple(
         Span("comm", f"bucket {i}", i * 1e-3, 2e-3, 1 << 20, 1 << 20, 1 << 20) for i in range(30))
@@ -59,8 +62,23 @@ def templates(rank: int) -> tuple[str, str, str]:
     step = StepDone(rank, 777777, 0, 0, now, 0.1, 0.001, 0.08, 0.03, 0.01, 0.6, 64, 2.3, 36924456, 36924456, 36924456,
                     False)
     fill = lambda event: json.dumps(event.to_wire()).replace("%", "%%").replace("777777", "%d")  # noqa: E731
-    return (fill(step), fill(StepSpans(rank, 777777, 0, now, spans)),
+    return (list(step.__dict__.values()), fill(StepSpans(rank, 777777, 0, now, spans)),
             fill(SystemSample(rank, "node", now, 90.0, 95.0, 1 << 30, 1 << 33, 1 << 34, "eth0", (nic,))).replace("%d", "0"))
+
+
+def batch_parts(items: list[tuple[bool, bytes]]) -> list[bytes]:
+    """The parts a Publisher makes of these items (control/bus.Publisher._next_batch): a JSON list in which each run
+    of steps is its length, and a step block of their records."""
+    listed, records = [], []
+    for is_step, run in itertools.groupby(items, key=lambda item: item[0]):
+        encoded = [b for _, b in run]
+        if is_step:
+            listed.append(b"%d" % len(encoded))
+            records += encoded
+        else:
+            listed += encoded
+    blob = b"[" + b",".join(listed) + b"]"
+    return [blob, step_block(records)] if records else [blob]
 
 
 def rank_group(ranks: list[int], ports: dict, seconds: float, every: int, ready, go) -> None:
@@ -82,14 +100,15 @@ def rank_group(ranks: list[int], ports: dict, seconds: float, every: int, ready,
         if due > sent:
             seq += 1
             for sock, beat, rank, (step, spans, sample) in zip(socks, beats, ranks, made):
-                parts = []
+                items: list[tuple[bool, bytes]] = []  # (a step record?, its bytes), in the Publisher's order
                 for n in range(sent, due):
-                    parts.append(step % n)
+                    step[1] = n
+                    items.append((True, STEP_RECORD.pack(*step)))
                     if n % every == 0:
-                        parts.append(spans % n)
+                        items.append((False, (spans % n).encode()))
                     if n % 5 == 0:
-                        parts.append(sample)
-                sock.send_multipart([TEL, str(rank).encode(), str(seq).encode(), ("[" + ",".join(parts) + "]").encode()])
+                        items.append((False, sample.encode()))
+                sock.send_multipart([TEL, str(rank).encode(), str(seq).encode(), *batch_parts(items)])
                 if seq % 4 == 1:
                     beat.send_multipart([BEAT, str(rank).encode(), json.dumps({"step": due, "beat": seq}).encode()])
             sent = due

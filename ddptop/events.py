@@ -1,7 +1,8 @@
 """The event vocabulary: small frozen dataclasses that travel as JSON between ranks, files and screens.
 
-Events carry plain numbers and strings, never tensors. `to_dict`/`event_from_dict` are the only
-encoding; nothing is ever pickled, since the store and recordings can come from anyone.
+Events carry plain numbers and strings, never tensors. `to_dict`/`event_from_dict` are the encoding, and a rank's
+StepDone also travels as a fixed binary record (`encode_steps`/`decode_steps`); nothing is ever pickled, since the
+store and recordings can come from anyone.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import dataclasses
 import functools
 import json
 import math
+import operator
 import os
+import struct
 import types
 import typing
 from dataclasses import dataclass
@@ -44,7 +47,21 @@ class Event:
         """The event as a rank sends it: [kind, schema, each field's value in field order]. No key names: a front
         that decodes 1,024 ranks' telemetry spent a third of its parse on them (issue 41). Fields are only ever
         added at the end, so an older front reads a newer rank's list as far as it knows the fields."""
-        return [*self.to_dict().values()]
+        if type(self).to_dict is not Event.to_dict:  # a kind with its own compact form (StepSpans)
+            return [*self.to_dict().values()]
+        values = self.__dict__
+        return [self.kind, SCHEMA_VERSION, *(v if type(v) in _SCALARS else _plain(v)
+                                             for v in map(values.__getitem__, _names(type(self))))]
+
+
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+@functools.lru_cache(maxsize=None)
+def _names(cls: type) -> tuple[str, ...]:
+    """The fields of `cls` in order, once per class: dataclasses.fields and a _plain per value made a StepDone's
+    to_wire 60 µs, most of a rank's publisher per step (issue 42)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _plain(value: Any) -> Any:
@@ -945,12 +962,133 @@ def decode_events(blob: bytes, max_bytes: int = 64 * MAX_EVENT_BYTES) -> list[Ev
     return [event_from_dict(item) for item in _items(blob, max_bytes)]
 
 
-def decode_batch(blob: bytes, rank: int, max_bytes: int = 64 * MAX_EVENT_BYTES) -> tuple[list[Event], list[str]]:
-    """Rank `rank`'s telemetry batch, each event decoded alone: (the good ones, why each other one was refused).
-    An event that names another rank is refused too. A blob that is not a JSON list raises EventDecodeError."""
+# -- StepDone's binary form: a rank sends one a step, and JSON was most of the publisher's and the front's work per
+# step (issue 42). A batch is its JSON list and, where it holds steps, one step block (a second ZeroMQ frame: more
+# frames cost the front more than they saved, CURVE seals each); in the list a whole number n stands for the block's
+# next n records, so every event keeps the rank's order. A block is STEP_MAGIC, the record size (u16), then records
+# of that size, each StepDone's fields in field order: int as u64, float as f64, bool as one byte 0/1, little-endian.
+# Fields are only ever added at the end: a record longer than this ddptop's is read as far as it knows the fields (as
+# a wire list's extra items are), a shorter one at a field boundary past the required fields gets the later fields'
+# defaults.
+
+STEP_MAGIC = b"\xffS"  # the block's first bytes: no JSON text starts with 0xff
+_CODES = {int: "Q", float: "d", bool: "B"}
+
+
+def _step_layout() -> tuple[struct.Struct, dict[int, struct.Struct]]:
+    """The whole record, and each record size a rank may send: every field, or the fields before any that has a
+    default (an older rank's)."""
+    hints, codes = _hints(StepDone), ""
+    by_size: dict[int, struct.Struct] = {}
+    for f in dataclasses.fields(StepDone):
+        if f.default is not dataclasses.MISSING:
+            by_size[struct.calcsize("<" + codes)] = struct.Struct("<" + codes)
+        codes += _CODES[hints[f.name]]
+    whole = by_size[struct.calcsize("<" + codes)] = struct.Struct("<" + codes)
+    return whole, by_size
+
+
+STEP_RECORD, _STEP_SIZES = _step_layout()
+_STEP_HEADER = STEP_MAGIC + struct.pack("<H", STEP_RECORD.size)
+_STEP_FIELDS = _names(StepDone)
+_step_values = operator.attrgetter(*_STEP_FIELDS)
+_STEP_INTS = tuple(i for i, n in enumerate(_STEP_FIELDS) if _hints(StepDone)[n] is int)
+_STEP_FLOATS = tuple(i for i, n in enumerate(_STEP_FIELDS) if _hints(StepDone)[n] is float and n not in NOT_FINITE)
+_STEP_BOOLS = tuple(i for i, n in enumerate(_STEP_FIELDS) if _hints(StepDone)[n] is bool)
+
+
+def step_record(event: StepDone) -> bytes | None:
+    """`event` as one binary record, or None when a field does not fit its code (a negative or huge count, a
+    float where a count belongs): that step then travels as JSON, and the front's typed decoding judges it."""
+    try:
+        return STEP_RECORD.pack(*_step_values(event))
+    except struct.error:
+        return None
+
+
+def step_block(records: list[bytes]) -> bytes:
+    return _STEP_HEADER + b"".join(records)
+
+
+def decode_steps(block: bytes, rank: int) -> list[Event | str]:
+    """Rank `rank`'s step block, each record in order: the StepDone it checks out as, or why it was refused. A block
+    that is not one (a bad header, a size that is no StepDone's, not a whole number of records) raises
+    EventDecodeError."""
+    if len(block) < len(_STEP_HEADER) or block[:2] != STEP_MAGIC:
+        raise EventDecodeError("step block without its header")
+    size = struct.unpack_from("<H", block, 2)[0]
+    body = memoryview(block)[len(_STEP_HEADER):]
+    layout = _STEP_SIZES.get(size) or (STEP_RECORD if size > STEP_RECORD.size else None)
+    if layout is None:
+        raise EventDecodeError(f"step records of {size} bytes: not a size of this ddptop's StepDone")
+    if len(body) % size:
+        raise EventDecodeError(f"step block of {len(body)} bytes is not a whole number of {size}-byte records")
+    names = _STEP_FIELDS[:len(layout.format) - 1]
+    out: list[Event | str] = []
+    for at in range(0, len(body), size):
+        values = layout.unpack_from(body, at)
+        why = _step_refused(values, rank)
+        if why:
+            out.append(why)
+            continue
+        fields = dict(zip(names, values))
+        for i in _STEP_BOOLS:
+            if i < len(values):
+                fields[_STEP_FIELDS[i]] = values[i] == 1
+        out.append(_build(StepDone, fields) if layout is STEP_RECORD else StepDone(**fields))
+    return out
+
+
+_step_ints = operator.itemgetter(*_STEP_INTS)
+_step_floats = operator.itemgetter(*_STEP_FLOATS)
+_step_bools = operator.itemgetter(*_STEP_BOOLS, *_STEP_BOOLS)  # twice: a tuple even for one field
+
+
+def _step_refused(values: tuple, rank: int, _finite=math.isfinite) -> str:
+    """Why a step record is refused ("": it is not): the checks typed decoding makes of a StepDone's JSON. The common
+    case in four calls (a sum of finite floats is finite, bar an overflow that the field-by-field pass then clears):
+    field by field it was a third of the decode."""
+    n = len(values)
+    if n == len(_STEP_FIELDS) and values[0] == rank and max(_step_ints(values)) <= MAX_INT \
+            and _finite(sum(_step_floats(values))) and max(_step_bools(values)) <= 1:
+        return ""
+    for i in _STEP_INTS:
+        if i < n and values[i] > MAX_INT:
+            return (f"bad step_done event: {_STEP_FIELDS[i]}: expected a whole number in 0..2^63-1, "
+                    f"found {_what(values[i])}")
+    for i in _STEP_FLOATS:
+        if i < n and not _finite(values[i]):
+            return f"bad step_done event: {_STEP_FIELDS[i]}: expected a finite number, found {_what(values[i])}"
+    for i in _STEP_BOOLS:
+        if i < n and values[i] > 1:
+            return f"bad step_done event: {_STEP_FIELDS[i]}: expected true or false, found {values[i]!r}"
+    if values[0] != rank:
+        return f"a step_done event in rank {rank}'s batch claims rank {values[0]}"
+    return ""
+
+
+def decode_batch(blob: bytes, rank: int, max_bytes: int = 64 * MAX_EVENT_BYTES,
+                 steps: bytes | None = None) -> tuple[list[Event], list[str]]:
+    """Rank `rank`'s telemetry batch, each event decoded alone: (the good ones, in order, why each other one was
+    refused). An event that names another rank is refused too. `steps`: the batch's step block (decode_steps), whose
+    records take the places that whole numbers n ≥ 1 hold in the JSON list (the next n records each). A blob that
+    is not a JSON list, a step block that is no block, or places that do not add up to its records raise
+    EventDecodeError: the batch is not the rank's."""
+    if steps is not None and len(blob) + len(steps) > max_bytes:
+        raise EventDecodeError(f"event batch of {len(blob) + len(steps)} bytes is over the {max_bytes}-byte cap")
+    records = decode_steps(steps, rank) if steps is not None else []
+    placed = 0
     good: list[Event] = []
     bad: list[str] = []
     for item in _items(blob, max_bytes):
+        if type(item) is int:  # a run of step records
+            if not 0 < item <= len(records) - placed:
+                raise EventDecodeError(f"a run of {item} step records where the block holds "
+                                       f"{len(records) - placed} more")
+            for record in records[placed:placed + item]:
+                (bad if type(record) is str else good).append(record)
+            placed += item
+            continue
         try:
             event = event_from_dict(item)
         except EventDecodeError as exc:
@@ -961,6 +1099,8 @@ def decode_batch(blob: bytes, rank: int, max_bytes: int = 64 * MAX_EVENT_BYTES) 
             bad.append(f"a {event.kind} event in rank {rank}'s batch claims rank {claimed}")
         else:
             good.append(event)
+    if placed != len(records):
+        raise EventDecodeError(f"the step block holds {len(records)} records, the batch places {placed}")
     return good, bad
 
 

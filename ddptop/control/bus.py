@@ -2,7 +2,8 @@
 
 A rank's training thread only appends to a deque; one background thread sends a batch every `interval_s` on
 the rank's PUSH socket (transport.py: CURVE, the rank's key) without ever blocking: a step never waits on the
-network. ZeroMQ keeps what the front has not read yet, up to transport.SEND_HWM batches (a front stopped for
+network. A batch is one ZeroMQ message: a JSON list of the events' wire forms and, where it holds steps, one binary
+step block whose records take the places whole numbers hold in the list (events.decode_batch). ZeroMQ keeps what the front has not read yet, up to transport.SEND_HWM batches (a front stopped for
 minutes loses nothing and receives it all when it continues); past that the batch stays here and the deque
 bounds what waits behind it: what it drops skips a sequence number, so the loss reaches the front as a
 TelemetryGap like any other, and a log line says how much.
@@ -25,13 +26,15 @@ import zmq
 
 from ddptop.control import keys
 from ddptop.events import (FRONT, MAX_EVENT_BYTES, Event, EventDecodeError, EventsRefused, LogLine, RankBack, RankLost,
-                           StoreFlooded, TelemetryGap, decode_batch)
+                           StepDone, StoreFlooded, TelemetryGap, decode_batch, step_block, step_record)
 from ddptop.safe import clean
 
 MAX_BATCH_EVENTS = 2000
 MAX_QUEUE = 4096  # items a rank queues at most behind a full socket (the front away for minutes): then the oldest go
 CLOSE_WAIT_S = 2.0  # what a closing publisher gives its socket to hand the last batches on (a front gone, a cut link)
-TEL, BEAT = b"t", b"h"  # the first part of a rank's message: a telemetry batch [t, rank, seq, batch], a heartbeat
+STEP_HEADER_BYTES = 4  # a step block's header (events.STEP_MAGIC and the record size)
+TEL, BEAT = b"t", b"h"  # the first part of a rank's message: a telemetry batch [t, rank, seq, JSON list, step block
+# where it has steps], a heartbeat
 # [h, rank, {"beat", "step", "paused"}]
 
 
@@ -49,7 +52,7 @@ class Publisher:
         self.held = 0  # times the socket was full (the front not reading): the batch waited here
         self._queue: collections.deque = collections.deque()  # what emit gave: events and finished steps
         self._ready: collections.deque[Event] = collections.deque()  # resolved, not sent yet: flush's own
-        self._unsent: tuple[int, bytes] | None = None  # a batch the full socket did not take: sent again, same seq
+        self._unsent: tuple[int, list[bytes]] | None = None  # a batch the full socket did not take: again, same seq
         self._unreported = 0  # dropped items no skipped sequence number stands for yet
         self._drop_lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one flush at a time (the thread's, close's): each seq names one batch
@@ -83,11 +86,15 @@ class Publisher:
         while not self._stop.wait(self.interval_s):
             self.flush()
 
-    def _next_batch(self) -> bytes:
-        """Queued events as one JSON list of at most MAX_BATCH_EVENTS events and MAX_BATCH_BYTES."""
-        parts: list[bytes] = []
-        size = 2
-        while len(parts) < MAX_BATCH_EVENTS:
+    def _next_batch(self) -> list[bytes]:
+        """Queued events as one batch of at most MAX_BATCH_EVENTS events and MAX_BATCH_BYTES: a JSON list of their
+        wire forms and, where it holds steps, a step block (events.step_block: 193 bytes a step and one struct.pack,
+        where JSON cost the publisher and the front most of their work per step, issue 42) whose records take the
+        places that whole numbers hold in the list (n: the next n steps), so every event keeps its order."""
+        items: list[bytes | int] = []
+        records: list[bytes] = []
+        size, count = 2 + STEP_HEADER_BYTES, 0
+        while count < MAX_BATCH_EVENTS:
             if not self._ready:
                 try:
                     item = self._queue.popleft()
@@ -95,18 +102,33 @@ class Publisher:
                     break
                 self._ready.extend(_events(item, self.rank))  # a finished step: resolved here, off the training thread
                 continue
-            part = json.dumps(self._ready[0].to_wire(), separators=(",", ":")).encode()
-            if parts and size + len(part) + 1 > keys.MAX_BATCH_BYTES:
+            event = self._ready[0]
+            record = step_record(event) if type(event) is StepDone else None
+            part = record if record is not None else self._json(event)
+            if count and size + len(part) + 8 > keys.MAX_BATCH_BYTES:  # 8: a run's count and its comma at most
                 break
             self._ready.popleft()
-            if len(part) > MAX_EVENT_BYTES:  # never happens with ddptop's own events (a VGG step's spans: ~10 KB)
-                part = json.dumps(LogLine(self.rank, "error", f"dropped a {len(part)}-byte event",
-                                          time.time()).to_wire()).encode()
-            parts.append(part)
-            size += len(part) + 1
-        return b"[" + b",".join(parts) + b"]"
+            if record is None:
+                items.append(part)
+            elif items and type(items[-1]) is int:
+                items[-1] += 1
+                records.append(record)
+            else:
+                items.append(1)
+                records.append(record)
+            size += len(part) + 8
+            count += 1
+        blob = b"[" + b",".join(x if type(x) is bytes else b"%d" % x for x in items) + b"]"
+        return [blob, step_block(records)] if records else [blob]
 
-    def _numbered_next(self) -> tuple[int, bytes]:
+    def _json(self, event: Event) -> bytes:
+        part = json.dumps(event.to_wire(), separators=(",", ":")).encode()
+        if len(part) > MAX_EVENT_BYTES:  # never happens with ddptop's own events (a VGG step's spans: ~10 KB)
+            part = json.dumps(LogLine(self.rank, "error", f"dropped a {len(part)}-byte event",
+                                      time.time()).to_wire()).encode()
+        return part
+
+    def _numbered_next(self) -> tuple[int, list[bytes]]:
         """The next batch and its seq; items dropped since the last one cost a seq no batch takes (a gap)."""
         with self._drop_lock:
             lost, self._unreported = self._unreported, 0
@@ -124,9 +146,9 @@ class Publisher:
             while self.sock is not None and (self._unsent or self._queue or self._ready or self._unreported):
                 if self._unsent is None:
                     self._unsent = self._numbered_next()
-                seq, blob = self._unsent
+                seq, blobs = self._unsent
                 try:
-                    self.sock.send_multipart([TEL, str(self.rank).encode(), str(seq).encode(), blob], zmq.NOBLOCK)
+                    self.sock.send_multipart([TEL, str(self.rank).encode(), str(seq).encode(), *blobs], zmq.NOBLOCK)
                 except zmq.Again:  # the socket holds SEND_HWM batches the front has not read: wait here
                     self.held += 1
                     return
@@ -164,7 +186,8 @@ class Collector:
         self.missed = [0] * world_size
         self.batches = 0
 
-    def take(self, rank: int, seq: int, blob: bytes) -> list[Event]:
+    def take(self, rank: int, seq: int, blob: bytes, steps: bytes | None = None) -> list[Event]:
+        """Batch `seq` of `rank`: its JSON list and its step block (Publisher._next_batch, events.decode_batch)."""
         if not 0 <= rank < self.world_size or not 0 < seq < keys.MAX_COUNTER:
             return []
         out: list[Event] = []
@@ -177,7 +200,7 @@ class Collector:
         self.next_seq[rank] = seq + 1
         self.batches += 1
         try:
-            good, bad = decode_batch(blob, rank, keys.MAX_BATCH_BYTES)
+            good, bad = decode_batch(blob, rank, keys.MAX_BATCH_BYTES, steps)
         except EventDecodeError as exc:
             return out + [self._gap(rank, seq, seq, f"refused: {exc}")]
         out.extend(good)
@@ -194,8 +217,8 @@ def receive(parts: list[bytes], collector: Collector, liveness: "Liveness | None
     """A rank's message (TEL or BEAT), or None when it is not one (counted by the caller)."""
     try:
         kind, rank = parts[0], int(parts[1])
-        if kind == TEL and len(parts) == 4:
-            return collector.take(rank, int(parts[2]), parts[3])
+        if kind == TEL and len(parts) in (4, 5):
+            return collector.take(rank, int(parts[2]), *parts[3:])
         if kind == BEAT and len(parts) == 3 and len(parts[2]) <= keys.MAX_SMALL_BYTES:
             beat = json.loads(parts[2])
             if liveness is not None:

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from ddptop.control.bus import TEL, Publisher
-from ddptop.events import MAX_TEXT, EventsRefused, RankJoined, StepDone
+from ddptop.control.keys import MAX_BATCH_BYTES
+from ddptop.events import MAX_TEXT, STEP_RECORD, EventsRefused, RankJoined, StepDone, step_block
 from ddptop.front.feed import Feed
 from ddptop.front.headless import HeadlessPrinter
 from ddptop.record.reader import Recording
@@ -113,3 +114,45 @@ def test_hostile_field_types_are_refused_counted_and_the_recording_stays_readabl
         events = list(rec.events())
     assert sum(isinstance(e, StepDone) for e in events) == 6
     assert [e.count for e in events if isinstance(e, EventsRefused)] == [len(HOSTILE)]
+
+
+def test_hostile_binary_step_records_are_refused_alone_and_a_block_that_is_no_block_costs_its_batch(port, tmp_path):
+    """The same rank, with StepDone's binary form (events.step_block, issue 42): values no typed field holds, a
+    record in another rank's name, a truncated block and a block over the batch's cap."""
+    def record(n: int, **raw) -> bytes:
+        event = StepDone(**{k: v for k, v in step(1, n).items() if k not in ("kind", "v")})
+        return STEP_RECORD.pack(*(raw.get(name, value) for name, value in event.__dict__.items()))
+
+    good = [record(n) for n in range(3)]
+    hostile = [record(10, t=math.inf), record(11, comm_bytes=1 << 63), record(12, sampled=2),
+               record(13, iter_s=math.nan), record(14, rank=0)]
+    raw = port.rank_socket()
+    raw.send_multipart([TEL, b"1", b"1", b"[8]",
+                        step_block(good[:1] + hostile[:3] + good[1:2] + hostile[3:] + good[2:])])
+    raw.send_multipart([TEL, b"1", b"2", b"[3]", step_block(good)[:-1]])  # truncated: the whole batch is refused
+    many = MAX_BATCH_BYTES // len(good[0]) + 1
+    raw.send_multipart([TEL, b"1", b"3", b"[%d]" % many, step_block([good[0]] * many)])
+    raw.close(linger=2000)
+    path = str(tmp_path / "hostile-records.db")
+    writer = RecordingWriter(path, base_meta({"model": "tiny"}, {"source": "local", "world_size": 2}))
+    printer = HeadlessPrinter(out=io.StringIO(), bar=False)
+    feed = Feed(port.hub.source, [writer], state=printer.state)
+    deadline = time.monotonic() + 10
+    while port.hub.collector.batches < 3 and time.monotonic() < deadline:
+        feed.pump()
+        time.sleep(0.05)
+    feed.pump()
+    feed.stop()
+    writer.close()
+    assert feed.error is None and writer.error is None
+    assert [d.step for d in printer.state.state.history[1]] == [0, 1, 2]
+    assert printer.state.state.refused == len(hostile)
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT rank, step, typeof(iter_s), typeof(comm_bytes) FROM steps ORDER BY step").fetchall() \
+        == [(1, n, "real", "integer") for n in range(3)]
+    gaps = db.execute("SELECT json_extract(data, '$.first_seq'), json_extract(data, '$.reason') FROM events "
+                      "WHERE kind = 'telemetry_gap' ORDER BY 1").fetchall()
+    assert [g[0] for g in gaps] == [2, 3] and "not a whole number" in gaps[0][1] and "over the" in gaps[1][1]
+    db.close()
+    info = subprocess.run([sys.executable, "-m", "ddptop", "info", path], capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0, info.stderr

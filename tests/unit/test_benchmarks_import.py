@@ -53,6 +53,7 @@ RUNS = {
     "tui_cpu.py": (["--ranks", "2", "--seconds", "2", "--warmup", "0.5"], "  mean "),
     "cpu_per_step.py": (["--rounds", "1", "--steps", "2,4", "--modes", "off"], "| off | "),  # 2 whole runs
     "scale_screen.py": (["--ranks", "16", "--seconds", "0.5"], "drawing the Ranks panel at 16 ranks: "),
+    "thread_cpu.py": (["--window", "1", "--after", "5", "--steps", "2000"], "| front, all threads | "),
 }
 NOT_RUN = {"whatif_grid.py", "whatif_lab.py", "plain_torch.py"}
 
