@@ -11,6 +11,7 @@ them) take that count: so a command that will fork its ranks sets it before its 
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import signal
@@ -77,10 +78,11 @@ def start() -> bool:
 
 def _serve(listener: socket.socket, alive_r: int, alive_w: int) -> None:
     """The forked server: SIGINT ignored at once (its ranks inherit that, as from a server started while the front
-    ignored it), then multiprocessing's own server loop; it never returns."""
+    ignored it), the collector off (its ranks turn it on), then multiprocessing's own server loop; it never returns."""
     code = 1
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        gc.disable()  # while the preloads load (torch._dynamo: ~1 CPU-s); each rank freezes them (lifetime.settle)
         os.close(alive_w)
         from multiprocessing import forkserver
 
