@@ -1,5 +1,6 @@
-"""Provides the server that several local CPU ranks fork from, forked out of the `ddptop` command itself once it has
-imported torch, rather than started as a fresh interpreter that imports torch again (~2 CPU-s of a tiny job's ~7).
+"""Provides the server that local CPU ranks fork from, forked out of the `ddptop` command itself once it has imported
+torch, rather than started as a fresh interpreter that imports torch again (~2 CPU-s of a tiny job's ~7; a spawned
+single rank cost ~5 more).
 
 multiprocessing's forkserver does the rest as before (front/supervisor.py `_context`): this only starts its server,
 at a moment the command has no thread of its own, and tells multiprocessing where it listens. A server that could not
@@ -25,11 +26,11 @@ NAME = "ddptop-forks"  # the server's name as ps and psutil show it (its command
 
 
 def plan(cfg, rdv) -> int:
-    """The thread count of each local rank if this command will fork them from a server of its own (several local
-    ranks, on the CPU, no GPU here: what `_context` picks the forkserver for), else 0. Decided before torch loads,
-    from what needs no torch. A CUDA device file (/dev/nvidia0) keeps the usual start even for `--device cpu`: the
-    command asks torch about CUDA before the fork, and a process that touched CUDA is never forked."""
-    if rdv.source != "local" or rdv.local_world_size < 2 or cfg.device == "cuda" or cfg.backend == "nccl":
+    """The thread count of each local rank if this command will fork them from a server of its own (--local ranks,
+    one or several, on the CPU, no GPU here: what `_context` picks the forkserver for), else 0. Decided before torch
+    loads, from what needs no torch. A CUDA device file (/dev/nvidia0) keeps the usual start even for `--device cpu`:
+    the command asks torch about CUDA before the fork, and a process that touched CUDA is never forked."""
+    if rdv.source != "local" or cfg.device == "cuda" or cfg.backend == "nccl":
         return 0
     if glob.glob("/dev/nvidia[0-9]*"):
         return 0

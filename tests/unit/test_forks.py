@@ -4,6 +4,7 @@ loads gives. Read from libgomp itself in a fresh thread, as gloo's threads would
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -71,12 +72,12 @@ def cfg(device: str = "auto", backend: str = "auto", threads: int = 0) -> Simple
     return SimpleNamespace(device=device, backend=backend, threads=threads)
 
 
-def test_only_several_local_cpu_ranks_are_planned_to_fork_from_the_command(monkeypatch):
+def test_only_local_cpu_ranks_are_planned_to_fork_from_the_command(monkeypatch):
     monkeypatch.setattr(forks.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(forks.glob, "glob", lambda pattern: [])  # no CUDA device file here
     assert forks.plan(cfg(), rdv()) == 4  # cores / local ranks
     assert forks.plan(cfg(threads=3), rdv()) == 3
-    assert forks.plan(cfg(), rdv(local=1)) == 0  # one rank: a fresh interpreter
+    assert forks.plan(cfg(), rdv(local=1)) == 8  # one rank too: the command's torch is its
     assert forks.plan(cfg(), rdv("flags", 1)) == 0 and forks.plan(cfg(), rdv("torchrun", 1)) == 0
     assert forks.plan(cfg(device="cuda"), rdv()) == 0 and forks.plan(cfg(backend="nccl"), rdv()) == 0
     monkeypatch.setattr(forks.glob, "glob", lambda pattern: ["/dev/nvidia0"])  # a GPU here: the usual start
@@ -92,32 +93,43 @@ def test_a_users_omp_num_threads_is_kept(monkeypatch):
 
 
 # A user's model that writes, from each process that builds it (the front checks it on a sample batch before any rank
-# starts, then each rank builds its own), whether the cyclic collector runs there, how many objects it never visits
-# (gc.freeze) and how many it still does.
+# starts, then each rank builds its own), its name and its parent's, whether the cyclic collector runs there, how many
+# objects it never visits (gc.freeze) and how many it still does.
 GC_REPORTER = """
 import gc, os
 from torch import nn
 def model():
+    name = lambda pid: open(f"/proc/{{pid}}/comm").read().strip().replace(" ", "_")
     with open({report!r}, "a") as out:
-        out.write(f"{{os.getpid()}} {{gc.isenabled()}} {{gc.get_freeze_count()}} {{len(gc.get_objects())}}\\n")
+        out.write(f"{{name(os.getpid())}} {{name(os.getppid())}} {{gc.isenabled()}} {{gc.get_freeze_count()}} "
+                  f"{{len(gc.get_objects())}}\\n")
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
 """
 
 
-def test_the_front_and_its_forked_ranks_keep_what_they_imported_out_of_the_collectors_passes(tmp_path):
-    """torch and the rest a job imports (~330k objects) are frozen (gc.freeze) where they were imported, in the front
-    and in the server its ranks fork from, so no collection walks them again: each full pass over them took ~0.25
-    CPU-s, and the one at the front's exit ~1 CPU-s. The collector itself stays on wherever the job runs."""
+@pytest.mark.parametrize("local", [1, 2])
+def test_local_cpu_ranks_fork_from_the_command_and_keep_its_imports_out_of_the_collectors_passes(tmp_path, local):
+    """On a machine without a GPU every --local rank, one as well as several, forks from the server the command forks
+    out of itself once torch is loaded (a spawned rank imported torch again: ~5 CPU-s). torch and the rest a job
+    imports (~330k objects) are frozen (gc.freeze) where they were imported, in the front and in that server, so no
+    collection walks them again: each full pass over them took ~0.25 CPU-s, the one at the front's exit ~1 CPU-s.
+    The collector itself stays on wherever the job runs."""
+    if glob.glob("/dev/nvidia[0-9]*"):
+        pytest.skip("a GPU here: ranks start as fresh interpreters (forks.plan)")
     report = tmp_path / "gc.txt"
     (tmp_path / "mine.py").write_text(GC_REPORTER.format(report=str(report)))
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-m", "ddptop", "--local", "2", "--model", "mine.py:model", "--steps", "2",
-                           "--batch-size", "8", "--synthetic-size", "64", "--no-eval", "--headless", "--no-record",
-                           "--backend", "gloo"], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-m", "ddptop", "--local", str(local), "--model", "mine.py:model",
+                           "--steps", "2", "--batch-size", "8", "--synthetic-size", "64", "--no-eval", "--headless",
+                           "--no-record", "--backend", "gloo"], capture_output=True, text=True, timeout=180, env=env,
+                          cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in report.read_text().splitlines()]
-    assert len({pid for pid, *_ in rows}) == 3, rows  # the front and two ranks
-    for pid, enabled, frozen, visited in rows:
+    ranks = sorted(row[0] for row in rows if row[0].startswith("ddptop-rank-"))
+    assert ranks == [f"ddptop-rank-{r}" for r in range(local)], rows
+    assert len(rows) == local + 1, rows  # and the front
+    for name, parent, enabled, frozen, visited in rows:
+        assert parent == "ddptop-forks" or not name.startswith("ddptop-rank-"), rows
         assert enabled == "True", rows
         assert int(frozen) > int(visited), rows  # most of what the process holds is out of the collector's reach
