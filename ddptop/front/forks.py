@@ -25,12 +25,18 @@ PRELOAD = ("ddptop.train.server", "ddptop.train.worker", "torch._dynamo")
 NAME = "ddptop-forks"  # the server's name as ps and psutil show it (its command line is the front's)
 
 
+def fronted(rdv) -> bool:
+    """Whether this command is a front that starts its machine's ranks itself (front/run.py): --local's, or rank 0
+    beside a --rank 0 front; else the command is the rank (torchrun, Slurm, --rank R > 0)."""
+    return rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)
+
+
 def plan(cfg, rdv) -> int:
-    """The thread count of each local rank if this command will fork them from a server of its own (--local ranks,
+    """The thread count of each local rank if this command will fork them from a server of its own (a front's ranks,
     one or several, on the CPU, no GPU here: what `_context` picks the forkserver for), else 0. Decided before torch
     loads, from what needs no torch. A CUDA device file (/dev/nvidia0) keeps the usual start even for `--device cpu`:
     the command asks torch about CUDA before the fork, and a process that touched CUDA is never forked."""
-    if rdv.source != "local" or cfg.device == "cuda" or cfg.backend == "nccl":
+    if not fronted(rdv) or cfg.device == "cuda" or cfg.backend == "nccl":
         return 0
     if glob.glob("/dev/nvidia[0-9]*"):
         return 0

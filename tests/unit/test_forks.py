@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import ports
 from ddptop.front import forks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,21 +65,22 @@ def test_the_ranks_server_is_forked_with_the_ranks_openmp_thread_count():
     assert run(TOO_LATE) == f"omp={os.cpu_count()}"  # what a rank forked without it would use
 
 
-def rdv(source: str = "local", local: int = 2) -> SimpleNamespace:
-    return SimpleNamespace(source=source, local_world_size=local)
+def rdv(source: str = "local", local: int = 2, rank: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(source=source, local_world_size=local, rank=rank)
 
 
 def cfg(device: str = "auto", backend: str = "auto", threads: int = 0) -> SimpleNamespace:
     return SimpleNamespace(device=device, backend=backend, threads=threads)
 
 
-def test_only_local_cpu_ranks_are_planned_to_fork_from_the_command(monkeypatch):
+def test_only_a_fronts_own_cpu_ranks_are_planned_to_fork_from_the_command(monkeypatch):
     monkeypatch.setattr(forks.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(forks.glob, "glob", lambda pattern: [])  # no CUDA device file here
     assert forks.plan(cfg(), rdv()) == 4  # cores / local ranks
     assert forks.plan(cfg(threads=3), rdv()) == 3
     assert forks.plan(cfg(), rdv(local=1)) == 8  # one rank too: the command's torch is its
-    assert forks.plan(cfg(), rdv("flags", 1)) == 0 and forks.plan(cfg(), rdv("torchrun", 1)) == 0
+    assert forks.plan(cfg(), rdv("flags", 1)) == 8  # rank 0 beside a --rank 0 front: the front starts it
+    assert forks.plan(cfg(), rdv("flags", 1, rank=1)) == 0 and forks.plan(cfg(), rdv("torchrun", 1)) == 0
     assert forks.plan(cfg(device="cuda"), rdv()) == 0 and forks.plan(cfg(backend="nccl"), rdv()) == 0
     monkeypatch.setattr(forks.glob, "glob", lambda pattern: ["/dev/nvidia0"])  # a GPU here: the usual start
     assert forks.plan(cfg(), rdv()) == 0 and forks.plan(cfg(device="cpu"), rdv()) == 0
@@ -107,23 +109,26 @@ def model():
 """
 
 
-@pytest.mark.parametrize("local", [1, 2])
-def test_local_cpu_ranks_fork_from_the_command_and_keep_its_imports_out_of_the_collectors_passes(tmp_path, local):
-    """On a machine without a GPU every --local rank, one as well as several, forks from the server the command forks
-    out of itself once torch is loaded (a spawned rank imported torch again: ~5 CPU-s). torch and the rest a job
-    imports (~330k objects) are frozen (gc.freeze) where they were imported, in the front and in that server, so no
-    collection walks them again: each full pass over them took ~0.25 CPU-s, the one at the front's exit ~1 CPU-s.
-    The collector itself stays on wherever the job runs."""
+@pytest.mark.parametrize("where", ["--local 1", "--local 2", "--rank 0"])
+def test_a_fronts_cpu_ranks_fork_from_the_command_and_keep_its_imports_out_of_the_collectors_passes(tmp_path, where):
+    """On a machine without a GPU every rank a front starts, one as well as several (--local N, and rank 0 beside a
+    --rank 0 front), forks from the server the command forks out of itself once torch is loaded (a spawned rank
+    imported torch again: ~5 CPU-s). torch and the rest a job imports (~330k objects) are frozen (gc.freeze) where
+    they were imported, in the front and in that server, so no collection walks them again: each full pass over them
+    took ~0.25 CPU-s, the one at the front's exit ~1 CPU-s. The collector itself stays on wherever the job runs."""
     if glob.glob("/dev/nvidia[0-9]*"):
         pytest.skip("a GPU here: ranks start as fresh interpreters (forks.plan)")
     report = tmp_path / "gc.txt"
     (tmp_path / "mine.py").write_text(GC_REPORTER.format(report=str(report)))
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-m", "ddptop", "--local", str(local), "--model", "mine.py:model",
-                           "--steps", "2", "--batch-size", "8", "--synthetic-size", "64", "--no-eval", "--headless",
-                           "--no-record", "--backend", "gloo"], capture_output=True, text=True, timeout=180, env=env,
-                          cwd=tmp_path)
+    flags = where.split()
+    local = int(flags[1]) if flags[0] == "--local" else 1
+    if flags[0] == "--rank":  # a job of one machine, its front's rank 0 alone
+        flags += ["--world-size", "1", "--master", "127.0.0.1", "--port", str(ports.port())]
+    done = subprocess.run([sys.executable, "-m", "ddptop", *flags, "--model", "mine.py:model", "--steps", "2",
+                           "--batch-size", "8", "--synthetic-size", "64", "--no-eval", "--headless", "--no-record",
+                           "--backend", "gloo"], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in report.read_text().splitlines()]
     ranks = sorted(row[0] for row in rows if row[0].startswith("ddptop-rank-"))
