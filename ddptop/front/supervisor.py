@@ -272,7 +272,7 @@ def _context(cfg: RunConfig, local_ranks: int, own: bool) -> multiprocessing.con
     rank's torch is the command's, ~5 CPU-s less than a fresh interpreter's). Ranks that may use CUDA start as
     fresh interpreters (a process that touched CUDA is never forked)."""
     spawn = multiprocessing.get_context("spawn")
-    # asked for CUDA: the rank says what is wrong with that, as before (devices.place would refuse it here, in the front)
+    # asked for CUDA: the rank says what is wrong with that, as before (devices.place would refuse it here)
     if local_ranks < (1 if own else 2) or cfg.device == "cuda" or cfg.backend == "nccl":
         return spawn
     from ddptop.train import devices
