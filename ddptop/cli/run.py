@@ -208,6 +208,39 @@ def _save_path(path: str | None) -> str:
 
 
 def cmd_run(argv: Sequence[str]) -> int:
+    from ddptop.train import lifetime
+
+    with lifetime.imports_frozen():  # torch and the ranks' modules load here, before any fork (~1.4 CPU-s a job)
+        args, profile, cfg, rdv, metrics = _checked(argv)
+    parts = None
+    if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss, cfg.collate, cfg.tokens)):
+        from ddptop.train import specs
+
+        # the user's code on one sample batch, before any rank starts: one line for what is wrong
+        parts = specs.build(cfg)
+        if profile:  # the code ran its check: now say whose it is, when a profile of the user's named it
+            from ddptop.profiles import code_note
+
+            note = code_note(profile["path"], profile["run"], {"model": cfg.model, "dataset": cfg.dataset,
+                                                                "loss": cfg.loss, "collate": cfg.collate,
+                                                                "tokens": cfg.tokens})
+            if note:
+                print(note, file=sys.stderr)
+    check_shard_units(cfg, parts)
+    from ddptop.record.paths import choose
+    from ddptop.front.run import records_here, run
+
+    record = choose(args.record, args.no_record, cfg.profile or cfg.first_sync.strategy) if records_here(rdv) \
+        else args.record
+    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
+               headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after,
+               fresh_name=args.record is None, collective_timeout_s=args.collective_timeout, tune=args.tune or "",
+               metrics=metrics)
+
+
+def _checked(argv: Sequence[str]) -> tuple:
+    """The run's flags checked, torch and the ranks' modules loaded, the server its CPU ranks fork from started:
+    (args, profile, cfg, rdv, metrics)."""
     args, profile = parse_run_args(argv)
     cfg = config_from_args(args, profile)
     if not 0 < args.timeout <= 86400:
@@ -251,33 +284,10 @@ def cmd_run(argv: Sequence[str]) -> int:
 
     same = planned and forks.plan(cfg, rdv) == planned and os.environ.get("OMP_NUM_THREADS") == str(planned)
     if same and forked(cfg, rdv):
-        forks.start()  # before the user's code below and the front start any thread
+        forks.start()  # before the user's code (cmd_run) and the front start any thread
     elif threads_set:
         os.environ.pop("OMP_NUM_THREADS")
-    parts = None
-    if any(is_spec(v) for v in (cfg.model, cfg.dataset, cfg.loss, cfg.collate, cfg.tokens)):
-        from ddptop.train import specs
-
-        # the user's code on one sample batch, before any rank starts: one line for what is wrong
-        parts = specs.build(cfg)
-        if profile:  # the code ran its check: now say whose it is, when a profile of the user's named it
-            from ddptop.profiles import code_note
-
-            note = code_note(profile["path"], profile["run"], {"model": cfg.model, "dataset": cfg.dataset,
-                                                                "loss": cfg.loss, "collate": cfg.collate,
-                                                                "tokens": cfg.tokens})
-            if note:
-                print(note, file=sys.stderr)
-    check_shard_units(cfg, parts)
-    from ddptop.record.paths import choose
-    from ddptop.front.run import records_here, run
-
-    record = choose(args.record, args.no_record, cfg.profile or cfg.first_sync.strategy) if records_here(rdv) \
-        else args.record
-    return run(cfg, rdv, timeout_s=args.timeout, log_every=args.log_every, token=args.token, record=record,
-               headless=args.headless, record_required=args.record_required, lost_after_s=args.lost_after,
-               fresh_name=args.record is None, collective_timeout_s=args.collective_timeout, tune=args.tune or "",
-               metrics=metrics)
+    return args, profile, cfg, rdv, metrics
 
 
 def _check_tune(cfg: RunConfig, rdv, what: str) -> None:

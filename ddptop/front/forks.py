@@ -1,5 +1,6 @@
-"""Provides the server that several local CPU ranks fork from, forked out of the `ddptop` command itself once it has
-imported torch, rather than started as a fresh interpreter that imports torch again (~2 CPU-s of a tiny job's ~7).
+"""Provides the server that local CPU ranks fork from, forked out of the `ddptop` command itself once it has imported
+torch, rather than started as a fresh interpreter that imports torch again (~2 CPU-s of a tiny job's ~7; a spawned
+single rank cost ~5 more).
 
 multiprocessing's forkserver does the rest as before (front/supervisor.py `_context`): this only starts its server,
 at a moment the command has no thread of its own, and tells multiprocessing where it listens. A server that could not
@@ -11,6 +12,7 @@ them) take that count: so a command that will fork its ranks sets it before its 
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import signal
@@ -23,12 +25,18 @@ PRELOAD = ("ddptop.train.server", "ddptop.train.worker", "torch._dynamo")
 NAME = "ddptop-forks"  # the server's name as ps and psutil show it (its command line is the front's)
 
 
+def fronted(rdv) -> bool:
+    """Whether this command is a front that starts its machine's ranks itself (front/run.py): --local's, or rank 0
+    beside a --rank 0 front; else the command is the rank (torchrun, Slurm, --rank R > 0)."""
+    return rdv.source == "local" or (rdv.source == "flags" and rdv.rank == 0)
+
+
 def plan(cfg, rdv) -> int:
-    """The thread count of each local rank if this command will fork them from a server of its own (several local
-    ranks, on the CPU, no GPU here: what `_context` picks the forkserver for), else 0. Decided before torch loads,
-    from what needs no torch. A CUDA device file (/dev/nvidia0) keeps the usual start even for `--device cpu`: the
-    command asks torch about CUDA before the fork, and a process that touched CUDA is never forked."""
-    if rdv.source != "local" or rdv.local_world_size < 2 or cfg.device == "cuda" or cfg.backend == "nccl":
+    """The thread count of each local rank if this command will fork them from a server of its own (a front's ranks,
+    one or several, on the CPU, no GPU here: what `_context` picks the forkserver for), else 0. Decided before torch
+    loads, from what needs no torch. A CUDA device file (/dev/nvidia0) keeps the usual start even for `--device cpu`:
+    the command asks torch about CUDA before the fork, and a process that touched CUDA is never forked."""
+    if not fronted(rdv) or cfg.device == "cuda" or cfg.backend == "nccl":
         return 0
     if glob.glob("/dev/nvidia[0-9]*"):
         return 0
@@ -77,10 +85,11 @@ def start() -> bool:
 
 def _serve(listener: socket.socket, alive_r: int, alive_w: int) -> None:
     """The forked server: SIGINT ignored at once (its ranks inherit that, as from a server started while the front
-    ignored it), then multiprocessing's own server loop; it never returns."""
+    ignored it), the collector off (its ranks turn it on), then multiprocessing's own server loop; it never returns."""
     code = 1
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        gc.disable()  # while the preloads load (torch._dynamo: ~1 CPU-s); each rank freezes them (lifetime.settle)
         os.close(alive_w)
         from multiprocessing import forkserver
 

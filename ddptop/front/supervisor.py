@@ -229,7 +229,7 @@ def _start_ranks(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, job: "
     server they fork from, started in that window. The start of a forked rank waits for the server's imports
     (seconds): it waits outside the window, so a Ctrl-C then is a stop while the ranks start."""
     ranks = list(range(rdv.world_size)) if rdv.source == "local" else [rdv.rank]
-    ctx = _context(cfg, len(ranks))
+    ctx = _context(cfg, len(ranks), forks.fronted(rdv))
     forked = ctx.get_start_method() == "forkserver"
     options = replace(options, test_env=testhooks.carried())
     procs = [ctx.Process(target=rank_entry, args=(cfg, _for_rank(rdv, r), options), name=f"ddptop-rank-{r}")
@@ -263,15 +263,18 @@ def _start(job: "LocalJob", procs: list, ranks: list[int]) -> None:
 def forked(cfg: RunConfig, rdv: Rendezvous) -> bool:
     """Whether this machine's ranks fork from a server (front/forks.py can start it out of the command itself)."""
     local = rdv.world_size if rdv.source == "local" else 1
-    return _context(cfg, local).get_start_method() == "forkserver"
+    return _context(cfg, local, forks.fronted(rdv)).get_start_method() == "forkserver"
 
 
-def _context(cfg: RunConfig, local_ranks: int) -> multiprocessing.context.BaseContext:
-    """Several CPU ranks fork from one server that imported their modules once; one rank, or ranks that may use
-    CUDA, start as fresh interpreters (a process that touched CUDA is never forked)."""
+def _context(cfg: RunConfig, local_ranks: int, own: bool) -> multiprocessing.context.BaseContext:
+    """CPU ranks fork from one server that imported their modules once: several ranks, or a front's `own` (--local,
+    or rank 0 beside a --rank 0 front: the command forks the server out of itself, front/forks.py, so even one
+    rank's torch is the command's, ~5 CPU-s less than a fresh interpreter's). Ranks that may use CUDA start as
+    fresh interpreters (a process that touched CUDA is never forked)."""
     spawn = multiprocessing.get_context("spawn")
-    if local_ranks < 2 or cfg.device == "cuda" or cfg.backend == "nccl":  # asked for CUDA: the rank says what is
-        return spawn  # wrong with that, as before (devices.place would refuse it here, in the front)
+    # asked for CUDA: the rank says what is wrong with that, as before (devices.place would refuse it here)
+    if local_ranks < (1 if own else 2) or cfg.device == "cuda" or cfg.backend == "nccl":
+        return spawn
     from ddptop.train import devices
 
     if devices.place(cfg.backend, cfg.device, local_ranks, devices.visible_gpus()).device != "cpu":

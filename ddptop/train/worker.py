@@ -270,6 +270,7 @@ def _leave() -> None:
 def rank_entry(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions) -> None:
     """multiprocessing target for a local rank: one line on failure, an exit code, never a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the front decides
+    lifetime.settle()
     lifetime.die_with_parent()
     lifetime.name(f"ddptop-rank-{rdv.rank}")
     try:

@@ -4,6 +4,7 @@ loads gives. Read from libgomp itself in a fresh thread, as gloo's threads would
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import ports
 from ddptop.front import forks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,21 +65,22 @@ def test_the_ranks_server_is_forked_with_the_ranks_openmp_thread_count():
     assert run(TOO_LATE) == f"omp={os.cpu_count()}"  # what a rank forked without it would use
 
 
-def rdv(source: str = "local", local: int = 2) -> SimpleNamespace:
-    return SimpleNamespace(source=source, local_world_size=local)
+def rdv(source: str = "local", local: int = 2, rank: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(source=source, local_world_size=local, rank=rank)
 
 
 def cfg(device: str = "auto", backend: str = "auto", threads: int = 0) -> SimpleNamespace:
     return SimpleNamespace(device=device, backend=backend, threads=threads)
 
 
-def test_only_several_local_cpu_ranks_are_planned_to_fork_from_the_command(monkeypatch):
+def test_only_a_fronts_own_cpu_ranks_are_planned_to_fork_from_the_command(monkeypatch):
     monkeypatch.setattr(forks.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(forks.glob, "glob", lambda pattern: [])  # no CUDA device file here
     assert forks.plan(cfg(), rdv()) == 4  # cores / local ranks
     assert forks.plan(cfg(threads=3), rdv()) == 3
-    assert forks.plan(cfg(), rdv(local=1)) == 0  # one rank: a fresh interpreter
-    assert forks.plan(cfg(), rdv("flags", 1)) == 0 and forks.plan(cfg(), rdv("torchrun", 1)) == 0
+    assert forks.plan(cfg(), rdv(local=1)) == 8  # one rank too: the command's torch is its
+    assert forks.plan(cfg(), rdv("flags", 1)) == 8  # rank 0 beside a --rank 0 front: the front starts it
+    assert forks.plan(cfg(), rdv("flags", 1, rank=1)) == 0 and forks.plan(cfg(), rdv("torchrun", 1)) == 0
     assert forks.plan(cfg(device="cuda"), rdv()) == 0 and forks.plan(cfg(backend="nccl"), rdv()) == 0
     monkeypatch.setattr(forks.glob, "glob", lambda pattern: ["/dev/nvidia0"])  # a GPU here: the usual start
     assert forks.plan(cfg(), rdv()) == 0 and forks.plan(cfg(device="cpu"), rdv()) == 0
@@ -89,3 +92,48 @@ def test_a_users_omp_num_threads_is_kept(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert forks.set_threads(2) and os.environ["OMP_NUM_THREADS"] == "2"
     assert not forks.set_threads(0)
+
+
+# A user's model that writes, from each process that builds it (the front checks it on a sample batch before any rank
+# starts, then each rank builds its own), its name and its parent's, whether the cyclic collector runs there, how many
+# objects it never visits (gc.freeze) and how many it still does.
+GC_REPORTER = """
+import gc, os
+from torch import nn
+def model():
+    name = lambda pid: open(f"/proc/{{pid}}/comm").read().strip().replace(" ", "_")
+    with open({report!r}, "a") as out:
+        out.write(f"{{name(os.getpid())}} {{name(os.getppid())}} {{gc.isenabled()}} {{gc.get_freeze_count()}} "
+                  f"{{len(gc.get_objects())}}\\n")
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+"""
+
+
+@pytest.mark.parametrize("where", ["--local 1", "--local 2", "--rank 0"])
+def test_a_fronts_cpu_ranks_fork_from_the_command_and_keep_its_imports_out_of_the_collectors_passes(tmp_path, where):
+    """On a machine without a GPU every rank a front starts, one as well as several (--local N, and rank 0 beside a
+    --rank 0 front), forks from the server the command forks out of itself once torch is loaded (a spawned rank
+    imported torch again: ~5 CPU-s). torch and the rest a job imports (~330k objects) are frozen (gc.freeze) where
+    they were imported, in the front and in that server, so no collection walks them again: each full pass over them
+    took ~0.25 CPU-s, the one at the front's exit ~1 CPU-s. The collector itself stays on wherever the job runs."""
+    own_server = not glob.glob("/dev/nvidia[0-9]*")  # a GPU here: the usual start (forks.plan), frozen all the same
+    report = tmp_path / "gc.txt"
+    (tmp_path / "mine.py").write_text(GC_REPORTER.format(report=str(report)))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = str(ROOT)
+    flags = where.split()
+    local = int(flags[1]) if flags[0] == "--local" else 1
+    if flags[0] == "--rank":  # a job of one machine, its front's rank 0 alone
+        flags += ["--world-size", "1", "--master", "127.0.0.1", "--port", str(ports.port())]
+    done = subprocess.run([sys.executable, "-m", "ddptop", *flags, "--model", "mine.py:model", "--steps", "2",
+                           "--batch-size", "8", "--synthetic-size", "64", "--no-eval", "--headless", "--no-record",
+                           "--backend", "gloo"], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in report.read_text().splitlines()]
+    ranks = sorted(row[0] for row in rows if row[0].startswith("ddptop-rank-"))
+    assert ranks == [f"ddptop-rank-{r}" for r in range(local)], rows
+    assert len(rows) == local + 1, rows  # and the front
+    for name, parent, enabled, frozen, visited in rows:
+        assert parent == "ddptop-forks" or not name.startswith("ddptop-rank-") or not own_server, rows
+        assert enabled == "True", rows
+        assert int(frozen) > int(visited), rows  # most of what the process holds is out of the collector's reach
