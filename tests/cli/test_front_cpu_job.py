@@ -7,6 +7,7 @@ import bisect
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +29,11 @@ def cpu_of(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def front_rows(record) -> list[dict]:
+    return [json.loads(data) for (data,) in
+            recording_rows(record, "SELECT data FROM events WHERE kind = 'front_cost' ORDER BY seq")]
+
+
 def at(polls: list[tuple[float, float]], t: float) -> float:
     """The front's CPU at wall time t, interpolated between the two polls around it."""
     times = [p[0] for p in polls]
@@ -39,20 +45,24 @@ def at(polls: list[tuple[float, float]], t: float) -> float:
 
 def test_the_fronts_cpu_per_step_is_what_proc_counted_over_the_steps_and_info_says_it(tmp_path):
     record = tmp_path / "run.db"
-    proc = subprocess.Popen(DDPTOP + ["--steps", "1200", "--record", str(record), *JOB], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(DDPTOP + ["--steps", "1000000", "--record", str(record), *JOB], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     polls: list[tuple[float, float]] = []  # (wall time, the front process's CPU from /proc)
-    deadline = time.monotonic() + 300
+    deadline, stopped = time.monotonic() + 300, False
     while proc.poll() is None and time.monotonic() < deadline:
         cpu = cpu_of(proc.pid)
         if cpu is not None:
             polls.append((time.time(), cpu))
+        if not stopped and len(polls) % 20 == 0 and len(front_rows(record)) >= 4:  # however fast the steps run
+            os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the job stops and closes its recording
+            stopped = True
         time.sleep(0.05)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    assert stopped and proc.returncode == 0, err[-3000:]
 
-    readings = [json.loads(data) for (data,) in
-                recording_rows(record, "SELECT data FROM events WHERE kind = 'front_cost' ORDER BY seq")]
+    readings = front_rows(record)
     last_step = recording_rows(record, "SELECT max(step) FROM steps")[0][0]
     assert len(readings) >= 3, (len(readings), out[-2000:])
     for before, r in zip(readings, readings[1:]):
