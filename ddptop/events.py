@@ -678,10 +678,6 @@ class FrontCost(Event):
         if self.cpu_s < 0:
             raise EventDecodeError(f"a front's CPU time cannot be negative, found {self.cpu_s!r}")
 
-    @property
-    def per_step_s(self) -> float:
-        return self.cpu_s / self.steps
-
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (RankJoined, RunStarted, StepDone, StepSpans, SystemSample, EpochDone, RunFinished, LogLine,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import sys
@@ -311,24 +312,33 @@ async def test_a_number_field_takes_digits_esc_discards_and_the_footer_says_so(r
         assert not [m for m in posted if isinstance(m, ApplyRequested)] and connect.calls == 0
 
 
+@contextlib.contextmanager
+def _live_on_a_tiny_job(replay_at_end, tmp_path):
+    """tests/cli/test_tune.py's headless 2-rank tiny DDP job, started and answering, and a live app whose controls
+    reach it through the client the live screen opens (role "tui"): (app, stop); stop() ends the job, (out, err)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cli"))
+    from test_tune import TOKEN, _job, _stop
+
+    from ddptop.control.client import ControlClient
+    import ports
+    from jobs import connect, killed_if_left
+
+    port = ports.port()
+    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
+        connect(port, TOKEN)  # rank 0 answers: the job is up
+        yield (DdptopApp(compose(replay_at_end), mode="live",
+                         connect=lambda: ControlClient("127.0.0.1", port, TOKEN, role="tui")),
+               lambda: _stop(proc, port))
+
+
 async def test_the_tune_button_asks_the_job_and_says_its_answer_in_the_panel(replay_at_end, tmp_path):
     """Tune buckets on a real 2-rank DDP job (tests/cli/test_tune.py's headless tiny job, started here): the button's
     request reaches the job through the client the live screen opens (front/screen.py's ControlClient, role "tui"),
     and the panel's status line is the job's answer, checked against what the app did not compute: the line the job
     itself printed when its tune ended, and the tune's note in its recording (SQL, test_tune's check; its request
     id 1: the only request, the button's)."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cli"))
-    from test_tune import TOKEN, _job, _stop, check_tune_recording
-
-    from ddptop.control.client import ControlClient
-    import ports
-    from jobs import connect, killed_if_left
-
-    port, posted = ports.port(), []
-    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
-        connect(port, TOKEN)  # rank 0 answers: the job is up
-        app = DdptopApp(compose(replay_at_end), mode="live",
-                        connect=lambda: ControlClient("127.0.0.1", port, TOKEN, role="tui"))
+    posted = []
+    with _live_on_a_tiny_job(replay_at_end, tmp_path) as (app, stop):
         async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
             await pilot.press("7")
             await pilot.click("#tune")
@@ -336,10 +346,12 @@ async def test_the_tune_button_asks_the_job_and_says_its_answer_in_the_panel(rep
             await pilot.pause()
             panel = app.query_one(ControlsPanel)
             status, kind = panel.status, panel.status_kind
-        out, _ = _stop(proc, port)
+        out, _ = stop()
     assert any(type(m).__name__ == "TuneRequested" for m in posted)
     assert status.startswith("tune bucket: kept ") and kind == "ok", status
     assert status in out, (status, out[-2000:])  # the job's own printed line, word for word
+    from test_tune import check_tune_recording  # on sys.path once the job started (_live_on_a_tiny_job)
+
     note = check_tune_recording(tmp_path / "run.db")
     assert note["request_id"] == 1, note
 
@@ -350,20 +362,10 @@ async def test_the_shard_unit_field_is_zero2_and_zero3s_and_a_unit_that_names_no
     while the form's strategy is not zero2/zero3 and never sent then; on for zero3, a misspelt unit refused here in one
     line (nothing sent), a unit that names no module of the model refused by rank 0 in one line (the job unchanged),
     then `Conv2d` applied. The recording says what reached the job (SQL): one zero3 segment, shard_unit Conv2d."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cli"))
     import sqlite3
 
-    from test_tune import TOKEN, _job, _stop
-
-    from ddptop.control.client import ControlClient
-    import ports
-    from jobs import connect, killed_if_left
-
-    port, posted, said = ports.port(), [], []
-    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
-        connect(port, TOKEN)  # rank 0 answers: the job is up
-        app = DdptopApp(compose(replay_at_end), mode="live",
-                        connect=lambda: ControlClient("127.0.0.1", port, TOKEN, role="tui"))
+    posted, said = [], []
+    with _live_on_a_tiny_job(replay_at_end, tmp_path) as (app, stop):
         async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
             await pilot.press("7")
             panel = app.query_one(ControlsPanel)
@@ -387,7 +389,7 @@ async def test_the_shard_unit_field_is_zero2_and_zero3s_and_a_unit_that_names_no
             strategy.value = "ddp"
             await pilot.pause()
             assert unit.disabled and "shard_unit" not in str(panel.query_one("#preview").render())
-        _stop(proc, port)
+        stop()
     (misspelt, kind1), (nomodule, kind2), (applied, kind3) = said
     assert kind1 == "error" and misspelt.startswith("shard_unit must be up to 64 module class names"), misspelt
     assert kind2 == "error" and "\n" not in nomodule, nomodule
