@@ -96,7 +96,8 @@ def run_parser() -> argparse.ArgumentParser:
     what.add_argument("--seed", type=int, default=0, help="seed of the model, the data order and the synthetic set (0)")
     what.add_argument("--synthetic-size", type=int, default=12800, help="training images of the synthetic set")
     what.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation at each epoch's end")
-    what.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / local ranks)")
+    what.add_argument("--threads", type=int, default=0,
+                      help="torch threads per rank (0: OMP_NUM_THREADS if set, else cores / local ranks)")
     what.add_argument("--workers", type=int, default=-1, metavar="N",
                       help="data loader processes per rank (default: 0 on CPU, cores per rank up to 4 on a GPU)")
     sync = p.add_argument_group("gradient synchronization")
@@ -208,6 +209,17 @@ def _save_path(path: str | None) -> str:
 
 
 def cmd_run(argv: Sequence[str]) -> int:
+    omp = os.environ.get("OMP_NUM_THREADS")
+    try:
+        return _run(argv)
+    finally:  # set for this job's ranks (_checked): a caller in this process (a test, a notebook) gets its own back
+        if omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp
+
+
+def _run(argv: Sequence[str]) -> int:
     from ddptop.train import lifetime
 
     with lifetime.imports_frozen():  # torch and the ranks' modules load here, before any fork (~1.4 CPU-s a job)
@@ -258,9 +270,12 @@ def _checked(argv: Sequence[str]) -> tuple:
     from ddptop import rendezvous
     from ddptop.front import forks
 
-    # ranks this command will fork (several on the CPU): their thread count set before torch loads (front/forks.py)
-    planned = forks.plan(cfg, rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local))
-    threads_set = forks.set_threads(planned)
+    # the ranks' thread count set before torch loads, so that every thread of a rank computes with it (OpenMP reads
+    # it once, then): this command's own rank under torchrun or Slurm, and the ranks a front starts or forks
+    early = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local)
+    planned = forks.plan(cfg, early)  # a front's CPU ranks, forked from this command's torch
+    torch_before = "torch" in sys.modules  # a caller in this process loaded it (OpenMP's count is the caller's)
+    os.environ["OMP_NUM_THREADS"] = str(devices.thread_count(cfg.threads, early.local_world_size))
     gpus = devices.visible_gpus()  # the first `import torch` (tests/unit/test_forks.py fails on an earlier one)
     rdv = rendezvous.resolve(args.master, args.port, args.rank, args.world_size, args.local,
                              default_local=devices.default_local(cfg.backend, cfg.device, gpus))
@@ -282,11 +297,9 @@ def _checked(argv: Sequence[str]) -> tuple:
     ensure_dataset(cfg)
     from ddptop.front.supervisor import forked
 
-    same = planned and forks.plan(cfg, rdv) == planned and os.environ.get("OMP_NUM_THREADS") == str(planned)
-    if same and forked(cfg, rdv):
+    same = planned and not torch_before and forks.plan(cfg, rdv) == planned
+    if same and os.environ["OMP_NUM_THREADS"] == str(planned) and forked(cfg, rdv):
         forks.start()  # before the user's code (cmd_run) and the front start any thread
-    elif threads_set:
-        os.environ.pop("OMP_NUM_THREADS")
     return args, profile, cfg, rdv, metrics
 
 

@@ -7,8 +7,8 @@ at a moment the command has no thread of its own, and tells multiprocessing wher
 start, or died, is started the usual way by `forkserver.ensure_running`.
 
 OpenMP reads OMP_NUM_THREADS once, when torch loads it, and threads that gloo starts later (PowerSGD's math runs in
-them) take that count: so a command that will fork its ranks sets it before its first `import torch` (`plan`,
-`set_threads`)."""
+them) take that count: so the run command sets it before its first `import torch` (cli/run.py `_checked`), and forks
+its ranks from itself only when it loaded torch after that (not when a caller in its process had: a test)."""
 
 from __future__ import annotations
 
@@ -43,14 +43,6 @@ def plan(cfg, rdv) -> int:
     from ddptop.train.devices import thread_count
 
     return thread_count(cfg.threads, rdv.local_world_size)
-
-
-def set_threads(threads: int) -> bool:
-    """OMP_NUM_THREADS for this process and its ranks, unless the user set it; whether it was set here."""
-    if not threads or "OMP_NUM_THREADS" in os.environ:
-        return False
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    return True
 
 
 def start() -> bool:

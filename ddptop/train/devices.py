@@ -34,9 +34,50 @@ class Placement:
 
 
 def thread_count(threads: int, local_ranks: int) -> int:
-    """Compute threads per rank: as given, else N ranks on one machine each get cores/N (oversubscribed ranks ruin
-    every timing). Torch-free: the command sets OMP_NUM_THREADS from it before torch loads (front/forks.py)."""
-    return threads or max(1, (os.cpu_count() or 1) // max(1, local_ranks))
+    """Compute threads per rank: as given (--threads), else OMP_NUM_THREADS where it is set (the user's, or torchrun's
+    1), else N ranks on one machine each get cores/N (oversubscribed ranks ruin every timing). Torch-free: the run
+    command sets OMP_NUM_THREADS to it before torch loads, so that every thread of a rank computes with this one
+    count (`openmp_default`)."""
+    return threads or env_threads() or max(1, (os.cpu_count() or 1) // max(1, local_ranks))
+
+
+def env_threads() -> int:
+    """OMP_NUM_THREADS as OpenMP reads it (its first level: "4,2" is 4), 0 where it is unset or not a count."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and 0 < int(first) <= 4096 else 0
+
+
+def openmp_default() -> int:
+    """The OpenMP thread count a new thread of this process starts with: the one gloo's threads compute with, where
+    PowerSGD's math runs (OpenMP read OMP_NUM_THREADS once, when torch loaded it). 0 where no libgomp is loaded.
+    A rank whose main thread used another count (torch.set_num_threads) trained a different model from its peers
+    under PowerSGD: bitwise apart after a few steps (tests/cli/test_threads_agree.py)."""
+    import ctypes
+    import threading
+
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next((line.split()[-1] for line in maps if "libgomp" in line.rsplit("/", 1)[-1]), "")
+        get = ctypes.CDLL(path).omp_get_max_threads if path else None
+    except (OSError, AttributeError):
+        return 0
+    if get is None:
+        return 0
+    out: list[int] = []
+    thread = threading.Thread(target=lambda: out.append(int(get())), name="ddptop-omp-probe")
+    thread.start()
+    thread.join()
+    return out[0] if out else 0
+
+
+def agreed_threads(wanted: int, omp: int) -> tuple[int, str]:
+    """The count a rank computes with, every thread of it: `wanted` where OpenMP's default agrees (or is unknown, 0),
+    else OpenMP's (the threads gloo starts cannot be told another), with the line that says why."""
+    if not omp or omp == wanted:
+        return wanted, ""
+    return omp, (f"computes with {omp} threads, not {wanted}: torch loaded before OMP_NUM_THREADS={wanted} was set, "
+                 f"and all of a rank's threads need one count (gloo's run PowerSGD); set OMP_NUM_THREADS={wanted} "
+                 "before the script starts")
 
 
 def visible_gpus() -> int:

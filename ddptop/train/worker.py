@@ -111,7 +111,10 @@ def joined(cfg: RunConfig, rdv: Rendezvous, options: WorkerOptions, model: torch
     """Join the job (the join, process groups, the front's sockets, system samples) for the block; on the way out
     a peer's failure becomes PeerLost (one line), and the agent, sampler, publisher and process groups close.
     `model`: the user's own (ddptop/api.py); None builds ddptop's from cfg's spec (Joined.parts)."""
-    threads = devices.thread_count(cfg.threads, rdv.local_world_size)
+    threads, why = devices.agreed_threads(devices.thread_count(cfg.threads, rdv.local_world_size),
+                                          devices.openmp_default())
+    if why and rdv.local_rank == 0:  # a script that imported torch before ddptop could set OMP_NUM_THREADS
+        print(f"ddptop: rank {rdv.rank} {why}", file=sys.stderr)
     torch.set_num_threads(threads)
     device, backend = pick_device(cfg, rdv)
     iface = job_interface(rdv.master, cfg.iface)

@@ -15,6 +15,7 @@ import pytest
 
 import ports
 from ddptop.front import forks
+from ddptop.train import devices
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,12 +87,42 @@ def test_only_a_fronts_own_cpu_ranks_are_planned_to_fork_from_the_command(monkey
     assert forks.plan(cfg(), rdv()) == 0 and forks.plan(cfg(device="cpu"), rdv()) == 0
 
 
-def test_a_users_omp_num_threads_is_kept(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert not forks.set_threads(1) and os.environ["OMP_NUM_THREADS"] == "3"
-    monkeypatch.delenv("OMP_NUM_THREADS")
-    assert forks.set_threads(2) and os.environ["OMP_NUM_THREADS"] == "2"
-    assert not forks.set_threads(0)
+def test_a_ranks_thread_count_is_the_flag_else_omp_num_threads_else_cores_over_ranks(monkeypatch):
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert devices.thread_count(0, 2) == 4 and devices.thread_count(3, 2) == 3
+    for text, count in [("3", 3), ("6,2", 6), (" 5 ", 5), ("0", 4), ("many", 4), ("", 4), ("99999", 4)]:
+        monkeypatch.setenv("OMP_NUM_THREADS", text)  # torchrun's 1, a user's own; what OpenMP would not read: ours
+        assert devices.thread_count(0, 2) == count, text
+        assert devices.thread_count(2, 2) == 2  # --threads wins: the command sets it before torch loads
+
+
+def test_a_rank_computes_with_openmps_count_where_torch_loaded_before_ddptop_could_set_it():
+    """What a new thread's OpenMP starts with (libgomp's own answer, as gloo's threads get it) is the count
+    OMP_NUM_THREADS gave when torch loaded; a rank that wanted another takes it, with one line saying why."""
+    code = "from ddptop.train import devices; import torch; print(devices.openmp_default())"
+    for omp in ("1", "3"):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env={**os.environ, "OMP_NUM_THREADS": omp, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0 and done.stdout.split() == [omp], done.stderr
+    assert devices.agreed_threads(2, 2) == (2, "") and devices.agreed_threads(2, 0) == (2, "")
+    threads, why = devices.agreed_threads(1, 3)
+    assert threads == 3 and "OMP_NUM_THREADS=1" in why and "\n" not in why
+
+
+def test_a_run_command_in_this_process_leaves_omp_num_threads_as_it_found_it(monkeypatch, capsys):
+    """A run that fails after the command set the ranks' count (here: a --world-size that --local contradicts) left
+    OMP_NUM_THREADS=2 in a test process once: every later job of that process then ran its ranks' main threads at 1
+    and gloo's at 2, and the ranks' models came apart under PowerSGD (CI, tests/cli/test_ctl_settings.py)."""
+    from ddptop import cli
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cli.main(["--local", "1", "--world-size", "3", "--model", "tiny", "--headless"]) == 2
+    assert "OMP_NUM_THREADS" not in os.environ
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert cli.main(["--local", "2", "--world-size", "3", "--threads", "1", "--model", "tiny", "--headless"]) == 2
+    assert os.environ["OMP_NUM_THREADS"] == "7"
+    assert capsys.readouterr().err.count("ranks but --world-size says 3") == 2  # refused where the test meant it
 
 
 # A user's model that writes, from each process that builds it (the front checks it on a sample batch before any rank
