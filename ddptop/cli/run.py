@@ -297,8 +297,8 @@ def _checked(argv: Sequence[str]) -> tuple:
     ensure_dataset(cfg)
     from ddptop.front.supervisor import forked
 
-    same = planned and not torch_before and forks.plan(cfg, rdv) == planned
-    if same and os.environ["OMP_NUM_THREADS"] == str(planned) and forked(cfg, rdv):
+    # planned is the count set above (one thread_count); the full rendezvous must plan the same
+    if planned and not torch_before and forks.plan(cfg, rdv) == planned and forked(cfg, rdv):
         forks.start()  # before the user's code (cmd_run) and the front start any thread
     return args, profile, cfg, rdv, metrics
 

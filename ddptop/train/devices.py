@@ -58,10 +58,10 @@ def openmp_default() -> int:
     try:
         with open("/proc/self/maps") as maps:
             path = next((line.split()[-1] for line in maps if "libgomp" in line.rsplit("/", 1)[-1]), "")
-        get = ctypes.CDLL(path).omp_get_max_threads if path else None
+        if not path:
+            return 0
+        get = ctypes.CDLL(path).omp_get_max_threads
     except (OSError, AttributeError):
-        return 0
-    if get is None:
         return 0
     out: list[int] = []
     thread = threading.Thread(target=lambda: out.append(int(get())), name="ddptop-omp-probe")
