@@ -160,20 +160,31 @@ def _form(name: str) -> dict[str, str]:
     return out
 
 
+def _focused(form: dict[str, str]) -> frozenset[str]:
+    """The labels of the fields drawn bold (the focused one)."""
+    return frozenset(label for label, line in form.items() if "\x1b[1m" in line)
+
+
 def _tab_to(name: str, label: str) -> None:
-    """Tab until the number field `label` is drawn focused (bold): each Tab waits for the form to be redrawn. A Tab
-    that reached the app instead of the form (a CI run under load: the form lost the focus as the strategy list
+    """Tab until the number field `label` is drawn focused (bold). Each Tab waits until the app has moved the focus
+    (another field drawn bold, or the form gone) before the next: a wait for any change of the form let a second Tab
+    go before the first was handled (a focused field's cursor blinks, which changes its line), and under load
+    (ci14, two busy loops beside the suite) the Tabs piled up in the app, walked past the form and cycled the panels
+    to the Overview. A Tab that reached the app instead of the form (the form lost the focus as the strategy list
     closed) picks the next panel: back to the controls (7) first, whose form keeps its edits."""
     for _ in range(12):
         if not _form(name):  # no field drawn: another panel (a 7 typed into a drawn form would be a digit)
             _tmux("send-keys", "-t", name, "7")
             _wait_for(name, "Change the running job", 10)
         form = _form(name)
-        if "\x1b[1m" in form.get(label, ""):
+        if label in _focused(form):
             return
         _keys(name, ["Tab"])
         deadline = time.monotonic() + 10
-        while _form(name) == form and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            now = _form(name)
+            if not now or _focused(now) != _focused(form):
+                break
             time.sleep(0.2)
     raise AssertionError(f"{label} never had the focus:\n{_screen(name)}")
 

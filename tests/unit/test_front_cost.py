@@ -120,3 +120,35 @@ def test_the_header_shows_the_fronts_cpu_per_step_over_its_last_readings():
     text = own_cost(state.snapshot())
     assert text.endswith(f" +{fmt_s(want)} front"), text
     assert "CPU on its threads" in text
+
+
+def test_the_header_shortens_ddptops_cost_before_it_cuts_the_recordings_name():
+    """At 160 columns with long figures the first line once ended "rec ● runs/20261128-130315-ddp.…" (an e2e run
+    under load): the name of the file being written is what a user needs from that line. The cost gives way: its
+    words first, then the figures after the share, then all of it; the name stays whole."""
+    from ddptop.state.session import SessionState
+    from ddptop.tui.widgets.header import StatusHeader
+
+    state = SessionState()
+    for s in range(30):
+        state.apply(StepDone(rank=0, step=s, epoch=0, segment=0, t=1000.0 + s, iter_s=0.08, data_s=0.0,
+                             compute_s=0.08, comm_s=0.0, exposed_comm_s=0.0, overlap=0.0, batch_size=16, loss=1.0,
+                             comm_bytes=0, tx_bytes=0, rx_bytes=0, sampled=False, own_s=0.0037, threads_s=0.0010))
+    state.apply_all([FrontCost(cpu_s=0.04, steps=10, step=10 + 10 * i, t=2.0 + i) for i in range(3)])
+    snap = state.snapshot()
+    name = "runs/20261128-130315-ddp.db"
+    header = StatusHeader("live", name, 100000)
+    whole = header._first_line(snap, True).plain
+    assert "of a step" in whole and "CPU on its threads" in whole and whole.endswith(f"rec ● {name}"), whole
+    seen = set()
+    for width in range(len(whole) + 5, 60, -1):
+        line = header._first_line(snap, True, width).plain
+        assert line.endswith(f" · rec ● {name}"), (width, line)
+        if len(whole) <= width:
+            assert line == whole, width
+        cost = line.split(" · ddptop ")[1].split(" · rec ")[0] if " · ddptop " in line else ""
+        assert len(line) <= width or not cost, (width, line)  # only when nothing but the name is left to cut
+        seen.add(("of a step" in cost, "threads" in cost, "front" in cost, bool(cost)))
+    # each wording appears as the line narrows: the whole, the short one (figures kept), the share alone, none
+    assert {(True, True, True, True), (False, True, True, True), (False, False, False, True),
+            (False, False, False, False)} <= seen, seen

@@ -1,5 +1,6 @@
 """Provides the status header: the run state first (it never scrolls or truncates away), then progress, rate,
-ddptop's own cost and the recording; the config in force and the job; the newest warning, action or notice."""
+ddptop's own cost (shortened, then left out, where the line would cut the recording's name) and the recording; the
+config in force and the job; the newest warning, action or notice."""
 
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ def run_state(snap: Snapshot, mode: str, replay: dict | None) -> tuple[str, str]
     return f"{playing} · job {state}", STATES.get(state, "dim")
 
 
-def own_cost(snap: Snapshot) -> str:
+def own_cost(snap: Snapshot, room: int | None = None) -> str:
     """ddptop's own time on the training thread, mean over running ranks' recent steps, and its share; then the CPU
-    its other threads spend per step on a rank, and its front's per job step."""
+    its other threads spend per step on a rank, and its front's per job step. `room`: the columns left for it; the
+    longest wording that fits (the figures kept, the words shortened, then the share alone, then nothing), so the
+    recording's name after it is not cut for it."""
     figures = [snap.recent(r) for r in snap.running]
     figures = [f for f in figures if f.steps]
     if not figures:
@@ -40,9 +43,11 @@ def own_cost(snap: Snapshot) -> str:
         return ""
     threads = sum(f.threads_s for f in figures) / len(figures)  # issue 42: beside own_s, CPU not step time
     front = snap.front_s  # the front process's CPU per job step (front.cost): rank 0's host pays it once
-    return (f"ddptop {fmt_s(own)} {own / step:.1%} of a step" + (f" +{fmt_s(threads)} CPU on its threads"
-                                                                  if threads > 0 else "")
-            + (f" +{fmt_s(front)} front" if front > 0 else ""))
+    share = f"ddptop {fmt_s(own)} {own / step:.1%}"
+    extra = [f" +{fmt_s(threads)}" if threads > 0 else "", f" +{fmt_s(front)} front" if front > 0 else ""]
+    wordings = (f"{share} of a step" + (f"{extra[0]} CPU on its threads" if extra[0] else "") + extra[1],
+                f"{share}" + (f"{extra[0]} threads" if extra[0] else "") + extra[1], share)
+    return next((w for w in wordings if room is None or len(w) <= room), "")
 
 
 class StatusHeader(Widget):
@@ -67,14 +72,15 @@ class StatusHeader(Widget):
         snap = self.snapshot or Snapshot()
         wide = self.size.width >= 120
         out = Text(no_wrap=True, overflow="ellipsis")
-        out.append_text(self._first_line(snap, wide))
+        out.append_text(self._first_line(snap, wide, self.size.width))
         out.append("\n")
         out.append_text(self._second_line(snap, wide))
         out.append("\n")
         out.append_text(self._third_line(snap))
         return out
 
-    def _first_line(self, snap: Snapshot, wide: bool) -> Text:
+    def _first_line(self, snap: Snapshot, wide: bool, width: int | None = None) -> Text:
+        """`width`: the columns to fit (None: no limit); only ddptop's cost gives way, never the recording's name."""
         out = Text()
         live = self.mode != "replay"
         out.append(" LIVE " if live else " REPLAY ", style="bold reverse " + (palette.GREEN if live else palette.SKY))
@@ -90,11 +96,13 @@ class StatusHeader(Widget):
             out.append(f" · {snap.images_per_s:,.0f} {rate_unit(snap)}")
             if snap.tokens_per_s > 0:  # the batches say how many tokens they hold
                 out.append(f" {snap.tokens_per_s:,.0f} tokens/s")
-        cost = own_cost(snap)
-        if cost and wide and not snap.finished:
-            out.append(f" · {cost}")
+        recording = self._recording()
+        if wide and not snap.finished:  # the cost in the columns the recording's name leaves
+            cost = own_cost(snap, None if width is None else width - len(out) - len(recording) - 6)
+            if cost:
+                out.append(f" · {cost}")
         out.append(" · ")
-        out.append_text(self._recording())
+        out.append_text(recording)
         return out
 
     def _recording(self) -> Text:
