@@ -12,7 +12,7 @@ import itertools
 import json
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -49,17 +49,44 @@ class Session:
     def call(self, op: str, body: dict[str, Any] | None = None, timeout_s: float | None = None) -> dict[str, Any]:
         """The front's reply to `op`, or SessionError (refused, malformed) / SessionTimeout."""
         with self._lock:
-            if self._sock is None:
-                self._sock = transport.client_socket(zmq.DEALER, self.job, self.role,
-                                                     transport.endpoint(self.host, self.port))
-                self._monitor = self._sock.get_monitor_socket(FAILED)
+            self._open()
             request_id = str(next(self._ids)).encode()
+            deadline = time.monotonic() + (timeout_s or self.timeout_s)
             try:
-                self._sock.send_multipart([request_id, op.encode(), json.dumps(body or {}).encode()])
-                return self._reply(request_id, time.monotonic() + (timeout_s or self.timeout_s))
+                self._send([request_id, op.encode(), json.dumps(body or {}).encode()], deadline)
+                return self._reply(request_id, deadline)
             except (SessionTimeout, SessionRefused):
                 self._drop()  # a late reply goes with the socket
                 raise
+
+    def _open(self) -> None:
+        if self._sock is None:
+            self._sock = transport.client_socket(zmq.DEALER, self.job, self.role,
+                                                 transport.endpoint(self.host, self.port))
+            self._monitor = self._sock.get_monitor_socket(FAILED)
+
+    def _send(self, frames: list[bytes], deadline: float) -> None:
+        """Send within the deadline. A handshake that already failed has dropped the socket's only pipe, and a
+        DEALER with no pipe blocks a send for ever: that is a refusal said at once, and a send that cannot leave
+        by the deadline is a timeout, never a hang."""
+        if self._monitor.poll(0):
+            self._refused()
+        self._sock.setsockopt(zmq.SNDTIMEO, max(1, int((deadline - time.monotonic()) * 1000)))
+        try:
+            self._sock.send_multipart(frames)
+        except zmq.Again:
+            if self._monitor.poll(0):
+                self._refused()
+            raise self._timeout() from None
+
+    def _refused(self) -> NoReturn:
+        self._monitor.recv_multipart()
+        raise SessionRefused(f"the job's front at {self.where} refused this {self.role}'s key, or could not "
+                             "prove its own: a wrong token, or not this job's front")
+
+    def _timeout(self) -> SessionTimeout:
+        return SessionTimeout(f"the job's front at {self.where} did not answer within {self.timeout_s:g} s "
+                              "(stopped, or gone)")
 
     def _reply(self, request_id: bytes, deadline: float) -> dict[str, Any]:
         poller = zmq.Poller()
@@ -69,12 +96,9 @@ class Session:
             left = deadline - time.monotonic()
             ready = dict(poller.poll(max(1, int(left * 1000)))) if left > 0 else {}
             if self._monitor in ready:
-                self._monitor.recv_multipart()
-                raise SessionRefused(f"the job's front at {self.where} refused this {self.role}'s key, or could not "
-                                     "prove its own: a wrong token, or not this job's front")
+                self._refused()
             if self._sock not in ready:
-                raise SessionTimeout(f"the job's front at {self.where} did not answer within "
-                                     f"{self.timeout_s:g} s (stopped, or gone)")
+                raise self._timeout()
             parts = self._sock.recv_multipart()
             if len(parts) != 2 or parts[0] != request_id:
                 continue  # an answer to an earlier call: never taken for this one's

@@ -49,6 +49,33 @@ def test_a_wrong_token_is_refused_at_once_and_reads_nothing(served):
     assert served.hub.requests and served.hub.made == 1  # nothing read, nothing changed
 
 
+def test_a_call_after_its_handshake_already_failed_is_refused_not_a_hang(served):
+    """CI's hang in stop 51: a DEALER whose key the front's ZAP refuses (the server's key right, its own not admitted)
+    loses its only pipe a moment after the handshake fails, and a plain send on it then blocks for ever. Here the
+    refusal comes first (the socket opened, the monitor's failure event waited for, then a second for the pipe to
+    go: enough here to block the old code's send every time), then the call: "refused" within seconds."""
+    stranger = Session("127.0.0.1", served.ports["ctl"], rank_only(JOB), "rank", 10)
+    stranger._open()
+    assert stranger._monitor.poll(5000), "the hub never refused the rank key's handshake"
+    time.sleep(1.5)
+    outcome: list = []
+
+    def call():
+        try:
+            stranger.call("status")
+        except SessionError as e:
+            outcome.append(e)
+
+    caller = threading.Thread(target=call, daemon=True)
+    began = time.monotonic()
+    caller.start()
+    caller.join(20)
+    assert not caller.is_alive(), "the call hung on a socket whose handshake had failed"
+    assert len(outcome) == 1 and isinstance(outcome[0], SessionRefused), outcome
+    assert "refused" in str(outcome[0]) and time.monotonic() - began < 5
+    assert served.hub.made == 0
+
+
 def test_each_role_has_only_its_rights(served):
     request = {"op": "pause", "changes": {}, "who": "t", "nonce": "n", "t": 1.0}
     for role, op in (("attach", "request"), ("attach", "sync"), ("ctl", "sync"), ("agent", "request"),
