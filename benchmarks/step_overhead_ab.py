@@ -66,6 +66,8 @@ MODES = ("plain", "off", "all")
 
 def plain_iteration(trainer: Trainer, forward, iterator, criterion, strategy: str, async_op: bool) -> None:
     inputs, labels = next(iterator)
+    inputs = inputs.to(trainer.device, non_blocking=True)  # what a plain loop does (pinned batches on a GPU)
+    labels = labels.to(trainer.device, non_blocking=True)
     trainer.optimizer.zero_grad(set_to_none=True)
     loss = criterion(forward(inputs), labels)
     loss.backward()
