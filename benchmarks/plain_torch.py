@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddptop.config import RunConfig, SyncConfig  # noqa: E402  (data and model definitions only)
+from ddptop.train import lifetime  # noqa: E402
 from ddptop.train.data import build_datasets, make_loader  # noqa: E402
 from ddptop.train.models import build_model  # noqa: E402
 
@@ -40,6 +41,7 @@ def sync_gradients(model, strategy, rank, world, async_op):
 
 
 def _rank(rank, world, port, strategy, async_op, model_name, batch, steps, threads, out_path):
+    lifetime.settle()  # as a ddptop rank starts: what it inherited frozen, the collector on (off in a forked server)
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     cfg = RunConfig(model=model_name, sync=SyncConfig(batch_size=batch), synthetic_size=max(12800, batch * world * steps))
@@ -72,12 +74,16 @@ def _rank(rank, world, port, strategy, async_op, model_name, batch, steps, threa
     dist.destroy_process_group()
 
 
-def step_times(strategy, async_op=False, model="vgg11", batch=64, steps=12, world=2, threads=None):
+def step_times(strategy, async_op=False, model="vgg11", batch=64, steps=12, world=2, threads=None,
+               start_method="spawn"):
+    """Rank 0's step times; the ranks start by `start_method` ("forkserver": from the server multiprocessing has,
+    step_overhead.py's forked out of its own process as ddptop's CPU ranks are)."""
     from ddptop.control.store import free_port
 
     threads = threads or max(1, (os.cpu_count() or 1) // world)
     out = f"/tmp/ddptop-plain-{os.getpid()}.txt"
-    mp.spawn(_rank, args=(world, free_port(), strategy, async_op, model, batch, steps, threads, out), nprocs=world)
+    mp.start_processes(_rank, args=(world, free_port(), strategy, async_op, model, batch, steps, threads, out),
+                       nprocs=world, start_method=start_method)
     with open(out) as f:
         times = [float(x) for x in f.read().split()]
     os.unlink(out)

@@ -12,6 +12,10 @@ optimizer step, and whatever the loop does around them):
 - all:   the same with `--probes all`: clock marks, every collective stamped (DDP through the comm hook), layer
          hooks every --span-every step, spans resolved on the publisher thread, the system sampler running.
 
+On the CPU the two ranks start as `ddptop run --local 2` starts its ranks (cli/run.py, front/forks.py): OMP_NUM_THREADS
+set to their thread count before torch loads, and forked from a server forked out of this process, so neither imports
+torch again (two spawned interpreters were ~15 of the smallest run's ~25 CPU-s).
+
 Besides the ratios it reports ddptop's own cost measured from inside: the median `own_s` of the StepDone events
 the ranks published (time the training thread spent in ddptop code), in µs and as a share of the step.
 
@@ -33,10 +37,33 @@ import statistics
 import sys
 import threading
 import time
+from multiprocessing import forkserver
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+CASES = [("single", False), ("gather-scatter", False), ("allreduce", False), ("allreduce", True), ("ddp", False)]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=4, help="blocks per mode")
+    ap.add_argument("--block-steps", type=int, default=10, help="timed steps per block (one sampled step in 10)")
+    ap.add_argument("--model", default="vgg11")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--span-every", type=int, default=10)
+    ap.add_argument("--cases", default=",".join(f"{s}{' async' if a else ''}" for s, a in CASES),
+                    help="which strategies, comma-separated (default: all five)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: one rank on GPU 0 with nccl (world size 1); cpu: two gloo ranks")
+    return ap
+
+
+if __name__ == "__main__" and parser().parse_known_args()[0].device == "cpu":
+    # the CPU ranks fork from this process (main): their thread count set before torch loads, as `ddptop run` sets
+    # it (cli/run.py), so that every thread of a rank (gloo's too) computes with it
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -55,12 +82,13 @@ from ddptop.control.hub import Hub  # noqa: E402
 from ddptop.events import StepDone  # noqa: E402
 from ddptop.probes.clock import clock_for  # noqa: E402
 from ddptop.probes.step import StepProbe  # noqa: E402
+from ddptop.front import forks  # noqa: E402
 from ddptop.sources.sampler import SystemSampler  # noqa: E402
+from ddptop.train import lifetime  # noqa: E402
 from ddptop.train.loop import Trainer  # noqa: E402
 
 BENCH_KEYS = JobKeys.from_token("benchmark-token", "0" * 32, b"benchmark-salt16")  # batches over CURVE as in a real job
 
-CASES = [("single", False), ("gather-scatter", False), ("allreduce", False), ("allreduce", True), ("ddp", False)]
 MODES = ("plain", "off", "all")
 
 
@@ -86,8 +114,10 @@ def ddptop_iteration(trainer: Trainer, agent: ControlAgent, criterion) -> None:
 
 
 def _rank(rank, world, port, hub_ports, args, out_path):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     cuda = args.device == "cuda"
+    if not cuda:  # forked, as a ddptop CPU rank starts: what it inherited frozen, the collector on (off in its server)
+        lifetime.settle()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -159,22 +189,15 @@ def _rank(rank, world, port, hub_ports, args, out_path):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--blocks", type=int, default=4, help="blocks per mode")
-    ap.add_argument("--block-steps", type=int, default=10, help="timed steps per block (one sampled step in 10)")
-    ap.add_argument("--model", default="vgg11")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--span-every", type=int, default=10)
-    ap.add_argument("--cases", default=",".join(f"{s}{' async' if a else ''}" for s, a in CASES),
-                    help="which strategies, comma-separated (default: all five)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                    help="cuda: one rank on GPU 0 with nccl (world size 1); cpu: two gloo ranks")
+    ap = parser()
     args = ap.parse_args()
     args.cases = [c.strip() for c in args.cases.split(",")]
     unknown = set(args.cases) - {f"{s}{' async' if a else ''}" for s, a in CASES}
     if unknown:
         ap.error(f"unknown --cases {sorted(unknown)}")
     world = 1 if args.device == "cuda" else 2
+    if args.device == "cpu":  # before any thread: the ranks fork from a server forked out of this process, as the CPU
+        forks.start()  # ranks of `ddptop run` do (front/forks.py), not two fresh interpreters importing torch again
     hub = Hub("127.0.0.1", BENCH_KEYS, world)  # the front's end of the transport, as in a real job
     done = threading.Event()
     events = []
@@ -186,7 +209,10 @@ def main() -> None:
     thread = threading.Thread(target=collect, daemon=True)
     thread.start()
     out = f"/tmp/ddptop-ab-{os.getpid()}.txt"
-    mp.spawn(_rank, args=(world, stores.free_port(), hub.endpoints(), args, out), nprocs=world)
+    mp.start_processes(_rank, args=(world, stores.free_port(), hub.endpoints(), args, out), nprocs=world,
+                       start_method="spawn" if args.device == "cuda" else "forkserver")
+    if args.device == "cpu":
+        forkserver._forkserver._stop()  # the server ends here, waited for (its CPU is this process's children's)
     time.sleep(0.5)
     done.set()
     thread.join()

@@ -103,7 +103,10 @@ def main() -> None:
         first, step0 = {p: ticks(p) for p in procs}, query(db, "SELECT max(step) FROM steps")[0]
         time.sleep(args.window)
         last, step1 = {p: ticks(p) for p in procs}, query(db, "SELECT max(step) FROM steps")[0]
-        time.sleep(3)  # the recorder commits about once a second
+        deadline = time.monotonic() + 30  # every step of the window recorded (a sampled step's row can come later)
+        while (query(db, "SELECT count(*) FROM steps WHERE step > ? AND step <= ?", step0, step1)[0] or 0) \
+                < step1 - step0 and time.monotonic() < deadline:
+            time.sleep(0.1)
         own, threads, step_s = query(db, "SELECT avg(own_s), avg(threads_s), avg(iter_s) FROM steps "
                                          "WHERE step > ? AND step <= ?", step0, step1)
     finally:

@@ -81,6 +81,12 @@ def backend() -> list[str]:
     return ["--backend", "gloo"] if CPU else ["--backend", "nccl"]
 
 
+def small_batch() -> list[str]:
+    """--cpu: batch 8 of a 1,600-image set where the run's checks do not depend on either (the default 64 made a
+    tiny-model step ~130 ms of both cores, most of a dry run's CPU); on a GPU the defaults, as ever."""
+    return ["--batch-size", "8", "--synthetic-size", "1600"] if CPU else []
+
+
 def gpu_count() -> int:
     import torch
 
@@ -104,11 +110,12 @@ def check_cuda() -> None:
 
 
 def run_nccl1() -> str:
-    """A 1-rank nccl run (VGG-11, 60 steps; --cpu: gloo, the tiny model, 25 steps): its recording, '' if it failed."""
+    """A 1-rank nccl run (VGG-11, 60 steps; --cpu: gloo, the tiny model at batch 8, 25 steps): its recording, '' if
+    it failed."""
     db = fresh("nccl1.db")
     model, steps = ("tiny", "25") if CPU else ("vgg11", "60")
-    run = ddptop("--headless", "--local", "1", *backend(), "--model", model, "--steps", steps, "--span-every", "5",
-                 "--no-eval", "--record", db, log="nccl1")
+    run = ddptop("--headless", "--local", "1", *backend(), "--model", model, *small_batch(), "--steps", steps,
+                 "--span-every", "5", "--no-eval", "--record", db, log="nccl1")
     if not check("nccl world size 1", run.returncode == 0, run.stderr.strip().splitlines()[-1:]):
         return ""
     (joined,) = events(db, "rank_joined")
@@ -207,8 +214,8 @@ def check_gloo_on_cuda() -> None:
     device = [] if CPU else ["--device", "cuda"]
     for strategy in ("ddp",) if CPU else ("allreduce", "ddp"):  # --cpu: one is the plumbing of both
         db = fresh(f"gloo-cuda-{strategy}.db")
-        run = ddptop("--headless", "--local", "2", "--backend", "gloo", *device, "--model", "tiny", "--steps", "10",
-                     "--strategy", strategy, "--no-eval", "--record", db, log=f"gloo-cuda-{strategy}")
+        run = ddptop("--headless", "--local", "2", "--backend", "gloo", *device, "--model", "tiny", *small_batch(),
+                     "--steps", "10", "--strategy", strategy, "--no-eval", "--record", db, log=f"gloo-cuda-{strategy}")
         ok = run.returncode == 0
         if ok:
             joined = {e["rank"]: e["device"] for e in events(db, "rank_joined")}
@@ -305,8 +312,11 @@ def check_live_roll_back() -> None:
         env["DDPTOP_TEST_MODEL"] = "oom-batch=4096"
     db = fresh("oom-live.db")
     model = "tiny" if CPU else "resnet18"
+    # the batch trained, one that does not fit, one that does, the data set's size (at least the batch that does not
+    # fit); --cpu: the OOM hook refuses 4096 and up, and smaller figures keep the tiny model's steps short
+    batch, big, fits, size = (32, 8192, 64, 8192) if CPU else (128, 65536, 256, 65536)
     job = subprocess.Popen(DDPTOP + ["--headless", "--local", "1", *backend(), "--model", model, "--batch-size",
-                                     "128", "--steps", "100000", "--synthetic-size", "65536", "--no-eval",
+                                     str(batch), "--steps", "100000", "--synthetic-size", str(size), "--no-eval",
                                      "--log-every", "20", "--record", db], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
 
@@ -316,18 +326,28 @@ def check_live_roll_back() -> None:
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
+            if CPU:  # the recording's rows, not a `ctl` process a second (~0.7 CPU-s each) while the job starts
+                if job.poll() is not None or recorded_step(db) >= 20:
+                    break
+                time.sleep(0.2)
+                continue
             status = ctl("status", "--json")
             if status.returncode == 0 and json.loads(status.stdout)["step"] >= 20:
                 break
             time.sleep(1)
-        big = ctl("set", "batch_size=65536")
-        check("ctl set of a batch that does not fit", big.returncode == 1 and "rolled back at step" in big.stderr,
-              big.stderr.strip())
+        refused = ctl("set", f"batch_size={big}")
+        check("ctl set of a batch that does not fit",
+              refused.returncode == 1 and "rolled back at step" in refused.stderr, refused.stderr.strip())
         after = json.loads(ctl("status", "--json").stdout)
-        check("the job keeps the previous batch", after["config"]["batch_size"] == 128, f"status {after['config']}")
-        fits = ctl("set", "batch_size=256")
-        check("a batch that fits is applied after the trial step", fits.returncode == 0, fits.stdout.strip())
-        time.sleep(2 if CPU else 10)  # on a GPU: NVML samples (every 0.5 s) well after the roll-back
+        check("the job keeps the previous batch", after["config"]["batch_size"] == batch, f"status {after['config']}")
+        fits_set = ctl("set", f"batch_size={fits}")
+        check("a batch that fits is applied after the trial step", fits_set.returncode == 0, fits_set.stdout.strip())
+        if CPU:  # the job trains on: a step at that batch recorded (the recorder commits about once a second)
+            while fits_set.returncode == 0 and time.monotonic() < deadline and job.poll() is None and \
+                    recorded_step(db, fits) < 0:
+                time.sleep(0.2)
+        else:
+            time.sleep(10)  # on a GPU: NVML samples (every 0.5 s) well after the roll-back
         ctl("stop")
         out, err = job.communicate(timeout=120)
     finally:
@@ -347,6 +367,22 @@ def check_live_roll_back() -> None:
             later = [p for t, p in proc if when + 2 < t and p]
             check("memory handed back after the roll-back", bool(later) and min(later) < before * 1.5,
                   f"process GPU memory before {before / 2**30:.2f} GiB, after {min(later, default=0) / 2**30:.2f} GiB")
+
+
+def recorded_step(db: str, batch: int = 0) -> int:
+    """The newest step of rank 0 the recording holds (at `batch` per rank, if given), -1 for none or no file yet."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+    except sqlite3.Error:  # not made yet
+        return -1
+    try:
+        (step,) = conn.execute("SELECT max(step) FROM steps WHERE rank = 0 AND (? = 0 OR batch_size = ?)",
+                               (batch, batch)).fetchone()
+    except sqlite3.Error:  # its tables not made yet
+        return -1
+    finally:
+        conn.close()
+    return -1 if step is None else step
 
 
 def check_q1_profile() -> None:

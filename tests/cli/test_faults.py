@@ -102,7 +102,7 @@ def test_a_killed_worker_is_reported_and_the_job_ends(tmp_path):
     assert len(servers) == 1 and psutil.Process(servers.pop()).name() == forks.NAME  # forked out of the command
     server = psutil.Process(ranks[0].ppid())
     assert server.ppid() == front.pid
-    time.sleep(1)
+    committed(record, 3)  # each rank's first steps sent and recorded before the kill (checked below)
     with Calibrated() as cal:
         killed_at = time.time()
         ranks[1].kill()
@@ -417,6 +417,8 @@ def test_ctrl_c_at_any_moment_of_start_up_exits_as_documented(moment):
 
 
 def test_two_jobs_on_one_port_at_two_addresses_keep_their_own_job_files():
+    """Each job, once it trained a step, is paused (`ctl pause` through its own job file): its rank idles while the
+    other job starts and the job files are read; it still answers, and a stop still ends it (exit 0)."""
     port = str(ports.port())  # bindable on every address: free at both
     common = ["--rank", "0", "--world-size", "1", "--port", port, *LONG]
     first, second = start("--master", "127.0.0.1", *common), start("--master", "127.0.0.2", *common)
@@ -425,7 +427,9 @@ def test_two_jobs_on_one_port_at_two_addresses_keep_their_own_job_files():
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    if ControlClient.find(master, int(port), None).status()["step"] >= 1:
+                    client = ControlClient.find(master, int(port), None)
+                    if client.status()["step"] >= 1:
+                        client.send("pause")
                         break
                 except DdptopError:
                     assert proc.poll() is None, f"the job at {master} ended: {proc.communicate()}"

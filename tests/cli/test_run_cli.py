@@ -32,15 +32,41 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *words
     assert lines and all(w in lines[-1] for w in words), result.stderr
 
 
-@pytest.mark.parametrize("strategy", ["single", "gather-scatter", "allreduce", "ddp"])
-def test_each_strategy_runs_headless_on_two_local_ranks(strategy):
-    result = ddptop("--local", "2", "--steps", "6", "--strategy", strategy, "--log-every", "3", *TINY)
+STRATEGIES = ["single", "gather-scatter", "allreduce", "ddp"]
+
+
+def test_each_strategy_runs_headless_on_two_local_ranks(tmp_path):
+    """The four strategies on 2 local ranks, headless, in one job: a sweep (a profile file of the test's own), 3 steps
+    each, a line every 3 steps, so each segment's last step has its line, over that segment's steps only. Each
+    strategy, checked on its own: it runs (the job names it as it starts or switches to it, and in the closing
+    segment table), its line says s/it and img/s, and a strategy that synchronizes says rank 0's comm share, overlap
+    and MB sent (--probes all)."""
+    per = 3
+    profile = tmp_path / "each.toml"
+    configs = ", ".join(f'{{ strategy = "{s}" }}' for s in STRATEGIES)
+    profile.write_text(f"[sweep]\nwarmup = 1\nmeasure = {per - 1}\nconfigs = [{configs}]\n")
+    result = ddptop("--local", "2", "--profile", str(profile), "--log-every", str(per), *TINY)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert any(line.startswith("step 6/6 loss ") and " s/it " in line and " img/s" in line for line in lines)
-    assert "finished: 6 steps on 2 ranks (done)" in lines
-    if strategy != "single":  # --probes all prints comm share, overlap and MB sent
-        assert any("comm " in line and "overlap " in line and " MB" in line for line in lines)
+    total = per * len(STRATEGIES)
+    table = lines[lines.index("segments:") + 2:][:len(STRATEGIES)]
+    failed = {}
+    for segment, strategy in enumerate(STRATEGIES):
+        started = (any(line.startswith("training tiny ") and f", 2 ranks, {strategy}, batch 16/rank" in line
+                       for line in lines) if segment == 0 else
+                   f"step {segment * per}: now {strategy} " in "\n".join(lines))
+        step = [line for line in lines if line.startswith(f"step {(segment + 1) * per}/{total} loss ")]
+        checks = {"started": started,
+                  "in the segment table": table[segment].split()[:3] == [str(segment), f"{segment * per}-"
+                                                                          f"{(segment + 1) * per - 1}", strategy],
+                  "its step line": len(step) == 1 and " s/it " in step[0] and " img/s " in step[0] and
+                  f"(segment {segment}, 2 ranks)" in step[0],
+                  "comm, overlap and MB": strategy == "single" or (len(step) == 1 and "comm " in step[0] and
+                                                                    "overlap " in step[0] and " MB" in step[0])}
+        if not all(checks.values()):
+            failed[strategy] = [what for what, ok in checks.items() if not ok]
+    assert not failed, (failed, result.stdout)
+    assert f"finished: {total} steps on 2 ranks (done)" in lines
 
 
 def test_epoch_end_prints_the_course_test_line():

@@ -1,10 +1,11 @@
 """Each rank's memory by kind (issue 43) against what ddptop did not compute: a real 2-rank gloo job of the wide MLP,
-recorded. The parameters', gradients' and optimizer state's bytes equal torch's own sizes of the same model built
-here (SGD with momentum: one buffer per parameter once a step ran); the unique memory each rank reported agrees with
-/proc/PID/smaps_rollup read by this test from the rank's process while it trains; the report's memory table and
-`info` (text and --json) say what SQL on the recording says. Then, sharded storage: on 2 gloo ranks, FSDP2's
-fully_shard and ZeroRedundancyOptimizer (what zero1/2/3 are built from) hold half of each kind where ddptop's count
-says so, against torch's local shards."""
+recorded (each forward after a sleep: the samples come every 5 s whatever the steps' pace, and what a rank holds does
+not depend on it, so the ranks idle through the test's 10 s instead of stepping). The parameters', gradients' and
+optimizer state's bytes equal torch's own sizes of the same model built here (SGD with momentum: one buffer per
+parameter once a step ran); the unique memory each rank reported agrees with /proc/PID/smaps_rollup read by this test
+from the rank's process while it trains; the report's memory table and `info` (text and --json) say what SQL on the
+recording says. Then, sharded storage: on 2 gloo ranks, FSDP2's fully_shard and ZeroRedundancyOptimizer (what
+zero1/2/3 are built from) hold half of each kind where ddptop's count says so, against torch's local shards."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,7 +28,30 @@ from procs import recording_rows, unique_memory, wait_while_running
 from ddptop.examples.wide_mlp import mlp
 
 DDPTOP = [sys.executable, "-m", "ddptop"]
-MODEL = "ddptop.examples.wide_mlp:mlp"
+PACE_S = 0.25  # slept before each forward: a step of the wide MLP is about 0.05 s of one core
+PACED = f"""
+import time
+
+from torch import nn
+
+from ddptop.examples.wide_mlp import mlp
+
+
+class Paced(nn.Module):
+    \"\"\"The wide MLP, each forward {PACE_S} s later: no parameter, buffer or state of its own.\"\"\"
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        time.sleep({PACE_S})
+        return self.model(x)
+
+
+def paced_mlp(num_classes=10):
+    return Paced(mlp(num_classes))
+"""
 
 
 
@@ -39,10 +64,11 @@ MODEL = "ddptop.examples.wide_mlp:mlp"
 def job(tmp_path_factory):
     """A recorded run; while it trains, each rank's unique memory read from /proc: (file, {rank: [(t, bytes)]})."""
     folder = tmp_path_factory.mktemp("memory")
+    (folder / "paced.py").write_text(PACED)
     record = folder / "mem.db"
-    proc = subprocess.Popen(DDPTOP + ["--headless", "--local", "2", "--backend", "gloo", "--model", MODEL,
-                                      "--batch-size", "32", "--steps", "5000", "--no-eval", "--port",
-                                      str(ports.port()), "--record", str(record)],
+    proc = subprocess.Popen(DDPTOP + ["--headless", "--local", "2", "--backend", "gloo", "--model",
+                                      "paced.py:paced_mlp", "--batch-size", "32", "--steps", "5000", "--no-eval",
+                                      "--port", str(ports.port()), "--record", str(record)],
                             cwd=folder, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         def pids():
@@ -173,9 +199,32 @@ def _sharded(rank: int, port: int, out) -> None:
         dist.destroy_process_group()
 
 
+def _forked_ranks(port: int, out) -> None:
+    """A fresh process (spawned) imports torch and what fully_shard imports on its first call (torch._dynamo) once,
+    then forks the two ranks: no thread, no parallel op ran here yet, as in ddptop's own fork server."""
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.optim  # noqa: F401
+
+    import ddptop.probes.memory  # noqa: F401
+
+    mp.start_processes(_sharded, args=(port, out), nprocs=2, join=True, start_method="fork")
+
+
 def test_sharded_parameters_gradients_and_state_count_the_ranks_own_shard():
-    queue = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_sharded, args=(ports.port(), queue), nprocs=2, join=True)
+    spawn = mp.get_context("spawn")
+    queue = spawn.SimpleQueue()
+    launcher = spawn.Process(target=_forked_ranks, args=(ports.port(), queue))
+    launcher.start()
+    try:
+        launcher.join(300)
+        assert launcher.exitcode == 0, f"the ranks failed (their traceback above) or ran past 300 s: {launcher.exitcode}"
+    finally:
+        if launcher.is_alive():
+            for child in psutil.Process(launcher.pid).children(recursive=True):
+                child.kill()
+            launcher.kill()
+            launcher.join()
     got = dict((rank, rest) for rank, *rest in [queue.get() for _ in range(2)])
     size = sum(p.numel() * p.element_size() for p in mlp().parameters())
     for rank, ((counted, truth, rows), (zero_counted, zero_mine)) in got.items():

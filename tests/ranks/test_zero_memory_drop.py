@@ -43,11 +43,20 @@ def blocks(num_classes):
 
 
 
+STEPS_IN = 3  # steps of every rank in a segment before its reading: momentum exists after its first (SGD makes it
+#              there; a switch carries it over), DDP rebuilds its buckets in its second's forward
+
+
 def _steady(record, segment: int, proc) -> None:
-    """Three memory samples of every rank in `segment` (the first is taken at its first step, the next every 5 s)."""
-    wait_while_running(f"three memory samples of each rank in segment {segment}", lambda: len(recording_rows(
-        record, "SELECT rank FROM memory WHERE segment = ? GROUP BY rank HAVING count(*) >= 3", (segment,))) == WORLD,
-        proc, 240.0)
+    """Every rank in `segment`: its first memory row (taken at the segment's first step: what the strategy holds,
+    recorded) and STEPS_IN steps done (the momentum made, past the first steps' one-off allocations)."""
+    def ready() -> bool:
+        sampled = recording_rows(record, "SELECT DISTINCT rank FROM memory WHERE segment = ?", (segment,))
+        stepped = recording_rows(record, "SELECT rank FROM steps WHERE segment = ? GROUP BY rank HAVING count(*) >= ?",
+                                 (segment, STEPS_IN))
+        return len(sampled) == WORLD and len(stepped) == WORLD
+
+    wait_while_running(f"each rank's first memory row and {STEPS_IN} steps in segment {segment}", ready, proc, 240.0)
 
 
 def _read(pids: dict[int, int]) -> dict[int, int]:

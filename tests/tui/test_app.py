@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import pathlib
 import sys
+import threading
+import time
 
 import pytest
 from textual.widgets import Input, Select, Switch, TabbedContent
@@ -312,84 +315,174 @@ async def test_a_number_field_takes_digits_esc_discards_and_the_footer_says_so(r
         assert not [m for m in posted if isinstance(m, ApplyRequested)] and connect.calls == 0
 
 
-@contextlib.contextmanager
-def _live_on_a_tiny_job(replay_at_end, tmp_path):
-    """tests/cli/test_tune.py's headless 2-rank tiny DDP job, started and answering, and a live app whose controls
-    reach it through the client the live screen opens (role "tui"): (app, stop); stop() ends the job, (out, err)."""
+class _TinyJob:
+    """tests/cli/test_tune.py's headless 2-rank tiny DDP job (batch 16), its output read as it comes, and live apps
+    whose controls reach it through the client the live screen opens (role "tui"). The tuner measures each trial
+    over 8 steps (testhooks.tune_steps: what the button's test checks does not depend on the trial's length;
+    cli/test_tune.py tunes over the full 20)."""
+
+    def __init__(self, folder: pathlib.Path):
+        from test_tune import TOKEN, _job
+
+        import ports
+
+        self.token, self.port, self.db = TOKEN, ports.port(), folder / "run.db"
+        self.proc = _job(folder, self.port, "--strategy", "ddp", "--batch-size", "16",
+                         env={"DDPTOP_TEST_FRONT": "tune-steps:8"})
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=lambda f=f, into=into: into.extend(f), daemon=True)
+                        for f, into in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    def wait(self, what: str, check, deadline_s: float = 60.0):
+        """`check()`'s first true value, polled while the job runs; what it wrote in the failure."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            got = check()
+            if got:
+                return got
+            assert self.proc.poll() is None, f"the job ended before {what}: {''.join(self.err)[-3000:]}"
+            time.sleep(0.2)
+        raise AssertionError(f"no {what} within {deadline_s:.0f} s")
+
+    def client(self):
+        """A control client once rank 0 answers."""
+        from ddptop.control.client import ControlClient
+
+        def answering():
+            with contextlib.suppress(Exception):  # not listening yet, or rank 0 not there yet
+                client = ControlClient("127.0.0.1", self.port, self.token)
+                client.status()
+                return client
+
+        return self.wait("rank 0's answer", answering)
+
+    @contextlib.asynccontextmanager
+    async def used(self):
+        """Rank 0's status once it answers, waited for beside the test's app (started first: the job does not
+        train while the app starts); the job is paused when the test is done (`pause`: its ranks idle until a later
+        test resumes it, just before it asks the job for something; the recording is complete up to the pause)."""
+        try:
+            yield await asyncio.to_thread(lambda: self.client().status())
+        finally:
+            if self.proc.poll() is None:
+                await asyncio.to_thread(self.pause)
+
+    async def resumed(self) -> None:
+        if (await asyncio.to_thread(lambda: self.client().status()))["paused"]:
+            await asyncio.to_thread(self.client().send, "resume")
+
+    def app(self, replay) -> DdptopApp:
+        from ddptop.control.client import ControlClient
+
+        return DdptopApp(compose(replay), mode="live",
+                         connect=lambda: ControlClient("127.0.0.1", self.port, self.token, role="tui"))
+
+    def printed(self, text: str) -> str:
+        """The job's stdout once `text` is in it (the job prints a line, then the reader gets it)."""
+        return self.wait(f"{text!r} on the job's stdout", lambda: text in "".join(self.out) and "".join(self.out))
+
+    def pause(self) -> None:
+        """Pause the job, and wait until the recording holds each rank's pause: everything a rank sent before it (its
+        steps, the configs it applied, its memory samples) is in the recording then, as once the job is stopped (a
+        rank's events reach the recording in its order), and nothing comes after it until a test resumes the job."""
+        from procs import recording_rows
+
+        client = self.client()
+        client.send("pause")
+        status = self.wait("rank 0 paused", lambda: (s := client.status())["paused"] and s)
+        self.wait(f"both ranks' pause at step {status['step']} in the recording", lambda: recording_rows(
+            self.db, "SELECT count(DISTINCT rank) FROM events WHERE kind = 'run_state' AND step = ? AND "
+            "json_extract(data, '$.paused')", (status["step"],)) == [(2,)])
+
+    def stop(self) -> None:
+        self.client().send("stop")
+        self.proc.wait(timeout=120)
+        for reader in self.readers:
+            reader.join(timeout=30)
+        assert self.proc.returncode == 0, "".join(self.err)[-3000:]
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory):
+    """One job for the two tests of the controls that reach a real job, in the file's order: the tune button's
+    (tune bucket wants ddp, the job's start), then the shard unit field's (it leaves the job on zero3). Stopped at
+    the module's end (exit 0), killed if something is left."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cli"))
-    from test_tune import TOKEN, _job, _stop
-
-    from ddptop.control.client import ControlClient
-    import ports
-    from jobs import connect, killed_if_left
-
-    port = ports.port()
-    with killed_if_left(_job(tmp_path, port, "--strategy", "ddp")) as proc:
-        connect(port, TOKEN)  # rank 0 answers: the job is up
-        yield (DdptopApp(compose(replay_at_end), mode="live",
-                         connect=lambda: ControlClient("127.0.0.1", port, TOKEN, role="tui")),
-               lambda: _stop(proc, port))
+    job = _TinyJob(tmp_path_factory.mktemp("tiny-job"))
+    try:
+        yield job
+        job.stop()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
 
 
-async def test_the_tune_button_asks_the_job_and_says_its_answer_in_the_panel(replay_at_end, tmp_path):
-    """Tune buckets on a real 2-rank DDP job (tests/cli/test_tune.py's headless tiny job, started here): the button's
+async def test_the_tune_button_asks_the_job_and_says_its_answer_in_the_panel(replay_at_end, tiny_job):
+    """Tune buckets on a real 2-rank DDP job (tests/cli/test_tune.py's headless tiny job, the module's): the button's
     request reaches the job through the client the live screen opens (front/screen.py's ControlClient, role "tui"),
     and the panel's status line is the job's answer, checked against what the app did not compute: the line the job
     itself printed when its tune ended, and the tune's note in its recording (SQL, test_tune's check; its request
-    id 1: the only request, the button's)."""
+    id 1: the job's first request, the button's)."""
     posted = []
-    with _live_on_a_tiny_job(replay_at_end, tmp_path) as (app, stop):
-        async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
-            await pilot.press("7")
-            await pilot.click("#tune")
-            await app.workers.wait_for_complete()
-            await pilot.pause()
-            panel = app.query_one(ControlsPanel)
-            status, kind = panel.status, panel.status_kind
-        out, _ = stop()
+    app = tiny_job.app(replay_at_end)
+    async with app.run_test(size=BIG, message_hook=posted.append) as pilot, tiny_job.used() as before:
+        assert (before["segment"], before["config"]["strategy"], before["paused"]) == (0, "ddp", False), \
+            f"the job is not the fresh ddp job this test runs first on: {before}"
+        await pilot.press("7")
+        await pilot.click("#tune")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        panel = app.query_one(ControlsPanel)
+        status, kind = panel.status, panel.status_kind
     assert any(type(m).__name__ == "TuneRequested" for m in posted)
     assert status.startswith("tune bucket: kept ") and kind == "ok", status
-    assert status in out, (status, out[-2000:])  # the job's own printed line, word for word
-    from test_tune import check_tune_recording  # on sys.path once the job started (_live_on_a_tiny_job)
+    tiny_job.printed(status)  # the job's own printed line, word for word
+    from test_tune import check_tune_recording  # on sys.path once the module's job started
 
-    note = check_tune_recording(tmp_path / "run.db")
+    note = check_tune_recording(tiny_job.db)
     assert note["request_id"] == 1, note
 
 
 async def test_the_shard_unit_field_is_zero2_and_zero3s_and_a_unit_that_names_no_module_is_refused(replay_at_end,
-                                                                                                tmp_path):
-    """The shard unit field on a real 2-rank tiny DDP job (test_tune's headless job, as the tune button's test): off
-    while the form's strategy is not zero2/zero3 and never sent then; on for zero3, a misspelt unit refused here in one
-    line (nothing sent), a unit that names no module of the model refused by rank 0 in one line (the job unchanged),
-    then `Conv2d` applied. The recording says what reached the job (SQL): one zero3 segment, shard_unit Conv2d."""
+                                                                                                tiny_job):
+    """The shard unit field on a real 2-rank tiny DDP job (test_tune's headless job, the module's, after the tune
+    button's test): off while the form's strategy is not zero2/zero3 and never sent then; on for zero3, a misspelt
+    unit refused here in one line (nothing sent), a unit that names no module of the model refused by rank 0 in one
+    line (the job unchanged), then `Conv2d` applied. The recording says what reached the job (SQL): from the segment
+    in force before, one zero3 segment, shard_unit Conv2d."""
     import sqlite3
 
     posted, said = [], []
-    with _live_on_a_tiny_job(replay_at_end, tmp_path) as (app, stop):
-        async with app.run_test(size=BIG, message_hook=posted.append) as pilot:
-            await pilot.press("7")
-            panel = app.query_one(ControlsPanel)
-            unit, strategy = panel.query_one("#unit", Input), panel.query_one("#strategy", Select)
-            assert unit.disabled and strategy.value == "allreduce"  # the fixture's strategy in force
+    app = tiny_job.app(replay_at_end)
+    async with app.run_test(size=BIG, message_hook=posted.append) as pilot, tiny_job.used() as before:
+        assert before["config"]["strategy"] == "ddp", before
+        await pilot.press("7")
+        panel = app.query_one(ControlsPanel)
+        unit, strategy = panel.query_one("#unit", Input), panel.query_one("#strategy", Select)
+        assert unit.disabled and strategy.value == "allreduce"  # the fixture's strategy in force
 
-            async def apply(text: str) -> None:
-                unit.value = text
-                await pilot.pause(0.6)  # two quick clicks would make one double click
-                await pilot.click("#apply")
-                await app.workers.wait_for_complete()
-                await pilot.pause()
-                said.append((panel.status, panel.status_kind))
+        async def apply(text: str) -> None:
+            unit.value = text
+            await pilot.pause(0.6)  # two quick clicks would make one double click
+            await pilot.click("#apply")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            said.append((panel.status, panel.status_kind))
 
-            strategy.value = "zero3"
-            await pilot.pause()
-            assert not unit.disabled
-            await apply("Conv2d;")  # not a module name's spelling: the form's own check
-            await apply("NoSuchBlock")  # a name rank 0 finds no module for
-            await apply("Conv2d")
-            strategy.value = "ddp"
-            await pilot.pause()
-            assert unit.disabled and "shard_unit" not in str(panel.query_one("#preview").render())
-        stop()
+        strategy.value = "zero3"
+        await pilot.pause()
+        assert not unit.disabled
+        await apply("Conv2d;")  # not a module name's spelling: the form's own check
+        await tiny_job.resumed()  # what follows reaches the job: it trains again
+        await apply("NoSuchBlock")  # a name rank 0 finds no module for
+        await apply("Conv2d")
+        strategy.value = "ddp"
+        await pilot.pause()
+        assert unit.disabled and "shard_unit" not in str(panel.query_one("#preview").render())
     (misspelt, kind1), (nomodule, kind2), (applied, kind3) = said
     assert kind1 == "error" and misspelt.startswith("shard_unit must be up to 64 module class names"), misspelt
     assert kind2 == "error" and "\n" not in nomodule, nomodule
@@ -398,8 +491,9 @@ async def test_the_shard_unit_field_is_zero2_and_zero3s_and_a_unit_that_names_no
     assert kind3 == "ok" and applied.startswith("applied at step "), applied
     sent = list({id(m): m.changes for m in posted if isinstance(m, ApplyRequested)}.values())
     assert [c.get("shard_unit") for c in sent] == ["NoSuchBlock", "Conv2d"], sent  # the misspelt one never left
-    with sqlite3.connect(tmp_path / "run.db") as con:
-        configs = [json.loads(c) for (c,) in con.execute("SELECT config FROM segments ORDER BY segment")]
+    with sqlite3.connect(tiny_job.db) as con:
+        configs = [json.loads(c) for (c,) in con.execute("SELECT config FROM segments WHERE segment >= ? ORDER BY "
+                                                         "segment", (before["segment"],))]
     assert [(c["strategy"], c["shard_unit"]) for c in configs] == [("ddp", ""), ("zero3", "Conv2d")], configs
 
 
