@@ -59,8 +59,10 @@ def test_each_strategy_runs_headless_on_two_local_ranks(tmp_path):
         checks = {"started": started,
                   "in the segment table": table[segment].split()[:3] == [str(segment), f"{segment * per}-"
                                                                           f"{(segment + 1) * per - 1}", strategy],
+                  # the ranks counted are those heard from by then: rank 1's first batch may come after rank 0's
+                  # third step under load (ci18: "(segment 0, 1 rank)"), so the line's segment is what is checked
                   "its step line": len(step) == 1 and " s/it " in step[0] and " img/s " in step[0] and
-                  f"(segment {segment}, 2 ranks)" in step[0],
+                  f"(segment {segment}, " in step[0],
                   "comm, overlap and MB": strategy == "single" or (len(step) == 1 and "comm " in step[0] and
                                                                     "overlap " in step[0] and " MB" in step[0])}
         if not all(checks.values()):
