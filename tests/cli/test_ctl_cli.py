@@ -9,7 +9,9 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -30,14 +32,37 @@ def assert_refused(result: subprocess.CompletedProcess, reason: str) -> None:
     assert result.stderr.strip() == f"ddptop: refused: {reason}", result.stderr
 
 
+def _job_answers(folder: Path) -> bool:
+    """Rank 0 answers a job whose file is in `folder`, asked in this process as `ctl status` asks it."""
+    from ddptop.control.client import ControlClient
+
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            job = json.loads(path.read_text())
+            client = ControlClient(job["master"], job["port"], job["token"], prefix=job.get("prefix", ""))
+            try:
+                client.status()
+            finally:
+                client.session.close()
+            return True
+        except Exception:  # no file yet, an ended job's note (no token), a store or rank 0 not up yet
+            pass
+    return False
+
+
 def wait_for_status(env: dict, deadline_s: float = 60) -> str:
-    deadline = time.monotonic() + deadline_s
+    """`ctl status`'s output once the job answers. Until rank 0 answers, this process asks it (from the job file in
+    the env's DDPTOP_STATE_DIR), and `ctl status` runs once it does: a `ctl` process every 0.5 s costs ~0.35 CPU-s
+    each, and a job starting beside other work takes 10-30 s."""
+    deadline, result = time.monotonic() + deadline_s, None
+    folder = env.get("DDPTOP_STATE_DIR")
     while time.monotonic() < deadline:
-        result = ctl("status", env=env)
-        if result.returncode == 0:
-            return result.stdout
+        if folder is None or _job_answers(Path(folder)):
+            result = ctl("status", env=env)
+            if result.returncode == 0:
+                return result.stdout
         time.sleep(0.5)
-    raise AssertionError(f"the job never answered: {result.stderr}")
+    raise AssertionError(f"the job never answered: {result.stderr if result else 'not in this process either'}")
 
 
 class SharedJob:
@@ -45,7 +70,8 @@ class SharedJob:
     reads the job), then test_ctl_changes_a_running_job_and_stops_it changes, pauses and stops it. One start instead
     of two (each a front and two ranks importing torch), in the file's order; in any other (node ids given in
     another order, one test alone) a test that finds the job ended gets a new one. Each job has a state folder of
-    its own (job files, the note an ended job leaves)."""
+    its own (job files, the note an ended job leaves). Its forward pass sleeps 100 ms (a test hook): the tests only
+    need it to run while they attach, ask and change it, and a tiny model's ~40 ms steps kept both cores busy."""
 
     def __init__(self, folder):
         self.folder, self.started, self.job, self.env = folder, 0, None, {}
@@ -53,7 +79,8 @@ class SharedJob:
     def running(self) -> tuple[subprocess.Popen, dict, object]:
         if self.job is None or self.job.poll() is not None:
             self.started += 1
-            self.env = {**os.environ, "DDPTOP_STATE_DIR": str(self.folder / f"jobs-{self.started}")}
+            self.env = {**os.environ, "DDPTOP_STATE_DIR": str(self.folder / f"jobs-{self.started}"),
+                        "DDPTOP_TEST_MODEL": "sleep-ms=100"}
             self.job = subprocess.Popen(DDPTOP + ["--local", "2", "--steps", "100000", "--strategy", "ddp",
                                                   "--log-every", "50", *TINY], stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True, env=self.env)
@@ -84,7 +111,7 @@ def shared_job(tmp_path_factory):
 def test_attach_watches_a_running_job_and_detaching_leaves_it_running(shared_job):
     job, env, _ = shared_job.running()
     wait_for_status(env)
-    watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "20"], stdout=subprocess.PIPE,
+    watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "5"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
     lines = []
@@ -270,24 +297,50 @@ def test_a_sweep_reports_segment_0_everywhere_and_refuses_set_and_tune(tmp_path)
 def test_a_torchrun_job_records_every_rank_and_ctl_and_attach_find_it(tmp_path):
     """README's torchrun line, run by torchrun itself: ranks found by torchrun, rank 0's collector records every
     rank's steps (counted with SQL), and `ctl status` / `attach` find the job from its job file; `ctl tune bucket`
-    is answered by the collector's tuner (its trials checked with SQL, as cli/test_tune.py does); `ctl stop` ends
-    it. Spans every 2nd step: the what-if model the tuner waits for fits within seconds."""
-    env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs")}
+    (asked as attach watches) is answered by the collector's tuner (its trials checked with SQL, as cli/test_tune.py
+    does); `ctl stop` ends it. Spans every 2nd step: the what-if model the tuner waits for fits within seconds; each
+    trial measured over 8 steps (a test hook, as cli/test_tune.py's zero1 test does: who answers is checked here,
+    not the trials' length)."""
+    env = {**os.environ, "DDPTOP_STATE_DIR": str(tmp_path / "jobs"), "DDPTOP_TEST_FRONT": "tune-steps:8"}
     record = tmp_path / "torchrun.db"
     with torchrun(["-m", "ddptop", "--steps", "100000", "--log-every", "1000", "--span-every", "2", "--record",
                    str(record), *TINY], env) as job:
         status = wait_for_status(env, deadline_s=90)
         assert "running" in status and "ddp bucket=25MB batch=16" in status, status
-        watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "20"], stdout=subprocess.PIPE,
+        # attach starts (~10 s beside other work: it imports torch) on the job held paused, so that its ranks do
+        # not train all that while; then the tune is asked and attach watches the job train through it
+        assert ctl("pause", env=env).stdout.startswith("pause: accepted")
+        watcher = subprocess.Popen(DDPTOP + ["attach", "--headless", "--log-every", "5"], stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, env=env)
+        said, attached = [], threading.Event()
+
+        def read_said():  # attach's stderr, line by line: `attached` once it says it attached
+            for line in watcher.stderr:
+                said.append(line)
+                if "attached to" in line:
+                    attached.set()
+
+        reader = threading.Thread(target=read_said, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 90
+        while not attached.wait(0.2):
+            assert watcher.poll() is None and time.monotonic() < deadline, said
+        assert ctl("resume", env=env).stdout.startswith("resume: accepted")
+        tuning: list[subprocess.CompletedProcess] = []
+        tune = threading.Thread(target=lambda: tuning.append(ctl("tune", "bucket", env=env, timeout=300)))
+        tune.start()
         deadline, lines = time.monotonic() + 60, []
         while time.monotonic() < deadline and sum(line.startswith("step ") for line in lines) < 2:
             lines.append(watcher.stdout.readline())
         watcher.send_signal(2)  # Ctrl-C: detach
-        _, err = watcher.communicate(timeout=30)
+        watcher.wait(timeout=30)
+        reader.join(timeout=30)
+        watcher.stdout.close()
+        err = "".join(said)
+        tune.join(timeout=300)
         assert watcher.returncode == 0 and "detached; the job goes on" in err, err
         assert sum(line.startswith("step ") for line in lines) >= 2, lines
-        tuned = ctl("tune", "bucket", env=env, timeout=300)
+        (tuned,) = tuning
         assert ctl("stop", env=env).returncode == 0
         out, err = job.communicate(timeout=90)
     assert tuned.returncode == 0 and tuned.stdout.startswith("tune bucket: kept "), (tuned.stdout, tuned.stderr)
