@@ -17,7 +17,11 @@ set to their thread count before torch loads, and forked from a server forked ou
 torch again (two spawned interpreters were ~15 of the smallest run's ~25 CPU-s).
 
 Besides the ratios it reports ddptop's own cost measured from inside: the median `own_s` of the StepDone events
-the ranks published (time the training thread spent in ddptop code), in µs and as a share of the step.
+the ranks published (time the training thread spent in ddptop code), in µs and as a share of the step; and the CPU
+each mode cost per step, counted by the kernel for rank 0's whole process (`time.process_time`: the training thread,
+the publisher, the control agent and the system sampler alike), in the same interleaved blocks, so the drift between
+separate runs that `cpu_per_step.py` fights cancels here. On a GPU that column also holds the host's waits: the plain
+loop's `loss.item()` every step waits for the device, and a CUDA wait may spin.
 
     .venv/bin/python benchmarks/step_overhead_ab.py [--blocks 4] [--block-steps 10] [--model vgg11] [--batch 64]
         [--cases single,ddp,...] [--device cuda]
@@ -151,6 +155,7 @@ def _rank(rank, world, port, hub_ports, args, out_path):
             continue
         sync = first.replace(strategy=strategy, async_op=async_op)
         times = {m: [] for m in MODES}
+        cpu = {m: [] for m in MODES}  # this rank's process CPU per step, every thread (publisher, agent, sampler)
         for block in range(args.blocks * len(MODES)):
             mode = MODES[block % len(MODES)]
             trainer.probe = probes[mode]
@@ -166,20 +171,23 @@ def _rank(rank, world, port, hub_ports, args, out_path):
             for i in range(args.block_steps + 2):  # the first iteration of a block (a new DDP) is not timed
                 if i == 1:
                     settle()
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                 if mode == "plain":
                     plain_iteration(trainer, forward, plain_iter, criterion, strategy, async_op)
                     trainer.step += 1
                 else:
                     ddptop_iteration(trainer, agent, criterion)
                 if i == args.block_steps:
+                    cpu[mode].append((time.process_time() - c0) / args.block_steps)  # before settle()'s wait
                     settle()
                     times[mode].append((time.perf_counter() - t0) / args.block_steps)
             trainer.probe.close()
             if sampler:
                 sampler.stop()
         med = {m: statistics.median(times[m]) for m in MODES}
-        lines.append(f"{case}|{med['plain']}|{med['off']}|{med['all']}")
+        cpu_med = {m: statistics.median(cpu[m]) for m in MODES}
+        lines.append(f"{case}|{med['plain']}|{med['off']}|{med['all']}|{cpu_med['plain']}|{cpu_med['off']}|"
+                     f"{cpu_med['all']}")
     agent.close()
     publisher.close()
     if rank == 0:
@@ -225,16 +233,20 @@ def main() -> None:
     ranks = "1 rank on cuda:0 (nccl)" if args.device == "cuda" else "2 local gloo ranks"
     print(f"{args.model}, batch {args.batch}/rank, {ranks}, {os.cpu_count()} cores; modes interleaved in "
           f"blocks of {args.block_steps} steps, {args.blocks} blocks each; median s/step of whole loop iterations; "
-          f"ddptop's own cost: median own_s of the published steps, every rank\n")
+          f"ddptop's own cost: median own_s of the published steps, every rank; CPU: rank 0's process CPU per step "
+          f"(time.process_time, all its threads), median of its blocks\n")
     print("| strategy | plain torch | ddptop --probes off | ddptop --probes all | off / plain | all / plain | all / off "
-          "| ddptop's own cost, off | ddptop's own cost, all |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| ddptop's own cost, off | ddptop's own cost, all | CPU ms/step plain, off, all | CPU off / plain "
+          "| CPU all / plain |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for line in result["lines"]:
-        name, plain, off, on = line.split("|")
+        name, plain, off, on, cpu_plain, cpu_off, cpu_all = line.split("|")
         p, o, a = float(plain), float(off), float(on)
+        cp, co, ca = float(cpu_plain), float(cpu_off), float(cpu_all)
         cost = {m: own.get((name, m), 0.0) for m in ("off", "all")}
         print(f"| {name} | {p:.3f} | {o:.3f} | {a:.3f} | {o / p:.3f}× | {a / p:.3f}× | {a / o:.3f}× "
-              f"| {cost['off'] * 1e6:.0f} µs ({cost['off'] / o:.3%}) | {cost['all'] * 1e6:.0f} µs ({cost['all'] / a:.3%}) |")
+              f"| {cost['off'] * 1e6:.0f} µs ({cost['off'] / o:.3%}) | {cost['all'] * 1e6:.0f} µs ({cost['all'] / a:.3%}) "
+              f"| {cp * 1e3:.2f}, {co * 1e3:.2f}, {ca * 1e3:.2f} | {co / cp:.3f}× | {ca / cp:.3f}× |")
 
 
 def _own_costs(events, segments: dict) -> dict:
