@@ -66,8 +66,8 @@ def test_each_strategy_runs_headless_on_two_local_ranks(tmp_path):
                   "comm, overlap and MB": strategy == "single" or (len(step) == 1 and "comm " in step[0] and
                                                                     "overlap " in step[0] and " MB" in step[0])}
         if not all(checks.values()):
-            failed[strategy] = [what for what, ok in checks.items() if not ok]
-    assert not failed, (failed, result.stdout)
+            failed[strategy] = ([what for what, ok in checks.items() if not ok], step)
+    assert not failed, f"{failed}\n{result.stdout}"
     assert f"finished: {total} steps on 2 ranks (done)" in lines
 
 

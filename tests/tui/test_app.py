@@ -34,6 +34,14 @@ def _active(app) -> str:
     return app.query_one(TabbedContent).active
 
 
+async def _until(pilot, check, deadline_s: float = 20.0) -> None:
+    """Until `check()` holds or the deadline passes (the assert after it says what was wrong): the app takes what the
+    source holds at its next tick (4 Hz), later on a loaded machine. The source's clock stands still meanwhile."""
+    end = time.monotonic() + deadline_s
+    while not check() and time.monotonic() < end:
+        await pilot.pause(0.05)
+
+
 async def test_number_keys_and_tab_move_between_panels(replay_at_end):
     app = DdptopApp(compose(replay_at_end))
     async with app.run_test(size=BIG) as pilot:
@@ -82,7 +90,7 @@ async def test_transport_keys_play_speed_seek_and_segments(events):
         await pilot.press("space")
         assert source.playing
         now[0] += 6.0  # the fixture's first step ends ~4.5 s in
-        await pilot.pause(0.3)
+        await _until(pilot, lambda: app.state.snapshot().step > 0)
         assert 0 < app.state.snapshot().step < 400
         await pilot.press("plus", "plus")
         assert source.speed == 4.0
@@ -93,7 +101,7 @@ async def test_transport_keys_play_speed_seek_and_segments(events):
         await pilot.press("g")
         assert app.focused.id == "seek"
         await pilot.press(*"200", "enter")
-        await pilot.pause(0.3)
+        await _until(pilot, lambda: app.state.snapshot().step in (200, 201))
         assert source.status()["step"] == 200 and app.state.snapshot().step in (200, 201)
         generation = source.generation
         await pilot.press("full_stop")
@@ -104,7 +112,7 @@ async def test_transport_keys_play_speed_seek_and_segments(events):
         assert source.status()["step"] == 211
         await pilot.press("left_square_bracket")
         assert source.status()["step"] == 110
-        await pilot.pause(0.3)
+        await _until(pilot, lambda: "segment 1 of 0–3" in screen_text(app) and "· segment 1 ·" in screen_text(app))
         text = screen_text(app)
         assert "segment 1 of 0–3" in text and "· segment 1 ·" in text  # the bar and the header agree
 
