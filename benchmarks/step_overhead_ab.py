@@ -56,14 +56,17 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cases", default=",".join(f"{s}{' async' if a else ''}" for s, a in CASES),
                     help="which strategies, comma-separated (default: all five)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                    help="cuda: one rank on GPU 0 with nccl (world size 1); cpu: two gloo ranks")
+                    help="cuda: one rank on GPU 0 with nccl (world size 1); cpu: gloo ranks (--ranks)")
+    ap.add_argument("--ranks", type=int, choices=(1, 2), default=2,
+                    help="CPU ranks (issue 42's targets are for one rank at `single`; two show the exchange's cost)")
     return ap
 
 
 if __name__ == "__main__" and parser().parse_known_args()[0].device == "cpu":
     # the CPU ranks fork from this process (main): their thread count set before torch loads, as `ddptop run` sets
     # it (cli/run.py), so that every thread of a rank (gloo's too) computes with it
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
+    _ranks = parser().parse_known_args()[0].ranks
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _ranks)))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -121,7 +124,7 @@ def _rank(rank, world, port, hub_ports, args, out_path):
     cuda = args.device == "cuda"
     if not cuda:  # forked, as a ddptop CPU rank starts: what it inherited frozen, the collector on (off in its server)
         lifetime.settle()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // world)))
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -203,7 +206,8 @@ def main() -> None:
     unknown = set(args.cases) - {f"{s}{' async' if a else ''}" for s, a in CASES}
     if unknown:
         ap.error(f"unknown --cases {sorted(unknown)}")
-    world = 1 if args.device == "cuda" else 2
+    world = 1 if args.device == "cuda" else args.ranks
+    threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // world))
     if args.device == "cpu":  # before any thread: the ranks fork from a server forked out of this process, as the CPU
         forks.start()  # ranks of `ddptop run` do (front/forks.py), not two fresh interpreters importing torch again
     hub = Hub("127.0.0.1", BENCH_KEYS, world)  # the front's end of the transport, as in a real job
@@ -230,8 +234,8 @@ def main() -> None:
         result = json.load(f)
     os.unlink(out)
     own = _own_costs(events, result["segments"])
-    ranks = "1 rank on cuda:0 (nccl)" if args.device == "cuda" else "2 local gloo ranks"
-    print(f"{args.model}, batch {args.batch}/rank, {ranks}, {os.cpu_count()} cores; modes interleaved in "
+    ranks = "1 rank on cuda:0 (nccl)" if args.device == "cuda" else f"{world} local gloo rank{'s' * (world > 1)}"
+    print(f"{args.model}, batch {args.batch}/rank, {ranks}, {threads} thread{'s' * (threads > 1)} each, {os.cpu_count()} cores; modes interleaved in "
           f"blocks of {args.block_steps} steps, {args.blocks} blocks each; median s/step of whole loop iterations; "
           f"ddptop's own cost: median own_s of the published steps, every rank; CPU: rank 0's process CPU per step "
           f"(time.process_time, all its threads), median of its blocks\n")

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from ddptop.config import RunConfig, SyncConfig
+from ddptop.control import agent as agents
 from ddptop.control.client import ControlClient, ControlError
 from ddptop.events import ConfigApplied, ControlRefused
 from ddptop.events import ModelsDiverged, RunFinished
@@ -69,11 +70,18 @@ def test_every_switch_lands_on_the_same_step_on_every_rank(switched):
     assert scaled["lr"] == pytest.approx(0.025)  # linear scaling: half the batch, half the rate
 
 
-def test_switches_are_applied_within_three_steps_of_being_accepted(switched):
-    _, _, answers, _ = switched
+def test_switches_are_applied_within_two_exchanges_of_being_accepted(switched):
+    """The ranks exchange every ~EXCHANGE_EVERY_S of steps (a gap of boundaries rank 0 sets from its step time,
+    control/agent.py): a request accepted waits for the next exchange to be handed out, and for the one after to
+    be read. The gap bound comes from rank 0's shortest recorded step around the request (its gap uses the mean)."""
+    _, events, answers, _ = switched
+    took = {d.step: d.iter_s for d in steps_of(events, 0)}
     for _, answer in answers:
         assert answer["state"] == "applied"
-        assert 0 <= answer["step"] - answer["accepted_step"] <= 3  # one poll, one pipelined broadcast
+        accepted, applied = answer["accepted_step"], answer["step"]
+        around = [took[s] for s in range(max(0, accepted - 2 * agents.MAX_GAP), applied + 1) if s in took]
+        gap = max(1, min(agents.MAX_GAP, int(agents.EXCHANGE_EVERY_S / max(min(around), 1e-9))))
+        assert 0 <= applied - accepted <= 2 * gap + 1, (answer, gap)
 
 
 def test_each_step_of_each_rank_arrives_once_with_its_segment(switched):
