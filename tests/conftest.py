@@ -4,8 +4,10 @@ tests that run alone and the lab's; under CI=true turns a skip into a failure.""
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -40,6 +42,26 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     _skip_to_failure(outcome.get_result(), os.path.relpath(str(item.path), str(item.config.rootpath)))
+
+
+TIMELINE = os.environ.get("DDPTOP_TEST_TIMELINE")  # a file: one line per test appended (scripts/test_timeline.py)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With DDPTOP_TEST_TIMELINE set: each test's worker, wall start and end, and the CPU it cost (this process's,
+    and its waited-for children's, as the kernel counted them), for finding where a phase's time goes (issue 40)."""
+    if not TIMELINE:
+        yield
+        return
+    start, cpu = time.time(), time.process_time()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    yield
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child_cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    with open(TIMELINE, "a") as f:  # O_APPEND: the two workers' short lines do not interleave
+        f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{item.nodeid}\t{start:.3f}\t{time.time():.3f}\t"
+                f"{time.process_time() - cpu:.3f}\t{child_cpu:.3f}\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
