@@ -16,6 +16,12 @@ On the CPU the two ranks start as `ddptop run --local 2` starts its ranks (cli/r
 set to their thread count before torch loads, and forked from a server forked out of this process, so neither imports
 torch again (two spawned interpreters were ~15 of the smallest run's ~25 CPU-s).
 
+After each strategy's interleaved blocks come the front's: each mode runs --front-rounds blocks of --front-steps
+steps, and the front's process CPU (this process, running the job's real pipeline: front.pipeline.compose, its
+state, derived events and a recording) is read from the kernel before a block and once every rank's marker sent
+after it is recorded. The second table adds it to rank 0's: the whole CPU per step that issue 42's targets are about
+(rank 0's other threads and the front's collector included; the screen is not).
+
 Besides the ratios it reports ddptop's own cost measured from inside: the median `own_s` of the StepDone events
 the ranks published (time the training thread spent in ddptop code), in µs and as a share of the step; and the CPU
 each mode cost per step, counted by the kernel for rank 0's whole process (`time.process_time`: the training thread,
@@ -24,7 +30,7 @@ separate runs that `cpu_per_step.py` fights cancels here. On a GPU that column a
 loop's `loss.item()` every step waits for the device, and a CUDA wait may spin.
 
     .venv/bin/python benchmarks/step_overhead_ab.py [--blocks 4] [--block-steps 10] [--model vgg11] [--batch 64]
-        [--cases single,ddp,...] [--device cuda]
+        [--cases single,ddp,...] [--device cuda] [--ranks 1|2] [--front-steps 600] [--front-rounds 3]
 
 `--device cuda`: one rank on GPU 0 under nccl (world size 1, so the sync strategies are their single-rank paths),
 CUDA-event clocks, and `torch.cuda.synchronize()` before and after each timed block (never inside one). A GPU step is
@@ -36,9 +42,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from multiprocessing import forkserver
@@ -53,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="vgg11")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--span-every", type=int, default=10)
+    ap.add_argument("--front-steps", type=int, default=600,
+                    help="steps per front block: the front's CPU per step, each mode, after the interleaved blocks")
+    ap.add_argument("--front-rounds", type=int, default=3, help="front blocks per mode (0: no front measurement)")
     ap.add_argument("--cases", default=",".join(f"{s}{' async' if a else ''}" for s, a in CASES),
                     help="which strategies, comma-separated (default: all five)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -86,10 +97,12 @@ from ddptop.control.agent import ControlAgent, Decision, Link  # noqa: E402
 from ddptop.control.auth import JobKeys  # noqa: E402
 from ddptop.control.bus import Publisher  # noqa: E402
 from ddptop.control.hub import Hub  # noqa: E402
-from ddptop.events import StepDone  # noqa: E402
+from ddptop.events import LogLine, StepDone  # noqa: E402
 from ddptop.probes.clock import clock_for  # noqa: E402
 from ddptop.probes.step import StepProbe  # noqa: E402
 from ddptop.front import forks  # noqa: E402
+from ddptop.front.pipeline import compose  # noqa: E402
+from ddptop.record.sqlite import RecordingWriter, base_meta  # noqa: E402
 from ddptop.sources.sampler import SystemSampler  # noqa: E402
 from ddptop.train import lifetime  # noqa: E402
 from ddptop.train.loop import Trainer  # noqa: E402
@@ -112,6 +125,24 @@ def plain_iteration(trainer: Trainer, forward, iterator, criterion, strategy: st
     loss.item()
 
 
+def cycle(loader):
+    """The plain loop's batches, epoch after epoch (a front block is longer than a small data set's epoch)."""
+    while True:
+        yield from loader
+
+
+def process_cpu_ns(pid: int) -> int:
+    """Every thread's CPU time of process `pid` so far, as the kernel counts it (ns, /proc/PID/task/TID/schedstat)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended between the listing and the read
+            pass
+    return total
+
+
 def ddptop_iteration(trainer: Trainer, agent: ControlAgent, criterion) -> None:
     """What Trainer.run does for one step (the loop body, unchanged)."""
     trainer.probe.begin()
@@ -120,7 +151,7 @@ def ddptop_iteration(trainer: Trainer, agent: ControlAgent, criterion) -> None:
     trainer._train_step(trainer._next_batch(criterion), criterion)
 
 
-def _rank(rank, world, port, hub_ports, args, out_path):
+def _rank(rank, world, port, hub_ports, args, out_path, front_pid, front_mark):
     cuda = args.device == "cuda"
     if not cuda:  # forked, as a ddptop CPU rank starts: what it inherited frozen, the collector on (off in its server)
         lifetime.settle()
@@ -165,7 +196,7 @@ def _rank(rank, world, port, hub_ports, args, out_path):
             trainer.start_segment(Decision(0, sync, f"benchmark {mode}"), agent if mode != "plain" else None)
             segments[trainer.segment] = (case, mode)
             forward = trainer.forward_module  # plain DDP: the wrapper without the comm hook (the probe is off)
-            plain_iter = iter(trainer.loader)
+            plain_iter = cycle(trainer.loader)
             sampler = (SystemSampler(rank, "bench", "lo", publisher.emit, gpu_indices=[0] if cuda else None)
                        if mode == "all" else None)
             if sampler:
@@ -189,14 +220,71 @@ def _rank(rank, world, port, hub_ports, args, out_path):
                 sampler.stop()
         med = {m: statistics.median(times[m]) for m in MODES}
         cpu_med = {m: statistics.median(cpu[m]) for m in MODES}
+        front = _front_blocks(trainer, agent, criterion, probes, sync, segments, case, strategy, async_op, args, rank,
+                              world, front_pid, front_mark, publisher)
         lines.append(f"{case}|{med['plain']}|{med['off']}|{med['all']}|{cpu_med['plain']}|{cpu_med['off']}|"
-                     f"{cpu_med['all']}")
+                     f"{cpu_med['all']}|{front['plain']}|{front['off']}|{front['all']}")
     agent.close()
     publisher.close()
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"lines": lines, "segments": segments}, f)
     dist.destroy_process_group()
+
+
+MARK = "benchmark: the front block ends here, mark "
+
+
+def _front_blocks(trainer, agent, criterion, probes, sync, segments, case, strategy, async_op, args, rank, world,
+                  front_pid, front_mark, publisher) -> dict:
+    """The front's CPU per step in each mode (median of --front-rounds blocks of --front-steps steps): read from the
+    kernel for the front's process (this benchmark's parent: the real pipeline, its state, derived events and
+    recording) before a block and once the front has recorded every rank's last event of it (a marker each rank
+    sends after the block: each mode waits for the same trip through the pipeline). Long blocks, because the front
+    handles a rank's steps a publisher batch (0.25 s) later: in 30-step blocks its work would fall in the next mode's."""
+    front = {m: [] for m in MODES}
+    if args.front_rounds <= 0:
+        return {m: 0.0 for m in MODES}
+
+    def marked() -> None:  # every rank's marker sent; rank 0 waits until the front has recorded them all
+        agent_mark = front_mark.value + 1 if rank == 0 else 0
+        dist.barrier()
+        mark = agent_mark if world == 1 else _broadcast_int(agent_mark)
+        publisher.emit(LogLine(rank, "info", f"{MARK}{mark}", time.time()))
+        publisher.flush()
+        if rank == 0:
+            deadline = time.monotonic() + 120
+            while front_mark.value < mark:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the front did not record mark {mark} in 120 s")
+                time.sleep(0.01)
+        dist.barrier()
+
+    for block in range(args.front_rounds * len(MODES)):
+        mode = MODES[block % len(MODES)]
+        trainer.probe = probes[mode]
+        trainer.start_segment(Decision(0, sync, f"benchmark front {mode}"), agent if mode != "plain" else None)
+        segments[trainer.segment] = (case, f"front {mode}")
+        forward, plain_iter = trainer.forward_module, cycle(trainer.loader)
+        marked()  # what came before is recorded
+        f0 = process_cpu_ns(front_pid) if rank == 0 else 0
+        for _ in range(args.front_steps):
+            if mode == "plain":
+                plain_iteration(trainer, forward, plain_iter, criterion, strategy, async_op)
+                trainer.step += 1
+            else:
+                ddptop_iteration(trainer, agent, criterion)
+        trainer.probe.close()
+        marked()
+        if rank == 0:
+            front[mode].append((process_cpu_ns(front_pid) - f0) / 1e9 / args.front_steps)
+    return {m: statistics.median(front[m]) if front[m] else 0.0 for m in MODES}
+
+
+def _broadcast_int(value: int) -> int:
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.broadcast(tensor, src=0)
+    return int(tensor.item())
 
 
 def main() -> None:
@@ -211,24 +299,45 @@ def main() -> None:
     if args.device == "cpu":  # before any thread: the ranks fork from a server forked out of this process, as the CPU
         forks.start()  # ranks of `ddptop run` do (front/forks.py), not two fresh interpreters importing torch again
     hub = Hub("127.0.0.1", BENCH_KEYS, world)  # the front's end of the transport, as in a real job
+    method = "spawn" if args.device == "cuda" else "forkserver"
+    front_mark = multiprocessing.get_context(method).Value("q", 0)  # the newest marker every rank's front recorded
+    events: list = []
+    record = tempfile.NamedTemporaryFile(prefix="ddptop-ab-", suffix=".db", delete=False).name
+    os.unlink(record)
+    writer = RecordingWriter(record, base_meta({}, {}))
+    seen = {"events": 0, "marks": {}}  # events handed to the recording; rank → its newest marker among them
+
+    class Counter:  # a sink after the recording's: what it has seen, for the ranks' front blocks
+        def handle(self, batch: list) -> None:
+            events.extend(batch)
+            for e in batch:
+                if type(e) is LogLine and e.message.startswith(MARK):
+                    seen["marks"][e.rank] = int(e.message[len(MARK):])
+            seen["events"] += len(batch)
+
+    # the front's pipeline as a live job's (front.pipeline.compose): its state, derived events and the recording
+    feed = compose(hub.source, world_size=world, sinks=[writer, Counter()], front_cost=True).start()
     done = threading.Event()
-    events = []
 
-    def collect():  # the front's job: drain the bus while the ranks train
-        while not done.wait(0.2):
-            events.extend(hub.source.poll())
+    def report():  # the newest marker of every rank, once the recording has committed every event seen
+        while not done.wait(0.05):
+            count, marks = seen["events"], dict(seen["marks"])
+            if writer.written >= count and len(marks) == world:
+                front_mark.value = min(marks.values())
 
-    thread = threading.Thread(target=collect, daemon=True)
+    thread = threading.Thread(target=report, daemon=True)
     thread.start()
     out = f"/tmp/ddptop-ab-{os.getpid()}.txt"
-    mp.start_processes(_rank, args=(world, stores.free_port(), hub.endpoints(), args, out), nprocs=world,
-                       start_method="spawn" if args.device == "cuda" else "forkserver")
+    mp.start_processes(_rank, args=(world, stores.free_port(), hub.endpoints(), args, out, os.getpid(), front_mark),
+                       nprocs=world, start_method=method)
     if args.device == "cpu":
         forkserver._forkserver._stop()  # the server ends here, waited for (its CPU is this process's children's)
     time.sleep(0.5)
+    feed.stop()
     done.set()
     thread.join()
-    events.extend(hub.source.poll())
+    writer.close()
+    os.unlink(record)
     hub.close()
     with open(out) as f:
         result = json.load(f)
@@ -243,14 +352,25 @@ def main() -> None:
           "| ddptop's own cost, off | ddptop's own cost, all | CPU ms/step plain, off, all | CPU off / plain "
           "| CPU all / plain |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    wholes = []
     for line in result["lines"]:
-        name, plain, off, on, cpu_plain, cpu_off, cpu_all = line.split("|")
+        name, plain, off, on, cpu_plain, cpu_off, cpu_all, f_plain, f_off, f_all = line.split("|")
+        fp, fo, fa = float(f_plain), float(f_off), float(f_all)
         p, o, a = float(plain), float(off), float(on)
         cp, co, ca = float(cpu_plain), float(cpu_off), float(cpu_all)
         cost = {m: own.get((name, m), 0.0) for m in ("off", "all")}
         print(f"| {name} | {p:.3f} | {o:.3f} | {a:.3f} | {o / p:.3f}× | {a / p:.3f}× | {a / o:.3f}× "
               f"| {cost['off'] * 1e6:.0f} µs ({cost['off'] / o:.3%}) | {cost['all'] * 1e6:.0f} µs ({cost['all'] / a:.3%}) "
               f"| {cp * 1e3:.2f}, {co * 1e3:.2f}, {ca * 1e3:.2f} | {co / cp:.3f}× | {ca / cp:.3f}× |")
+        wholes.append(f"| {name} | {fp * 1e3:.3f}, {fo * 1e3:.3f}, {fa * 1e3:.3f} | {(co + fo) / (cp + fp):.3f}× "
+                      f"| {(ca + fa) / (cp + fp):.3f}× |")
+    if args.front_rounds > 0:
+        print(f"\nThe whole CPU per step: rank 0's process (above) and the front's, every thread, from the kernel "
+              f"(median of {args.front_rounds} blocks of {args.front_steps} steps per mode, each read once the front "
+              f"had recorded the block; the front is this process: the job's pipeline, its state and a recording)\n")
+        print("| strategy | front CPU ms/step plain, off, all | whole CPU off / plain | whole CPU all / plain |")
+        print("|---|---|---|---|")
+        print("\n".join(wholes))
 
 
 def _own_costs(events, segments: dict) -> dict:

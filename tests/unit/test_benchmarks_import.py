@@ -49,7 +49,7 @@ RUNS = {
     "step_overhead.py": (["--steps", "2", "--warmup", "1", "--model", "tiny", "--batch", "4", "--cases", "single",
                           "--ranks", "1"], "| single | "),
     "step_overhead_ab.py": (["--blocks", "1", "--block-steps", "2", "--model", "tiny", "--batch", "4", "--cases",
-                             "single"], "| single | "),
+                             "single", "--front-steps", "3", "--front-rounds", "1"], "| strategy | front CPU ms/step"),
     "tui_cpu.py": (["--ranks", "2", "--seconds", "2", "--warmup", "0.5"], "  mean "),
     "cpu_per_step.py": (["--rounds", "1", "--steps", "2,4", "--modes", "off"], "| off | "),  # 2 whole runs
     "scale_screen.py": (["--ranks", "16", "--seconds", "0.5"], "drawing the Ranks panel at 16 ranks: "),
