@@ -1,7 +1,7 @@
 """Where a test phase's wall time goes (issue 40): each worker's busy time, its idle tail, and the files that took
-longest, from the lines tests/conftest.py appends when DDPTOP_TEST_TIMELINE names a file.
+longest, from the lines tests/conftest.py appends when DDPTOP_SUITE_TIMELINE names a file.
 
-    DDPTOP_TEST_TIMELINE=/tmp/timeline.tsv make test
+    DDPTOP_SUITE_TIMELINE=/tmp/timeline.tsv make test
     python3 scripts/test_timeline.py /tmp/timeline.tsv [--top 20]
 
 CPU is the kernel's count for the worker process and for the children it waited for (a job's ranks, the CLI

@@ -44,12 +44,12 @@ def pytest_runtest_makereport(item, call):
     _skip_to_failure(outcome.get_result(), os.path.relpath(str(item.path), str(item.config.rootpath)))
 
 
-TIMELINE = os.environ.get("DDPTOP_TEST_TIMELINE")  # a file: one line per test appended (scripts/test_timeline.py)
+TIMELINE = os.environ.get("DDPTOP_SUITE_TIMELINE")  # a file: one line per test appended (scripts/test_timeline.py)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """With DDPTOP_TEST_TIMELINE set: each test's worker, wall start and end, and the CPU it cost (this process's,
+    """With DDPTOP_SUITE_TIMELINE set: each test's worker, wall start and end, and the CPU it cost (this process's,
     and its waited-for children's, as the kernel counted them), for finding where a phase's time goes (issue 40)."""
     if not TIMELINE:
         yield

@@ -53,11 +53,13 @@ def ask(sock: zmq.Socket, monitor: zmq.Socket, op: str, body: dict, wait_s: floa
     except zmq.Again:  # refused before the send (CI's hang in stop 51): the monitor still says how
         pass
     events, reply, deadline = [], None, time.monotonic() + wait_s
-    while time.monotonic() < deadline and reply is None and not any(e != zmq.EVENT_HANDSHAKE_SUCCEEDED
-                                                                    for e in events):
+    # until a reply and the handshake's event, or a failed handshake: the monitor's event comes over a socket of
+    # its own and, under load, after the reply (a CI run beside two busy loops read the reply first)
+    while time.monotonic() < deadline and (reply is None or not events) and not any(
+            e != zmq.EVENT_HANDSHAKE_SUCCEEDED for e in events):
         if monitor.poll(10):
             events.append(parse_monitor_message(monitor.recv_multipart())["event"])
-        if sock.poll(10):
+        if reply is None and sock.poll(10):
             reply = json.loads(sock.recv_multipart()[-1])
     sock.close(linger=0)
     monitor.close(linger=0)

@@ -1,4 +1,4 @@
-"""The suite's timeline (issue 40: where a phase's wall time goes): with DDPTOP_TEST_TIMELINE set, tests/conftest.py
+"""The suite's timeline (issue 40: where a phase's wall time goes): with DDPTOP_SUITE_TIMELINE set, tests/conftest.py
 appends one line per test, and scripts/test_timeline.py sums each worker's busy time and each file's. Checked on a
 pytest run of two files whose tests sleep a known time and burn a known amount of CPU in a child process."""
 
@@ -34,7 +34,7 @@ def test_each_worker_and_file_is_summed(tmp_path):
     (tests / "test_slow.py").write_text(SLOW)
     (tests / "test_burn.py").write_text(BURN)
     timeline = tmp_path / "timeline.tsv"
-    env = {**os.environ, "DDPTOP_TEST_TIMELINE": str(timeline)}
+    env = {**os.environ, "DDPTOP_SUITE_TIMELINE": str(timeline)}
     env.pop("PYTEST_XDIST_WORKER", None)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                           "tests"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
