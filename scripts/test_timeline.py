@@ -56,4 +56,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        sys.stderr.close()
+        sys.exit(141)

@@ -36,7 +36,8 @@ def run_pytest(tmp_path: Path, path: str, ci: bool) -> tuple[int, dict[str, tupl
     files = ["tests/tui/test_e2e_tmux.py", "tests/lab/test_refusals.py", "tests/lab/test_links.py"]
     files += [] if torch.cuda.is_available() else ["tests/gpu/test_cuda.py"]
     report = tmp_path / f"ci-{ci}.xml"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k != "CI"}
+    env = {k: v for k, v in os.environ.items()  # the run's own timeline is not this nested run's
+           if not k.startswith("PYTEST_") and k not in ("CI", "DDPTOP_SUITE_TIMELINE")}
     env.update(PATH=path, PYTHONPATH=str(REPO), **({"CI": "true"} if ci else {}))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
                            "--junitxml", str(report), *files], cwd=REPO, env=env, capture_output=True, text=True,
