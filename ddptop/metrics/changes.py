@@ -29,7 +29,9 @@ at each segment (a switch changes every rank's step time) and after each shift i
      clock) or adds to it (a neighbour's job on a shared host: +16 ms on both of 2 local ranks here, ×1.8 on a rank
      busy 20 ms a step but ×1.1 on one that sleeps 150 ms in its steps).
 After a shift (named or job-wide) the rank's series restarts at the new level: the same shift is reported once, and
-a shift back or further is a new one. Memory: 2·WINDOW values per rank and each step's sorted values for the last
+a shift back or further is a new one. Further means beyond the level the rank was last named at, by RATIO: a rank
+whose CPU quota was halved went 20.6 → 38.8 ms, dipped to 31 (not RATIO back) and rose to 41, and the restarted
+series saw 31 → 41 as a second shift (a lab CI run, 2026-11-28); against the 38.8 it was named at, it is none. Memory: 2·WINDOW values per rank and each step's sorted values for the last
 HISTORY steps; a step costs two sorts of WINDOW values per rank.
 """
 
@@ -104,6 +106,7 @@ class ChangePoints:
         self._series: dict[int, tuple[int, collections.deque]] = {}  # rank → (segment, its (step, busy) window)
         self._count: dict[int, int] = {}  # rank → its measured steps
         self._pending: dict[int, int] = {}  # rank → the step a shift not yet held for a window was found at
+        self._named: dict[int, tuple[int, int, float]] = {}  # rank → (segment, side, level) it was last named at
         self._steps: collections.OrderedDict[tuple[int, int], list[float]] = collections.OrderedDict()
 
     def apply_all(self, events: Iterable[Event]) -> list[RankShifted]:
@@ -175,6 +178,11 @@ class ChangePoints:
         beyond = sign * ((mine[1] - mine[0]) - (others[1] - others[0]))
         if (relative if sign > 0 else 1 / relative) < RATIO or beyond <= K * sigma:
             return []  # the others shifted alike, by the factor or by the seconds: the job's change, not this rank's
+        last = self._named.get(d.rank)
+        if (last is not None and last[:2] == (d.segment, sign)
+                and (mine[1] / last[2] if sign > 0 else last[2] / mine[1]) < RATIO):
+            return []  # back at the level it was named at, after a dip that was no shift: the same shift
+        self._named[d.rank] = (d.segment, sign, mine[1])
         return [RankShifted(rank=d.rank, segment=d.segment, step=steps[at], before_s=mine[0], after_s=mine[1],
                             others_before_s=others[0], others_after_s=others[1], steps=len(later), t=d.t)]
 

@@ -72,6 +72,25 @@ def test_a_shift_is_reported_once_and_again_when_it_goes_back():
     assert notice(found[1]).startswith(f"step {found[1].step}: rank 0 became faster")
 
 
+def test_a_dip_after_a_shift_and_the_way_back_is_the_same_shift_but_a_further_one_is_named():
+    """The lab's halved CPU quota (CI, 2026-11-28): rank 2 went 20 → 39 ms, dipped to 31 for 30 steps (1.19×: no
+    shift back) and settled at 41; the restarted series named 31 → 41 a second time. Named once now; a rank that
+    doubles again (39 → 80) is named again."""
+    def quota(r, s):
+        if r != 2 or s < 137:
+            return 0.020
+        return 0.039 if s < 152 else 0.031 if s < 182 else 0.041
+
+    for seed in (1, 2, 3):
+        found = run(quota, ranks=3, steps=400, noise=0.05, seed=seed)
+        assert [(e.rank, e.after_s > e.before_s) for e in found] == [(2, True)], (seed, found)
+        assert abs(found[0].step - 137) <= 5
+    again = run(lambda r, s: 0.020 if r != 2 or s < 137 else 0.040 if s < 250 else 0.080, ranks=3, steps=400,
+                noise=0.05, seed=1)
+    assert [e.rank for e in again] == [2, 2] and [abs(e.step - at) <= 5 for e, at in zip(again, (137, 250))] == [
+        True, True], again
+
+
 def test_a_segment_restarts_the_series_and_warm_up_and_sampled_steps_are_left_out():
     out = ChangePoints()
     found = out.apply_all([RunStarted("tiny", "synthetic", 2, "ddp", 25.0, False, 16, 0.1, 1, 4, 1, (), 10, 0.0,
