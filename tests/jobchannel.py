@@ -58,3 +58,16 @@ class Served:
     def close(self) -> None:
         self.hub.close()
         del self.store
+
+
+class NoLink:
+    """A control agent's sockets never reached (control.agent.Link's shape): for tests that drive rank 0's control
+    side by hand, its thread ended (`agent._halt.set()`)."""
+
+    session = None
+
+    def beat(self, rank, body) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -19,6 +19,7 @@ from ddptop.control import agent as agents
 from ddptop.control.agent import ControlAgent
 from ddptop.control.auth import JobKeys
 from ddptop.control.commands import make_request
+from jobchannel import NoLink
 import ports
 
 BOUNDARIES = 240
@@ -26,22 +27,10 @@ REQUEST_AT = 100  # rank 0 takes a request just before this boundary
 WORLD = 2
 
 
-class Link:
-    """The agent's sockets, never reached: rank 0's control side is driven by hand."""
-
-    session = None
-
-    def beat(self, rank, body) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _rank(rank: int, port: int, out: str) -> None:
     agents.EXCHANGE_EVERY_S = 1e6  # the gap is MAX_GAP at every measured exchange, however slow the steps
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    agent = ControlAgent(rank, WORLD, JobKeys.from_control(b"k" * 32, "job-1"), Link, lambda e: None,
+    agent = ControlAgent(rank, WORLD, JobKeys.from_control(b"k" * 32, "job-1"), NoLink, lambda e: None,
                          lambda c: None, SyncConfig(strategy="single"))
     agent._halt.set()  # no front: the control thread ends, rank 0's requests are taken below
     broadcasts = []

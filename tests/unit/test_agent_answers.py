@@ -8,23 +8,12 @@ from ddptop.config import SyncConfig
 from ddptop.control.agent import ControlAgent
 from ddptop.control.auth import JobKeys
 from ddptop.control.commands import make_request
-
-
-class Link:
-    """The agent's sockets, never reached: this test drives rank 0's side by hand."""
-
-    session = None
-
-    def beat(self, rank, body) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+from jobchannel import NoLink
 
 
 def test_applied_is_the_last_answer_even_when_the_step_boundary_comes_between_accepting_and_answering():
     job = JobKeys.from_control(b"k" * 32, "job-1")
-    agent = ControlAgent(0, 1, job, Link, lambda e: None, lambda c: None, SyncConfig(strategy="ddp"))
+    agent = ControlAgent(0, 1, job, NoLink, lambda e: None, lambda c: None, SyncConfig(strategy="ddp"))
     agent._halt.set()  # the control thread ends: the test is rank 0's control thread
     time.sleep(0.2)
     applied = []
