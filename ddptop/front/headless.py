@@ -21,6 +21,8 @@ from ddptop.state.snapshot import Snapshot
 from ddptop.metrics.traffic import not_comparable
 
 MB = 1e6
+LAST_WORDS_S = 3.0  # after the local ranks exited: each one that exited 0 sent its RunFinished; this long for it to
+# be read (the rank hands its last batch to the kernel and leaves; a loaded front reads it a moment later)
 
 
 def progress_line(step: int, total: int, loss: float, recent: Figures, job: Figures, ranks: int, segment: int,
@@ -270,7 +272,20 @@ class HeadlessConsumer:
             if self.printer.gone:
                 raise OutputClosed("the output's reader went away (a closed pipe)")
             time.sleep(self.poll_s)
+        self._last_words(job)
         self.finish(feed, job)
+
+    def _last_words(self, job) -> None:
+        """Until every local rank that exited 0 has been heard finish, at most LAST_WORDS_S: a CI run beside two busy
+        loops lost rank 0's RunFinished from the recording when the feed was drained the moment the ranks had
+        exited. A job this front did not start (attach) has no exit codes: nothing to wait for."""
+        codes = getattr(job, "codes", None)
+        if codes is None:
+            return
+        expected = [rank for rank, code in zip(job.ranks, codes()) if code == 0]
+        deadline = time.monotonic() + LAST_WORDS_S
+        while any(rank not in self.printer.finished for rank in expected) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def finish(self, feed: Feed, job) -> None:
         feed.stop()
