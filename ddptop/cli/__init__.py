@@ -46,12 +46,13 @@ SUBCOMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # c10d logs a store it cannot reach as ~25 lines of C++ frames, even at its ERROR level; ddptop says it in one
-    # line. Set before torch is imported (it reads the level once).
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "INFO" if os.environ.get("DDPTOP_DEBUG") else "FATAL")
-    # every import inside the try: a Ctrl-C that lands in one is still "interrupted", exit 130, never a traceback
+    # everything inside the try: a Ctrl-C that lands anywhere (an import, the first line: a CI run caught one in
+    # os.environ.setdefault) is still "interrupted", exit 130, never a traceback
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        # c10d logs a store it cannot reach as ~25 lines of C++ frames, even at its ERROR level; ddptop says it in
+        # one line. Set before torch is imported (it reads the level once).
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "INFO" if os.environ.get("DDPTOP_DEBUG") else "FATAL")
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]]()(argv[1:])
         if argv and argv[0] == "run":
